@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# sdaccel's two entry points, each doing its own set-up on a fresh machine:
+#   ./run.sh bench   install, then benchmark the default model (synthetic SD1.5 on a GPU, a tiny model on CPU)
+#   ./run.sh test    install (with test extras), then run the test suite
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+
+setup() {
+  # torch first, chosen by hand: a bare `torch` requirement would pull a multi-GB CUDA build onto a CPU machine.
+  if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+      "$PY" -m pip install -q torch
+    else
+      "$PY" -m pip install -q torch==2.13.0
+    fi
+  fi
+  "$PY" -m pip install -q -e ".[$1]"
+}
+
+case "${1:-}" in
+  bench)
+    setup plots
+    shift
+    if "$PY" -m sdaccel bench --help >/dev/null 2>&1; then
+      exec "$PY" -m sdaccel bench "$@"
+    fi
+    exec "$PY" -m sdaccel generate "an astronaut riding a horse on mars" "$@"
+    ;;
+  test)
+    setup dev
+    shift
+    exec "$PY" -m pytest -q "$@"
+    ;;
+  *)
+    echo "usage: ./run.sh bench [sdaccel bench options] | ./run.sh test [pytest options]" >&2
+    exit 2
+    ;;
+esac

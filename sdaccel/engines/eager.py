@@ -1,0 +1,66 @@
+"""Plain PyTorch: the baseline every other engine is measured against.
+
+What it does beyond diffusers' defaults is only what costs nothing: weights cast once, channels_last UNet/VAE
+(cuDNN's NHWC convolutions), SDPA attention (diffusers' default processor on torch 2), no autograd.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.components import Components, text_encoder_fn, unet_fn, vae_decode_fn
+from .base import Engine, Stages
+
+
+def vae_dtype_for(components: Components, dtype: torch.dtype) -> torch.dtype:
+    """SDXL's VAE overflows in fp16 (its config says force_upcast): decode in fp32 there, as diffusers does."""
+    if dtype == torch.float16 and components.spec.vae_force_upcast:
+        return torch.float32
+    return dtype
+
+
+def place_modules(components: Components, dtype: torch.dtype, device: torch.device, channels_last: bool = True):
+    """Cast and move every module once; convolutional ones to channels_last on request."""
+    # nn.Module.to, not diffusers' override: the latter warns about fp32-pinned modules these models don't have.
+    to = torch.nn.Module.to
+    for enc in components.text_encoders:
+        to(enc, device=device, dtype=dtype)
+    to(components.unet, device=device, dtype=dtype)
+    to(components.vae, device=device, dtype=vae_dtype_for(components, dtype))
+    if channels_last:
+        to(components.unet, memory_format=torch.channels_last)
+        to(components.vae, memory_format=torch.channels_last)
+
+
+def cast_stages(components: Components, dtype: torch.dtype) -> Stages:
+    """Stage callables that cast inputs to the compute dtype and hand fp32 back to the scheduler."""
+    vae_dtype = vae_dtype_for(components, dtype)
+    denoise = unet_fn(components.unet)
+    decode_raw = vae_decode_fn(components.vae)
+
+    def unet(sample, timestep, context, text_embeds=None, time_ids=None):
+        if text_embeds is not None:
+            text_embeds, time_ids = text_embeds.to(dtype), time_ids.to(dtype)
+        return denoise(sample.to(dtype), timestep, context.to(dtype), text_embeds, time_ids).float()
+
+    def decode(latents):
+        return decode_raw(latents.to(vae_dtype)).float()
+
+    encoders = [text_encoder_fn(enc, te.penultimate)
+                for enc, te in zip(components.text_encoders, components.spec.text_encoders)]
+    return Stages(text_encoders=encoders, unet=unet, decode=decode, info={"vae_dtype": str(vae_dtype)})
+
+
+class EagerEngine(Engine):
+    name = "eager"
+    description = "PyTorch eager: SDPA attention, channels_last, weights cast once (the baseline)"
+
+    def __init__(self, channels_last: bool = True):
+        self.channels_last = channels_last
+
+    def options(self):
+        return {"channels_last": self.channels_last}
+
+    def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
+        place_modules(components, dtype, device, self.channels_last)
+        return cast_stages(components, dtype)

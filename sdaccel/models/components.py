@@ -1,0 +1,68 @@
+"""The modules of one Stable Diffusion model, however they were loaded, plus the plain functions engines wrap."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .registry import ModelSpec
+
+Tokenizer = Callable[[list[str]], torch.Tensor]  # prompts -> (batch, 77) int64 ids
+
+
+@dataclass
+class Components:
+    spec: ModelSpec
+    unet: nn.Module  # diffusers UNet2DConditionModel
+    vae: nn.Module  # diffusers AutoencoderKL
+    text_encoders: list[nn.Module]  # transformers CLIPTextModel / CLIPTextModelWithProjection, one per spec entry
+    tokenizers: list[Tokenizer]
+    source: str  # what the user asked for: "synthetic:sd15", a folder, a file, a repo id
+    synthetic: bool = False  # random weights: images are noise by construction
+
+    def modules(self) -> list[nn.Module]:
+        return [self.unet, self.vae, *self.text_encoders]
+
+
+# The functions below are what every engine runs. They call the module classes' own methods (not the instance
+# attributes) so that `sdaccel.accelerate` can patch a diffusers pipeline's modules without recursing into itself.
+
+
+def text_encoder_fn(encoder: nn.Module, penultimate: bool) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """ids -> (per-token hidden states the UNet attends to, pooled embedding)."""
+    forward = type(encoder).forward.__get__(encoder)
+    with_projection = hasattr(encoder, "text_projection")
+
+    def encode(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = forward(ids, output_hidden_states=penultimate, return_dict=True)
+        hidden = out.hidden_states[-2] if penultimate else out.last_hidden_state
+        pooled = out.text_embeds if with_projection else out.pooler_output
+        return hidden, pooled
+
+    return encode
+
+
+def unet_fn(unet: nn.Module) -> Callable[..., torch.Tensor]:
+    """(latents, timestep, context, text_embeds=None, time_ids=None) -> model output (eps or v)."""
+    forward = type(unet).forward.__get__(unet)
+
+    def denoise(sample, timestep, context, text_embeds=None, time_ids=None, **extra: Any) -> torch.Tensor:
+        added = None if text_embeds is None else {"text_embeds": text_embeds, "time_ids": time_ids}
+        return forward(sample, timestep, encoder_hidden_states=context, added_cond_kwargs=added,
+                       return_dict=False, **extra)[0]
+
+    return denoise
+
+
+def vae_decode_fn(vae: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Scaled latents -> image in [-1, 1]. Calls the decoder directly: no tiling/slicing branches in the graph."""
+
+    def decode(z: torch.Tensor) -> torch.Tensor:
+        if vae.post_quant_conv is not None:
+            z = vae.post_quant_conv(z)
+        return vae.decoder(z)
+
+    return decode

@@ -1,0 +1,333 @@
+"""Turn what the user names into Components: a diffusers folder, a Hugging Face repo id (cache first, offline
+respected), a single-file checkpoint, or `synthetic:<arch>` (exact architecture, seeded random weights)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ModelLoadError, UsageError
+from .components import Components
+from .registry import ModelSpec, get_spec, list_specs, with_overrides
+from .tokenizer import HashTokenizer, HFTokenizerAdapter
+
+log = logging.getLogger(__name__)
+
+SYNTHETIC_PREFIX = "synthetic:"
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
+# Single-file model types (diffusers' detection) -> our architecture names.
+_SINGLE_FILE_ARCH = {"v1": "sd15", "v2": "sd21", "xl_base": "sdxl"}
+
+
+def load_components(ref: str, *, arch: str | None = None, seed: int = 0, device: str | torch.device = "cpu",
+                    dtype: torch.dtype = torch.float32) -> Components:
+    """Load the modules named by `ref`. `arch` forces the architecture when detection cannot tell (e.g. SD2 base
+    vs 768 from a single file). Weights are loaded in `dtype` onto `device`."""
+    ref = str(ref).strip()
+    if not ref:
+        raise UsageError("model reference is empty")
+    if ref.startswith(SYNTHETIC_PREFIX):
+        spec = get_spec(ref[len(SYNTHETIC_PREFIX):])
+        return build_synthetic(spec, seed=seed, device=device, dtype=dtype, source=ref)
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return load_diffusers_folder(path, arch=arch, device=device, dtype=dtype)
+    if path.is_file():
+        if path.suffix.lower() not in _SINGLE_FILE_SUFFIXES:
+            raise ModelLoadError(f"{path}: expected a diffusers folder or a .safetensors/.ckpt checkpoint")
+        return load_single_file(path, arch=arch, device=device, dtype=dtype)
+    if _REPO_ID.match(ref) and not ref.startswith((".", "/", "~")):
+        return load_diffusers_folder(resolve_hub_repo(ref), arch=arch, device=device, dtype=dtype, source=ref)
+    raise ModelLoadError(f"{ref}: no such file or folder (expected a diffusers folder, a checkpoint file, "
+                         f"a Hugging Face repo id, or synthetic:<arch>)")
+
+
+# ---------------------------------------------------------------------------------------------------- synthetic
+
+
+def build_synthetic(spec: ModelSpec, *, seed: int = 0, device: str | torch.device = "cpu",
+                    dtype: torch.dtype = torch.float32, source: str | None = None) -> Components:
+    """The exact architecture with seeded random weights, built directly on `device` (fast on a GPU)."""
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    device = torch.device(device)
+    torch.manual_seed(seed)  # seeds CPU and every CUDA device: same weights on each run
+    with torch.device(device):
+        unet = UNet2DConditionModel(**spec.unet)
+        vae = AutoencoderKL(**spec.vae, scaling_factor=spec.vae_scaling_factor, force_upcast=spec.vae_force_upcast)
+        encoders = []
+        for te in spec.text_encoders:
+            cls = CLIPTextModelWithProjection if te.with_projection else CLIPTextModel
+            encoders.append(cls(CLIPTextConfig(**te.config)))
+    tokenizers = [HashTokenizer(te.config["vocab_size"], te.config["max_position_embeddings"], te.pad_with_eos)
+                  for te in spec.text_encoders]
+    comps = Components(spec=spec, unet=unet, vae=vae, text_encoders=encoders, tokenizers=tokenizers,
+                       source=source or f"{SYNTHETIC_PREFIX}{spec.name}", synthetic=True)
+    _finish(comps, dtype)
+    return comps
+
+
+# ---------------------------------------------------------------------------------------------- diffusers folder
+
+
+def detect_arch(unet_config: dict[str, Any], scheduler_config: dict[str, Any] | None = None) -> str:
+    """Architecture name from a UNet config (and the scheduler's prediction type for SD2 768 vs base)."""
+    vpred = (scheduler_config or {}).get("prediction_type") == "v_prediction"
+    if unet_config.get("addition_embed_type") == "text_time":
+        family = "sdxl"
+    elif unet_config.get("use_linear_projection") or unet_config.get("cross_attention_dim") == 1024:
+        family = "sd2"
+    else:
+        family = "sd1"
+    same = [s for s in list_specs() if s.family == family]
+    widths = tuple(unet_config.get("block_out_channels", ()))
+    # Prefer the entry with the same widths (a tiny model stays tiny) and prediction type (SD2 768 vs base).
+    same.sort(key=lambda s: (tuple(s.unet["block_out_channels"]) != widths,
+                             (s.scheduler["prediction_type"] == "v_prediction") != vpred
+                             if scheduler_config else s.name == "sd21-base",
+                             s.unet.get("sample_size") != unet_config.get("sample_size")))
+    return same[0].name
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path}: missing (expected a diffusers config JSON)") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{path}: not valid JSON ({exc.__class__.__name__})") from None
+
+
+def _variant(folder: Path) -> str | None:
+    """diffusers names half-precision weights `*.fp16.safetensors`; use them only when no full file exists."""
+    names = [p.name for p in folder.glob("*.safetensors")] + [p.name for p in folder.glob("*.bin")]
+    if any(".fp16." not in n for n in names):
+        return None
+    return "fp16" if names else None
+
+
+def _load_part(loader, folder: Path, sub: str, what: str, dtype: torch.dtype):
+    part = folder / sub
+    if not part.is_dir():
+        raise ModelLoadError(f"{part}: missing (expected the {what} subfolder of a diffusers model)")
+    try:
+        return loader.from_pretrained(folder, subfolder=sub, torch_dtype=dtype, variant=_variant(part))
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # corrupt weights, missing files: one line naming the path
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        raise ModelLoadError(f"{part}: cannot load {what} ({first})") from None
+
+
+def _folder_tokenizer(folder: Path, sub: str, pad_with_eos: bool, vocab_size: int):
+    tok_dir = folder / sub
+    if tok_dir.is_dir() and any(tok_dir.iterdir()):
+        from transformers import CLIPTokenizer
+
+        try:
+            return HFTokenizerAdapter(CLIPTokenizer.from_pretrained(folder, subfolder=sub))
+        except Exception as exc:
+            raise ModelLoadError(f"{tok_dir}: cannot load the CLIP tokenizer ({exc.__class__.__name__})") from None
+    warnings.warn(f"{tok_dir}: no tokenizer; using sdaccel's hashing tokenizer (prompts will not be understood)",
+                  stacklevel=3)
+    return HashTokenizer(vocab_size, 77, pad_with_eos)
+
+
+def load_diffusers_folder(folder: Path, *, arch: str | None = None, device: str | torch.device = "cpu",
+                          dtype: torch.dtype = torch.float32, source: str | None = None) -> Components:
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection
+
+    folder = Path(folder)
+    index_path = folder / "model_index.json"
+    if not index_path.is_file():
+        raise ModelLoadError(f"{folder}: not a diffusers model folder (no model_index.json)")
+    index = _read_json(index_path)
+    unet_cfg = _read_json(folder / "unet" / "config.json")
+    sched_path = folder / "scheduler" / "scheduler_config.json"
+    sched_cfg = _read_json(sched_path) if sched_path.is_file() else {}
+    base = get_spec(arch or detect_arch(unet_cfg, sched_cfg))
+    xl = "text_encoder_2" in index or base.is_xl
+
+    unet = _load_part(UNet2DConditionModel, folder, "unet", "UNet", dtype)
+    vae = _load_part(AutoencoderKL, folder, "vae", "VAE", dtype)
+    te_specs = base.text_encoders
+    encoders, tokenizers = [], []
+    for i, te in enumerate(te_specs):
+        suffix = "" if i == 0 else f"_{i + 1}"
+        cls = CLIPTextModelWithProjection if (xl and i == 1) else CLIPTextModel
+        enc = _load_part(cls, folder, f"text_encoder{suffix}", "text encoder", dtype)
+        encoders.append(enc)
+        tokenizers.append(_folder_tokenizer(folder, f"tokenizer{suffix}", te.pad_with_eos, enc.config.vocab_size))
+
+    spec = _spec_from_modules(base, unet, vae, encoders, sched_cfg)
+    comps = Components(spec=spec, unet=unet, vae=vae, text_encoders=encoders, tokenizers=tokenizers,
+                       source=source or str(folder))
+    _finish(comps, dtype, device)
+    return comps
+
+
+def _spec_from_modules(base: ModelSpec, unet, vae, encoders, sched_cfg: dict[str, Any]) -> ModelSpec:
+    """The registry entry with the loaded modules' own configs (fine-tunes may differ from the published ones)."""
+    scheduler = dict(base.scheduler)
+    scheduler.update({k: v for k, v in sched_cfg.items() if not k.startswith("_") and k in (
+        "num_train_timesteps", "beta_start", "beta_end", "beta_schedule", "prediction_type", "steps_offset",
+        "timestep_spacing", "rescale_betas_zero_snr")})
+    return with_overrides(
+        base, unet=dict(unet.config), vae=dict(vae.config),
+        text_encoders=tuple(with_overrides_te(te, enc) for te, enc in zip(base.text_encoders, encoders)),
+        scheduler=scheduler, vae_scaling_factor=float(vae.config.scaling_factor),
+        vae_force_upcast=bool(getattr(vae.config, "force_upcast", base.vae_force_upcast)),
+        upcast_attention=bool(unet.config.get("upcast_attention", False)) or base.upcast_attention, tiny=False,
+    )
+
+
+def with_overrides_te(te, encoder):
+    from dataclasses import replace
+
+    return replace(te, config=encoder.config.to_dict())
+
+
+# ------------------------------------------------------------------------------------------------ hub (offline)
+
+
+def resolve_hub_repo(repo_id: str) -> Path:
+    """A repo id's snapshot folder from the local Hugging Face cache; downloads only when not offline."""
+    from huggingface_hub import snapshot_download
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    patterns = ["*.json", "*.txt", "*.safetensors", "tokenizer*/*", "*.model"]
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True, allow_patterns=patterns))
+    except Exception as exc:
+        if offline:
+            raise ModelLoadError(f"{repo_id}: not in the Hugging Face cache and HF_HUB_OFFLINE is set "
+                                 f"({exc.__class__.__name__})") from None
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except Exception as exc:
+        raise ModelLoadError(f"{repo_id}: not in the Hugging Face cache and could not be downloaded "
+                             f"({exc.__class__.__name__})") from None
+
+
+# ------------------------------------------------------------------------------------------------- single file
+
+
+def _read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        if path.suffix.lower() == ".safetensors":
+            from safetensors.torch import load_file
+
+            sd = load_file(str(path))
+        else:
+            sd = torch.load(str(path), map_location="cpu", weights_only=True)
+            sd = sd.get("state_dict", sd) if isinstance(sd, dict) else sd
+    except Exception as exc:
+        raise ModelLoadError(f"{path}: not a readable checkpoint ({exc.__class__.__name__})") from None
+    if not isinstance(sd, dict) or not sd:
+        raise ModelLoadError(f"{path}: empty checkpoint (expected a Stable Diffusion state dict)")
+    return sd
+
+
+def load_single_file(path: Path, *, arch: str | None = None, device: str | torch.device = "cpu",
+                     dtype: torch.dtype = torch.float32) -> Components:
+    """An original-format (LDM/SGM, A1111-style) checkpoint, loaded offline through diffusers' converters."""
+    from diffusers.loaders.single_file_utils import (
+        convert_ldm_clip_checkpoint, convert_ldm_unet_checkpoint, convert_ldm_vae_checkpoint,
+        convert_open_clip_checkpoint, infer_diffusers_model_type)
+
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    checkpoint = _read_checkpoint(path)
+    if not any(k.startswith("model.diffusion_model.") for k in checkpoint):
+        raise ModelLoadError(f"{path}: not a Stable Diffusion checkpoint (no model.diffusion_model.* weights)")
+    if arch is None:
+        kind = infer_diffusers_model_type(checkpoint)
+        if kind not in _SINGLE_FILE_ARCH:
+            raise ModelLoadError(f"{path}: a {kind!r} checkpoint; sdaccel runs SD1.x, SD2.x and SDXL base")
+        arch = _SINGLE_FILE_ARCH[kind]
+    spec = get_spec(arch)
+    spec = _fit_spec_to_checkpoint(spec, checkpoint)
+
+    try:
+        unet = UNet2DConditionModel(**spec.unet)
+        unet.load_state_dict(convert_ldm_unet_checkpoint(checkpoint, dict(unet.config)))
+        vae = AutoencoderKL(**spec.vae, scaling_factor=spec.vae_scaling_factor, force_upcast=spec.vae_force_upcast)
+        vae.load_state_dict(convert_ldm_vae_checkpoint(checkpoint, dict(vae.config)))
+        encoders = []
+        for i, te in enumerate(spec.text_encoders):
+            cls = CLIPTextModelWithProjection if te.with_projection else CLIPTextModel
+            enc = cls(CLIPTextConfig(**te.config))
+            if spec.family == "sd1" or (spec.is_xl and i == 0):
+                prefix = "conditioner.embedders.0.transformer." if spec.is_xl else "cond_stage_model.transformer."
+                sd = convert_ldm_clip_checkpoint(checkpoint, remove_prefix=prefix)
+            else:
+                prefix = "conditioner.embedders.1.model." if spec.is_xl else "cond_stage_model.model."
+                sd = convert_open_clip_checkpoint(enc, checkpoint, prefix=prefix)
+            missing, unexpected = enc.load_state_dict(sd, strict=False)
+            missing = [k for k in missing if "position_ids" not in k]
+            if missing:
+                raise ModelLoadError(f"{path}: text encoder {i + 1} lacks {len(missing)} weights, e.g. {missing[0]}")
+            encoders.append(enc)
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        raise ModelLoadError(f"{path}: does not match the {spec.name} architecture ({first[:200]})") from None
+
+    tokenizers = [_cached_tokenizer(te, i, spec) for i, te in enumerate(spec.text_encoders)]
+    comps = Components(spec=spec, unet=unet, vae=vae, text_encoders=encoders, tokenizers=tokenizers,
+                       source=str(path))
+    _finish(comps, dtype, device)
+    return comps
+
+
+def _fit_spec_to_checkpoint(spec: ModelSpec, checkpoint: dict[str, torch.Tensor]) -> ModelSpec:
+    """Among the registry entries of the detected family, the one whose widths match the checkpoint's UNet."""
+    conv_in = checkpoint["model.diffusion_model.input_blocks.0.0.weight"].shape[0]
+    candidates = [spec] + [s for s in list_specs() if s.family == spec.family and s is not spec]
+    for cand in candidates:
+        if cand.unet["block_out_channels"][0] == conv_in:
+            return cand
+    raise ModelLoadError(f"checkpoint's UNet starts with {conv_in} channels; no {spec.family} architecture "
+                         f"sdaccel knows has that width")
+
+
+def _cached_tokenizer(te, index: int, spec: ModelSpec):
+    """The real CLIP tokenizer from the local HF cache when present; else the hashing one, with a warning."""
+    repo = "openai/clip-vit-large-patch14" if te.config.get("hidden_size") == 768 else (
+        "laion/CLIP-ViT-bigG-14-laion2B-39B-b160k" if spec.is_xl else "stabilityai/stable-diffusion-2-1")
+    try:
+        from huggingface_hub import snapshot_download
+        from transformers import CLIPTokenizer
+
+        folder = Path(snapshot_download(repo, local_files_only=True, allow_patterns=["*.json", "*.txt"]))
+        sub = "tokenizer" if (folder / "tokenizer").is_dir() else None
+        tok = CLIPTokenizer.from_pretrained(folder, subfolder=sub) if sub else CLIPTokenizer.from_pretrained(folder)
+        return HFTokenizerAdapter(tok)
+    except Exception:
+        warnings.warn(f"no CLIP tokenizer for {repo} in the Hugging Face cache; using sdaccel's hashing tokenizer "
+                      "(prompts will not be understood)", stacklevel=4)
+        return HashTokenizer(te.config["vocab_size"], 77, te.pad_with_eos)
+
+
+# ---------------------------------------------------------------------------------------------------- shared
+
+
+def _finish(comps: Components, dtype: torch.dtype, device: str | torch.device | None = None) -> None:
+    for module in comps.modules():
+        module.requires_grad_(False)
+        module.eval()
+        torch.nn.Module.to(module, dtype=dtype, device=device)

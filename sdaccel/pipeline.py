@@ -1,0 +1,202 @@
+"""Text-to-image for every family: encode -> denoise -> decode, calling only the engine's stages.
+
+The loop never waits for the GPU: the scheduler gets host-side timesteps (computed once), the UNet a device tensor,
+guidance is one batched call (uncond + cond), and the only synchronisation is fetching the finished images.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .device import dtype_name, resolve_device, resolve_dtype
+from .engines import Engine, get_engine
+from .errors import UsageError
+from .models.components import Components
+from .schedulers import canonical, make_scheduler
+from .timing import StageTimer, StageTimings
+
+StepCallback = Callable[[int, float, torch.Tensor], None]  # (step index, timestep, latents after the step)
+
+
+@dataclass
+class GenerationResult:
+    images: list  # PIL images ("pil"), or empty
+    image_tensor: torch.Tensor | None  # (B, 3, H, W) uint8 on the device ("tensor" and "pil")
+    latents: torch.Tensor  # final latents, fp32, before VAE scaling
+    timings: StageTimings
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Conditioning:
+    context: torch.Tensor  # (B', 77, D): B' = 2B with guidance (uncond first), else B
+    text_embeds: torch.Tensor | None = None  # SDXL pooled embedding
+    time_ids: torch.Tensor | None = None  # SDXL size/crop conditioning
+
+
+def validate_request(steps, height, width, batch_size: int = 1, guidance: float = 0.0) -> None:
+    """Raise UsageError for settings no engine can run; cheap, so the CLI calls it before loading a model."""
+    if not isinstance(steps, int) or steps < 1:
+        raise UsageError(f"steps must be an integer >= 1, got {steps!r}")
+    for name, size in (("height", height), ("width", width)):
+        if size is not None and (not isinstance(size, int) or size < 8 or size % 8):
+            raise UsageError(f"{name} must be a positive multiple of 8, got {size!r}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise UsageError(f"batch size must be an integer >= 1, got {batch_size!r}")
+    if guidance is not None and guidance < 0:
+        raise UsageError(f"guidance must be >= 0, got {guidance}")
+
+
+def _as_list(value: str | list[str] | None, n: int, what: str) -> list[str]:
+    if value is None:
+        return [""] * n
+    if isinstance(value, str):
+        return [value] * n
+    value = list(value)
+    if len(value) != n:
+        raise UsageError(f"{what}: got {len(value)} entries for {n} prompts")
+    return value
+
+
+class Pipeline:
+    """A loaded model on one engine. Call it like a diffusers pipeline; it returns a GenerationResult."""
+
+    def __init__(self, components: Components, engine: str | Engine = "eager", dtype: str | torch.dtype | None = None,
+                 device: str | torch.device | None = None, **engine_options: Any):
+        self.components = components
+        self.spec = components.spec
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        if self.device.type == "cpu" and self.dtype == torch.float16:
+            raise UsageError("fp16 needs a GPU; use fp32 or bf16 on the CPU")
+        self.engine = get_engine(engine, self.device, **engine_options)
+        self.stages = self.engine.prepare(components, self.dtype, self.device)
+        self._schedulers: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------------------------------------ pieces
+
+    def scheduler(self, name: str | None = None):
+        key = canonical(name or self.spec.default_scheduler)
+        if key not in self._schedulers:
+            self._schedulers[key] = make_scheduler(key, self.spec.scheduler)
+        return self._schedulers[key]
+
+    @torch.inference_mode()
+    def encode_prompt(self, prompts: list[str], negatives: list[str], guidance: bool,
+                      height: int, width: int) -> Conditioning:
+        """One batched pass per text encoder over [negatives..., prompts...]."""
+        spec = self.spec
+        texts = negatives + prompts if guidance else prompts
+        hiddens, pooled = [], None
+        for tokenizer, encode in zip(self.components.tokenizers, self.stages.text_encoders):
+            ids = tokenizer(texts).to(self.device, non_blocking=True)
+            hidden, pooled = encode(ids)
+            hiddens.append(hidden)
+        context = torch.cat(hiddens, dim=-1) if len(hiddens) > 1 else hiddens[0]
+        if not spec.is_xl:
+            return Conditioning(context)
+        n = len(prompts)
+        if guidance and all(not neg for neg in negatives):
+            # SDXL base was trained to take zeros, not the embedding of "", as the unconditional input.
+            context = torch.cat([torch.zeros_like(context[:n]), context[n:]])
+            pooled = torch.cat([torch.zeros_like(pooled[:n]), pooled[n:]])
+        # (original size, crop top-left, target size): no crop, native size.
+        time_ids = torch.tensor([height, width, 0, 0, height, width], dtype=torch.float32, device=self.device)
+        return Conditioning(context, pooled, time_ids.expand(context.shape[0], 6))
+
+    # ------------------------------------------------------------------------------------------------ the call
+
+    @torch.inference_mode()
+    def __call__(self, prompt: str | list[str], negative_prompt: str | list[str] | None = None, *,
+                 steps: int | None = None, guidance: float | None = None, height: int | None = None,
+                 width: int | None = None, batch_size: int = 1, seed: int = 0, scheduler: str | None = None,
+                 output: str = "pil", callback: StepCallback | None = None, progress: bool = False,
+                 latents: torch.Tensor | None = None) -> GenerationResult:
+        spec = self.spec
+        steps = spec.steps if steps is None else steps
+        guidance = spec.guidance if guidance is None else float(guidance)
+        height = spec.height if height is None else height
+        width = spec.width if width is None else width
+        validate_request(steps, height, width, batch_size, guidance)
+        if output not in ("pil", "tensor", "latent"):
+            raise UsageError(f"output must be pil, tensor or latent, got {output!r}")
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        if not prompts:
+            raise UsageError("no prompt given")
+        prompts = [p for p in prompts for _ in range(batch_size)]
+        negatives = _as_list(negative_prompt, len(prompts) // batch_size, "negative prompts")
+        negatives = [n for n in negatives for _ in range(batch_size)]
+        cfg = guidance > 1.0  # guidance <= 1 is the conditional prediction alone: skip the uncond half
+        sched = self.scheduler(scheduler)
+        sched_name = canonical(scheduler or spec.default_scheduler)
+
+        timer = StageTimer(self.device)
+        n = len(prompts)
+        scale = spec.vae_scale
+        shape = (n, spec.latent_channels, height // scale, width // scale)
+        if latents is None:
+            # Initial noise drawn on the CPU: the same seed gives the same start on every device.
+            gen = torch.Generator("cpu").manual_seed(seed)
+            latents = torch.randn(shape, generator=gen, dtype=torch.float32)
+        elif tuple(latents.shape) != shape:
+            raise UsageError(f"latents must have shape {shape}, got {tuple(latents.shape)}")
+        latents = latents.to(self.device, torch.float32)
+        step_gen = torch.Generator(self.device).manual_seed(seed + 1)  # ancestral samplers' per-step noise
+
+        with timer.stage("text"):
+            cond = self.encode_prompt(prompts, negatives, cfg, height, width)
+        with timer.stage("denoise"):
+            sched.set_timesteps(steps, device=self.device)
+            latents = latents * sched.init_noise_sigma
+            latents = self._denoise(sched, latents, cond, guidance, cfg, step_gen, callback, progress)
+        with timer.stage("decode"):
+            image = None
+            if output != "latent":
+                decoded = self.stages.decode(latents / spec.vae_scaling_factor)
+                image = ((decoded / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
+        timings = timer.result(steps=steps)
+
+        params = dict(prompt=prompts[0], negative_prompt=negatives[0], steps=steps, guidance=guidance,
+                      height=height, width=width, seed=seed, scheduler=sched_name, batch_size=n,
+                      model=self.components.source, engine=self.engine.name, dtype=dtype_name(self.dtype))
+        images = _to_pil(image) if output == "pil" else []
+        return GenerationResult(images=images, image_tensor=image, latents=latents, timings=timings, params=params)
+
+    def _denoise(self, sched, latents, cond: Conditioning, guidance: float, cfg: bool, step_gen: torch.Generator,
+                 callback: StepCallback | None, progress: bool) -> torch.Tensor:
+        # Host copies of the timesteps for the scheduler's arithmetic, device copies for the UNet: no per-step sync.
+        timesteps_host = sched.timesteps.tolist()
+        timesteps_dev = sched.timesteps.to(self.device)
+        steps = range(len(timesteps_host))
+        if progress:
+            from tqdm.auto import tqdm
+
+            steps = tqdm(steps, desc="denoising", unit="step", leave=False)
+        for i in steps:
+            t = timesteps_host[i]
+            model_in = torch.cat([latents, latents]) if cfg else latents
+            model_in = sched.scale_model_input(model_in, t)
+            pred = self.stages.unet(model_in, timesteps_dev[i], cond.context, cond.text_embeds, cond.time_ids)
+            if cfg:
+                uncond, text = pred.chunk(2)
+                pred = uncond + guidance * (text - uncond)
+            latents = sched.step(pred, t, latents, return_dict=False, **_step_kwargs(sched, step_gen))[0]
+            if callback is not None:
+                callback(i, t, latents)
+        return latents
+
+
+def _step_kwargs(sched, generator) -> dict[str, Any]:
+    return {"generator": generator} if "generator" in sched.step.__code__.co_varnames else {}
+
+
+def _to_pil(image: torch.Tensor | None) -> list:
+    from PIL import Image
+
+    if image is None:
+        return []
+    array = image.permute(0, 2, 3, 1).cpu().numpy()
+    return [Image.fromarray(a) for a in array]

@@ -1,0 +1,75 @@
+"""Per-stage wall time of a generation, without host synchronisation inside the timed region.
+
+On a GPU each stage is bracketed by CUDA events on the current stream; the elapsed times are read once, after the
+final synchronisation the caller does anyway to fetch the image. On the CPU, perf_counter.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+STAGES = ("text", "denoise", "decode")
+
+
+@dataclass
+class StageTimings:
+    """Seconds per stage; `total` spans from the start of text encoding to the end of decoding."""
+
+    text: float = 0.0
+    denoise: float = 0.0
+    decode: float = 0.0
+    total: float = 0.0
+    steps: int = 0
+
+    @property
+    def unet_steps_per_s(self) -> float:
+        return self.steps / self.denoise if self.denoise > 0 else 0.0
+
+    def line(self) -> str:
+        return (f"text {self.text * 1e3:.1f} ms | denoise {self.denoise * 1e3:.1f} ms "
+                f"({self.unet_steps_per_s:.1f} it/s) | decode {self.decode * 1e3:.1f} ms | total {self.total:.3f} s")
+
+    def as_dict(self) -> dict[str, float]:
+        return {"text_s": self.text, "denoise_s": self.denoise, "decode_s": self.decode, "total_s": self.total,
+                "steps": self.steps, "unet_it_s": self.unet_steps_per_s}
+
+
+@dataclass
+class StageTimer:
+    device: torch.device
+    _marks: list[tuple[str, object, object]] = field(default_factory=list)
+
+    def _now(self):
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    @contextmanager
+    def stage(self, name: str):
+        start = self._now()
+        try:
+            yield
+        finally:
+            self._marks.append((name, start, self._now()))
+
+    def result(self, steps: int = 0) -> StageTimings:
+        """Read the stage times; on a GPU this waits for the last event (call after the work is queued)."""
+        out = StageTimings(steps=steps)
+        if not self._marks:
+            return out
+        for name, start, end in self._marks:
+            setattr(out, name, self._elapsed(start, end))
+        out.total = self._elapsed(self._marks[0][1], self._marks[-1][2])
+        return out
+
+    def _elapsed(self, start, end) -> float:
+        if self.device.type == "cuda":
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        return end - start

@@ -1,0 +1,45 @@
+"""sdaccel.accelerate() on a diffusers pipeline the user built: same image, their scheduler and callbacks kept."""
+
+import pytest
+import torch
+
+import sdaccel
+from sdaccel.errors import UsageError
+
+from sd_fixtures import diffusers_pipeline
+
+
+@pytest.mark.parametrize("arch", ["sd15-tiny", "sdxl-tiny"])
+def test_accelerate_keeps_the_image_and_the_callbacks(arch, tokenizer_dir):
+    pipe = diffusers_pipeline(arch, tokenizer_dir)
+    kwargs = dict(num_inference_steps=3, guidance_scale=5.0, height=64, width=64, output_type="pt",
+                  generator=torch.Generator().manual_seed(0))
+    before = pipe("a lighthouse at dusk", **kwargs).images
+
+    steps_seen = []
+    kwargs["generator"] = torch.Generator().manual_seed(0)
+    kwargs["callback_on_step_end"] = lambda p, i, t, cb: steps_seen.append(i) or cb
+    original_scheduler = pipe.scheduler
+    assert sdaccel.accelerate(pipe, engine="eager") is pipe
+    after = pipe("a lighthouse at dusk", **kwargs).images
+
+    assert pipe.scheduler is original_scheduler and steps_seen == [0, 1, 2]
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
+
+
+def test_accelerate_routes_unsupported_calls_to_the_original_forward(tokenizer_dir):
+    pipe = diffusers_pipeline("sd15-tiny", tokenizer_dir)
+    sdaccel.accelerate(pipe)
+    sample, t = torch.randn(1, 4, 8, 8), torch.tensor(10)
+    ctx = torch.randn(1, 77, 32)
+    fast = pipe.unet(sample, t, ctx).sample
+    # cross_attention_kwargs (e.g. a LoRA scale) goes to diffusers' forward, which must give the same answer here.
+    slow = pipe.unet(sample, t, ctx, cross_attention_kwargs={"scale": 1.0}).sample
+    torch.testing.assert_close(fast, slow)
+
+
+def test_accelerate_twice_is_refused(tokenizer_dir):
+    pipe = diffusers_pipeline("sd15-tiny", tokenizer_dir)
+    sdaccel.accelerate(pipe)
+    with pytest.raises(UsageError, match="already accelerated"):
+        sdaccel.accelerate(pipe, engine="compile")

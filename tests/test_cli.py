@@ -1,0 +1,60 @@
+"""The CLI in a subprocess, as users run it: PNGs with parameters, timings, and one-line errors with exit code 2."""
+
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+
+def run(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "sdaccel", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=600)
+
+
+def test_generate_writes_pngs_with_parameters(tmp_path):
+    out = tmp_path / "out"
+    proc = run("generate", "a watercolor fox", "--model", "synthetic:sd21-tiny", "--steps", "2", "--batch", "2",
+               "--seed", "5", "--scheduler", "euler", "--negative", "blurry", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "random weights" in proc.stdout and "timings: text" in proc.stdout
+    files = sorted(out.glob("*.png"))
+    assert [f.name for f in files] == ["image-5-00.png", "image-5-01.png"]
+    params = Image.open(files[1]).text["parameters"]
+    assert params.startswith("a watercolor fox\nNegative prompt: blurry\nSteps: 2, Sampler: euler")
+    assert "Seed: 5" in params and "Batch index: 1" in params and "Model: synthetic:sd21-tiny" in params
+    assert not list(out.glob("*.tmp"))
+
+
+def test_info_lists_engines():
+    proc = run("info")
+    assert proc.returncode == 0 and "engine eager" in proc.stdout and "torch" in proc.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--height", "100"], "height must be a positive multiple of 8"),
+    (["--steps", "0"], "steps must be an integer >= 1"),
+    (["--scheduler", "warp"], "unknown scheduler 'warp'"),
+    (["--engine", "warp"], "unknown engine 'warp'"),
+    (["--model", "/no/such/model"], "/no/such/model: no such file or folder"),
+    (["--steps", "many"], "invalid int value"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
+    proc = run("generate", "a cat", "--model", "synthetic:sd15-tiny", *args, "--out", str(tmp_path))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sdaccel: error:") and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_empty_model_folder_is_one_line_and_exit_2(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = run("generate", "a cat", "--model", str(empty), "--out", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert "not a diffusers model folder (no model_index.json)" in proc.stderr
+
+
+def test_unknown_subcommand():
+    proc = run("paint")
+    assert proc.returncode == 2 and proc.stderr.startswith("sdaccel: error:")
