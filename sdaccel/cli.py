@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--negative", default="")
     gen.add_argument("--guidance", type=float)
     gen.add_argument("--out", default="sdaccel-out", help="output folder (default: ./sdaccel-out)")
+    gen.add_argument("--repeat", type=int, default=1,
+                     help="generate N times and print each run's timings (the first includes warm-up/compile)")
     gen.add_argument("--no-progress", action="store_true")
     gen.set_defaults(func=cmd_generate)
 
@@ -136,14 +138,21 @@ def cmd_generate(args) -> int:
                         seed=args.seed, **engine_options(args.engine, args))
     if pipe.components.synthetic:
         print(f"note: {model} has random weights: the image is noise by construction (use it to measure speed)")
-    result = pipe(args.prompt, args.negative, steps=args.steps, guidance=args.guidance, height=args.height,
-                  width=args.width, batch_size=args.batch, seed=args.seed, scheduler=args.scheduler,
-                  progress=not args.no_progress)
+    if args.repeat < 1:
+        raise SdaccelError(f"--repeat must be >= 1, got {args.repeat}")
+    runs = []
+    for _ in range(args.repeat):
+        result = pipe(args.prompt, args.negative, steps=args.steps, guidance=args.guidance, height=args.height,
+                      width=args.width, batch_size=args.batch, seed=args.seed, scheduler=args.scheduler,
+                      progress=not args.no_progress)
+        runs.append(result.timings)
     paths = save_images(result, Path(args.out))
     print(f"model {model} | engine {pipe.engine.name} | {result.params['dtype']} | device {device} | "
           f"{result.params['width']}x{result.params['height']} x{result.params['batch_size']} | "
           f"{result.params['steps']} steps {result.params['scheduler']}")
-    print(f"timings: {result.timings.line()}")
+    for i, timings in enumerate(runs):
+        label = "timings" if len(runs) == 1 else f"run {i + 1}{' (cold)' if i == 0 else ''}"
+        print(f"{label}: {timings.line()}")
     for path in paths:
         print(f"wrote {path}")
     return 0

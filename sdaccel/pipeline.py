@@ -149,7 +149,7 @@ class Pipeline:
         with timer.stage("text"):
             cond = self.encode_prompt(prompts, negatives, cfg, height, width)
         with timer.stage("denoise"):
-            sched.set_timesteps(steps, device=self.device)
+            sched.set_timesteps(steps)  # on the host: the scheduler's arithmetic never waits for the GPU
             latents = latents * sched.init_noise_sigma
             latents = self._denoise(sched, latents, cond, guidance, cfg, step_gen, callback, progress)
         with timer.stage("decode"):
@@ -169,7 +169,7 @@ class Pipeline:
                  callback: StepCallback | None, progress: bool) -> torch.Tensor:
         # Host copies of the timesteps for the scheduler's arithmetic, device copies for the UNet: no per-step sync.
         timesteps_host = sched.timesteps.tolist()
-        timesteps_dev = sched.timesteps.to(self.device)
+        timesteps_dev = sched.timesteps.to(self.device, non_blocking=True)
         steps = range(len(timesteps_host))
         if progress:
             from tqdm.auto import tqdm

@@ -23,8 +23,6 @@ log = logging.getLogger(__name__)
 SYNTHETIC_PREFIX = "synthetic:"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
-# Single-file model types (diffusers' detection) -> our architecture names.
-_SINGLE_FILE_ARCH = {"v1": "sd15", "v2": "sd21", "xl_base": "sdxl"}
 
 
 def load_components(ref: str, *, arch: str | None = None, seed: int = 0, device: str | torch.device = "cpu",
@@ -245,7 +243,7 @@ def load_single_file(path: Path, *, arch: str | None = None, device: str | torch
     """An original-format (LDM/SGM, A1111-style) checkpoint, loaded offline through diffusers' converters."""
     from diffusers.loaders.single_file_utils import (
         convert_ldm_clip_checkpoint, convert_ldm_unet_checkpoint, convert_ldm_vae_checkpoint,
-        convert_open_clip_checkpoint, infer_diffusers_model_type)
+        convert_open_clip_checkpoint)
 
     from diffusers import AutoencoderKL, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
@@ -253,30 +251,33 @@ def load_single_file(path: Path, *, arch: str | None = None, device: str | torch
     checkpoint = _read_checkpoint(path)
     if not any(k.startswith("model.diffusion_model.") for k in checkpoint):
         raise ModelLoadError(f"{path}: not a Stable Diffusion checkpoint (no model.diffusion_model.* weights)")
-    if arch is None:
-        kind = infer_diffusers_model_type(checkpoint)
-        if kind not in _SINGLE_FILE_ARCH:
-            raise ModelLoadError(f"{path}: a {kind!r} checkpoint; sdaccel runs SD1.x, SD2.x and SDXL base")
-        arch = _SINGLE_FILE_ARCH[kind]
-    spec = get_spec(arch)
-    spec = _fit_spec_to_checkpoint(spec, checkpoint)
+    spec = get_spec(arch) if arch else _spec_for_checkpoint(path, checkpoint)
+
+    from accelerate import init_empty_weights
 
     try:
-        unet = UNet2DConditionModel(**spec.unet)
-        unet.load_state_dict(convert_ldm_unet_checkpoint(checkpoint, dict(unet.config)))
-        vae = AutoencoderKL(**spec.vae, scaling_factor=spec.vae_scaling_factor, force_upcast=spec.vae_force_upcast)
-        vae.load_state_dict(convert_ldm_vae_checkpoint(checkpoint, dict(vae.config)))
+        # Parameters start on the meta device and take the checkpoint's tensors (assign=True): no random init of
+        # billions of weights that would be overwritten anyway. Buffers are real, so none is left unset.
+        with init_empty_weights(include_buffers=False):
+            unet = UNet2DConditionModel(**spec.unet)
+            vae = AutoencoderKL(**spec.vae, scaling_factor=spec.vae_scaling_factor,
+                                force_upcast=spec.vae_force_upcast)
+            encoders_empty = [(CLIPTextModelWithProjection if te.with_projection else CLIPTextModel)(
+                CLIPTextConfig(**te.config)) for te in spec.text_encoders]
+        unet.load_state_dict(convert_ldm_unet_checkpoint(checkpoint, dict(unet.config)), assign=True)
+        vae.load_state_dict(convert_ldm_vae_checkpoint(checkpoint, dict(vae.config)), assign=True)
         encoders = []
-        for i, te in enumerate(spec.text_encoders):
-            cls = CLIPTextModelWithProjection if te.with_projection else CLIPTextModel
-            enc = cls(CLIPTextConfig(**te.config))
+        for i, (te, enc) in enumerate(zip(spec.text_encoders, encoders_empty)):
             if spec.family == "sd1" or (spec.is_xl and i == 0):
                 prefix = "conditioner.embedders.0.transformer." if spec.is_xl else "cond_stage_model.transformer."
                 sd = convert_ldm_clip_checkpoint(checkpoint, remove_prefix=prefix)
             else:
                 prefix = "conditioner.embedders.1.model." if spec.is_xl else "cond_stage_model.model."
                 sd = convert_open_clip_checkpoint(enc, checkpoint, prefix=prefix)
-            missing, unexpected = enc.load_state_dict(sd, strict=False)
+            own = enc.state_dict()
+            if not any(k in own for k in sd):  # newer transformers drop the `text_model.` level
+                sd = {k.removeprefix("text_model."): v for k, v in sd.items()}
+            missing, _ = enc.load_state_dict(sd, strict=False, assign=True)
             missing = [k for k in missing if "position_ids" not in k]
             if missing:
                 raise ModelLoadError(f"{path}: text encoder {i + 1} lacks {len(missing)} weights, e.g. {missing[0]}")
@@ -294,15 +295,27 @@ def load_single_file(path: Path, *, arch: str | None = None, device: str | torch
     return comps
 
 
-def _fit_spec_to_checkpoint(spec: ModelSpec, checkpoint: dict[str, torch.Tensor]) -> ModelSpec:
-    """Among the registry entries of the detected family, the one whose widths match the checkpoint's UNet."""
-    conv_in = checkpoint["model.diffusion_model.input_blocks.0.0.weight"].shape[0]
-    candidates = [spec] + [s for s in list_specs() if s.family == spec.family and s is not spec]
-    for cand in candidates:
-        if cand.unet["block_out_channels"][0] == conv_in:
-            return cand
-    raise ModelLoadError(f"checkpoint's UNet starts with {conv_in} channels; no {spec.family} architecture "
-                         f"sdaccel knows has that width")
+def _spec_for_checkpoint(path: Path, checkpoint: dict[str, torch.Tensor]) -> ModelSpec:
+    """Family from the text-encoder layout, then the registry entry whose UNet widths match the weights.
+
+    SD2 768 (v-prediction) and 512 base share their weights' shapes: the 768 entry is chosen, as diffusers does;
+    pass arch="sd21-base" for the other."""
+    if any(k.startswith(("conditioner.embedders.1.", "model.diffusion_model.label_emb.")) for k in checkpoint):
+        family = "sdxl"
+    elif any(k.startswith("cond_stage_model.model.") for k in checkpoint):
+        family = "sd2"
+    elif any(k.startswith("cond_stage_model.transformer.") for k in checkpoint):
+        family = "sd1"
+    else:
+        raise ModelLoadError(f"{path}: no text encoder weights in a layout sdaccel knows (SD1.x, SD2.x, SDXL base)")
+    conv_in = checkpoint["model.diffusion_model.input_blocks.0.0.weight"].shape
+    if conv_in[1] != 4:
+        raise ModelLoadError(f"{path}: UNet takes {conv_in[1]} input channels (an inpainting or other variant); "
+                             "sdaccel runs text-to-image models with 4")
+    for spec in list_specs():
+        if spec.family == family and spec.unet["block_out_channels"][0] == conv_in[0]:
+            return spec
+    raise ModelLoadError(f"{path}: a {family} UNet {conv_in[0]} channels wide matches no architecture sdaccel knows")
 
 
 def _cached_tokenizer(te, index: int, spec: ModelSpec):

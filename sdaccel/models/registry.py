@@ -177,13 +177,15 @@ _SPECS: tuple[ModelSpec, ...] = (
         unet=dict(
             _TINY_UNET, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
             up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), transformer_layers_per_block=(1, 2),
-            cross_attention_dim=64, use_linear_projection=True, addition_embed_type="text_time",
-            addition_time_embed_dim=8, projection_class_embeddings_input_dim=32 + 6 * 8,
+            cross_attention_dim=32 + 48, use_linear_projection=True, addition_embed_type="text_time",
+            addition_time_embed_dim=8, projection_class_embeddings_input_dim=48 + 6 * 8,
         ),
         vae=_TINY_VAE,
         text_encoders=(
             TextEncoderSpec(_tiny_text(), penultimate=True),
-            TextEncoderSpec(_tiny_text(), with_projection=True, penultimate=True, pad_with_eos=False),
+            # A different width from the first encoder, as in the real model (converters tell them apart by it).
+            TextEncoderSpec(_tiny_text(hidden_size=48, projection_dim=48), with_projection=True, penultimate=True,
+                            pad_with_eos=False),
         ),
         scheduler=dict(_SD_SCHEDULER, prediction_type="epsilon"), vae_scaling_factor=0.13025,
         vae_force_upcast=True, height=64, width=64, steps=4, guidance=5.0, default_scheduler="euler", tiny=True,

@@ -72,3 +72,30 @@ def test_missing_path_empty_folder_and_corrupt_weights(tmp_path, saved_folder):
 def test_synthetic_unknown_arch():
     with pytest.raises(UsageError, match="unknown model architecture"):
         load_components("synthetic:sd7")
+
+
+@pytest.mark.parametrize("arch, family, suffix", [("sd15-tiny", "sd15", ".safetensors"),
+                                                  ("sd21-tiny", "sd21", ".ckpt"),
+                                                  ("sdxl-tiny", "sdxl", ".safetensors")])
+def test_single_file_checkpoint_gives_the_same_image(tmp_path, arch, family, suffix):
+    """An original-format (A1111/LDM/SGM) checkpoint saved by the test loads offline and reproduces the image."""
+    from ldm_checkpoint import save_ldm_checkpoint
+
+    reference = sdaccel.models.build_synthetic(sdaccel.models.get_spec(arch), seed=4)
+    path = tmp_path / f"model{suffix}"
+    save_ldm_checkpoint(path, reference.unet, reference.vae, *reference.text_encoders, family=family)
+    with pytest.warns(UserWarning, match="hashing tokenizer"):  # no CLIP vocabulary in this offline cache
+        loaded = load_components(str(path))
+    assert loaded.spec.name == arch and loaded.source == str(path)
+    a = sdaccel.Pipeline(reference)("a boat", steps=2, height=64, width=64).latents
+    b = sdaccel.Pipeline(loaded)("a boat", steps=2, height=64, width=64).latents
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_single_file_that_is_not_stable_diffusion(tmp_path):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "lora.safetensors"
+    save_file({"lora_unet_down.weight": torch.ones(2, 2)}, str(path))
+    with pytest.raises(ModelLoadError, match="not a Stable Diffusion checkpoint"):
+        load_components(str(path))
