@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import pytest
 import torch
 
-from sd_fixtures import diffusers_pipeline, write_clip_tokenizer
+# Triton fixes interpreter mode when it is first imported: switch it on before anything imports triton, so the
+# kernel tests (and the fast engine's module tests) run the real Triton kernels on a machine without a GPU.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from sd_fixtures import diffusers_pipeline, write_clip_tokenizer  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

@@ -6,10 +6,13 @@ import torch
 
 from ..errors import EngineUnavailableError, UsageError
 from .base import Engine, Stages
-from .compile import CompileEngine
+from .compile import CompileEngine, use_persistent_cache
 from .eager import EagerEngine
+from .fast import FastEngine
 
-ENGINES: dict[str, type[Engine]] = {cls.name: cls for cls in (EagerEngine, CompileEngine)}
+use_persistent_cache()
+
+ENGINES: dict[str, type[Engine]] = {cls.name: cls for cls in (EagerEngine, CompileEngine, FastEngine)}
 
 
 def register(cls: type[Engine]) -> type[Engine]:

@@ -19,11 +19,17 @@ from .eager import cast_stages, place_modules
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
-def _use_persistent_cache() -> None:
-    """Point Inductor's caches at a stable folder so a second process start reuses compiled kernels."""
+def use_persistent_cache() -> None:
+    """Point Inductor's caches at a stable folder so a second process start reuses compiled kernels.
+
+    Called when sdaccel.engines is imported: Inductor reads (and, on first use, sets) TORCHINDUCTOR_CACHE_DIR
+    early, so setting it later in prepare() would be too late."""
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        root = os.environ.get("SDACCEL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "sdaccel")
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_root(), "inductor")
+
+
+def cache_root() -> str:
+    return os.environ.get("SDACCEL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "sdaccel")
 
 
 class CompileEngine(Engine):
@@ -45,7 +51,6 @@ class CompileEngine(Engine):
         # CUDA graphs don't exist on the CPU: "auto" means reduce-overhead on a GPU, default elsewhere.
         mode = self.mode or ("reduce-overhead" if device.type == "cuda" else "default")
         self._mode_used = mode
-        _use_persistent_cache()
         place_modules(components, dtype, device, self.channels_last)
         eager = cast_stages(components, dtype)
         unet = torch.compile(eager.unet, mode=mode, fullgraph=self.fullgraph, dynamic=False)

@@ -1,0 +1,147 @@
+"""One UNet call per engine variant, side by side in one process, on the GPU machine: latency, memory, numerics.
+
+    python benchmarks/bench_unet.py --arch sd15 --batch 2 --variants eager,eager-graph,fast-nofuse,fast,compile-ro \
+        --out $OUT/unet_sd15.json
+
+Variants (the ablation ladder):
+  eager          diffusers UNet, fp16, channels_last, SDPA
+  eager-graph    eager + one CUDA graph over the call (launch overhead removed, nothing fused)
+  fast-nofuse    sdaccel fast engine without the fused blocks (attention pick + CUDA graph)
+  fast-noattn    fast engine with PyTorch's own SDPA dispatch instead of the per-shape pick
+  fast           sdaccel fast engine: fused kernels + attention pick + CUDA graph
+  compile-ro     torch.compile(mode="reduce-overhead"), compile time reported separately
+Each variant gets its own model instance (same seed, same weights). Numerics: relative error of the output against
+an fp32 eager reference on the same inputs, next to fp16 eager's (the target: at most 1.25x eager's error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import time
+
+import torch
+
+from sdaccel.engines import get_engine
+from sdaccel.models import build_synthetic, get_spec
+
+
+def make_inputs(spec, batch: int, n: int = 3):
+    size = spec.unet["sample_size"]
+    ctx = spec.unet["cross_attention_dim"]
+    out = []
+    for i in range(n):
+        g = torch.Generator("cuda").manual_seed(100 + i)
+        x = torch.randn(batch, 4, size, size, device="cuda", generator=g)
+        c = torch.randn(batch, 77, ctx, device="cuda", generator=g)
+        t = torch.tensor(900 - 300 * i, device="cuda")
+        emb = ids = None
+        if spec.is_xl:
+            emb = torch.randn(batch, spec.text_encoders[1].config["projection_dim"], device="cuda", generator=g)
+            ids = torch.tensor([[size * 8, size * 8, 0, 0, size * 8, size * 8]] * batch, device="cuda",
+                               dtype=torch.float32)
+        out.append((x, t, c, emb, ids))
+    return out
+
+
+def time_call(fn, inputs, iters: int, warmup: int = 3):
+    for i in range(warmup):
+        fn(*inputs[i % len(inputs)])
+    torch.cuda.synchronize()
+    samples = []
+    for i in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn(*inputs[i % len(inputs)])
+        e.record()
+        e.synchronize()
+        samples.append(s.elapsed_time(e))
+    samples.sort()
+    return {"median_ms": statistics.median(samples), "p20_ms": samples[len(samples) // 5],
+            "p80_ms": samples[(4 * len(samples)) // 5], "min_ms": samples[0]}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+def build_variant(name: str, spec, dtype):
+    comps = build_synthetic(spec, seed=0, device="cuda", dtype=dtype)
+    engine = {
+        "eager": lambda: get_engine("eager"),
+        "eager-graph": lambda: get_engine("fast", fused=False, attention="sdpa"),
+        "fast-nofuse": lambda: get_engine("fast", fused=False),
+        "fast-noattn": lambda: get_engine("fast", attention="sdpa"),
+        "fast-nograph": lambda: get_engine("fast", cuda_graphs=False),
+        "fast": lambda: get_engine("fast"),
+        "compile-ro": lambda: get_engine("compile", mode="reduce-overhead"),
+    }[name]()
+    stages = engine.prepare(comps, dtype, torch.device("cuda"))
+    return comps, engine, stages
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", default="sd15")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--variants", default="eager,eager-graph,fast")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--dtype", default="fp16")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    spec = get_spec(args.arch)
+    inputs = make_inputs(spec, args.batch)
+    result = {"arch": args.arch, "batch": args.batch, "dtype": args.dtype, "gpu": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "rows": []}
+
+    # fp32 eager reference outputs on the same inputs, for the numerics column.
+    with torch.inference_mode():
+        comps32 = build_synthetic(spec, seed=0, device="cuda", dtype=torch.float32)
+        ref_stages = get_engine("eager").prepare(comps32, torch.float32, torch.device("cuda"))
+        refs = [ref_stages.unet(*inp).float() for inp in inputs]
+    del comps32, ref_stages
+    gc.collect()
+    torch.cuda.empty_cache()
+
+    for name in args.variants.split(","):
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            comps, engine, stages = build_variant(name, spec, dtype)
+            prepared = time.perf_counter() - t0
+            first = time.perf_counter()
+            out0 = stages.unet(*inputs[0]).float().clone()
+            torch.cuda.synchronize()
+            first_call = time.perf_counter() - first
+            errs = [rel_err(out0, refs[0])] + [rel_err(stages.unet(*inp).float(), ref)
+                                               for inp, ref in zip(inputs[1:], refs[1:])]
+            timing = time_call(stages.unet, inputs, args.iters)
+        row = dict(variant=name, **timing, prepare_s=round(prepared, 2), first_call_s=round(first_call, 2),
+                   rel_err=max(errs), finite=bool(torch.isfinite(out0).all()),
+                   peak_MB=round((torch.cuda.max_memory_allocated() - base) / 2**20),
+                   fusions=getattr(engine, "fusion_counts", {}))
+        result["rows"].append(row)
+        print(f"{name:12s} {timing['median_ms']:8.3f} ms (p20 {timing['p20_ms']:.3f} p80 {timing['p80_ms']:.3f})"
+              f"  first call {first_call:6.1f} s  rel err {row['rel_err']:.2e}  peak {row['peak_MB']} MB", flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
+        del comps, engine, stages
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch._dynamo.reset()
+    from sdaccel.engines.attention import chosen_backends
+
+    result["attention_backends"] = chosen_backends()
+    print(json.dumps(result["attention_backends"], indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""GroupNorm (+SiLU, +time-embedding add) at SD1.5 / SDXL / VAE shapes, on
+channels_last tensors: sdaccel's Triton op vs eager PyTorch.
+
+    python benchmarks/kernels/bench_group_norm.py [--dtype fp16] [--csv out.csv]
+    python benchmarks/kernels/bench_group_norm.py --sweep   # launcher knobs
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from _timing import DTYPES, bench_pair, compare, finish, measure, parse_args, start  # noqa: E402
+
+from sdaccel.kernels.group_norm import group_norm, group_norm_reference, launch_group_norm  # noqa: E402
+
+SHAPES = [
+    # (N, C, H, W): SD1.5 UNet at 512x512 (latent 64x64), batch 2 (CFG)
+    (2, 320, 64, 64),
+    (2, 640, 32, 32),
+    (2, 1280, 16, 16),
+    (2, 1280, 8, 8),
+    (2, 960, 64, 64),    # SD1.5 up block after the skip concat
+    # SDXL at 1024x1024 (latent 128x128)
+    (2, 320, 128, 128),
+    (2, 640, 64, 64),
+    (2, 1280, 32, 32),
+    # VAE decoder at 512x512
+    (1, 512, 64, 64),
+    (1, 256, 256, 256),
+    (1, 128, 512, 512),
+]
+GROUPS = 32
+
+
+def sweep(args):
+    """Median ms of GN+SiLU over the launcher's tuning knobs, per shape."""
+    dtype = DTYPES[args.dtype]
+    knobs = [(tile, warps, rows) for tile in (4096, 8192) for warps in (4, 8) for rows in (None, 64, 128, 256)]
+    print("# shape, then median ms per (tile_elems, num_warps, rows_per_chunk); rows None = heuristic")
+    for N, C, H, W in SHAPES:
+        x = torch.randn(N, C, H, W, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
+        w, b = torch.ones(C, device="cuda", dtype=dtype), torch.zeros(C, device="cuda", dtype=dtype)
+        results = []
+        for tile, warps, rows in knobs:
+            if rows is not None and rows > H * W:
+                continue
+            fn = lambda: launch_group_norm(x, GROUPS, w, b, 1e-5, True, None, None, False,  # noqa: E731
+                                           tile_elems=tile, rows_per_chunk=rows, num_warps=warps)
+            try:
+                t = measure(fn, iters=args.iters, warmup=args.warmup, cold_l2=args.l2 == "cold")
+            except ValueError:  # too many chunks for this shape
+                continue
+            results.append((t.median_ms, tile, warps, rows))
+        results.sort(key=lambda r: r[0])
+        best = ", ".join(f"{ms:.4f}@{t}/{wp}/{r}" for ms, t, wp, r in results[:4])
+        default = next(ms for ms, t, wp, r in results if (t, wp, r) == (4096, 4, None))
+        print(f"{N}x{C}x{H}x{W}: default {default:.4f} | best {best}", flush=True)
+
+
+def main():
+    args = parse_args(__doc__, sweep=True)
+    if args.sweep:
+        return sweep(args)
+    dtype = DTYPES[args.dtype]
+    start("group_norm", args)
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for N, C, H, W in SHAPES:
+        x = torch.randn(N, C, H, W, device="cuda", generator=g).to(dtype)
+        x = x.contiguous(memory_format=torch.channels_last)
+        temb = torch.randn(N, C, device="cuda", generator=g).to(dtype)
+        w = (1 + 0.1 * torch.randn(C, device="cuda", generator=g)).to(dtype)
+        b = (0.1 * torch.randn(C, device="cuda", generator=g)).to(dtype)
+        shape = f"{N}x{C}x{H}x{W}"
+        elem = x.element_size()
+
+        # GroupNorm + SiLU: the ResNet block's norm1 / norm2 path.
+        ref = group_norm_reference(x, GROUPS, w, b, silu=True)
+        ref32 = group_norm_reference(x.float(), GROUPS, w.float(), b.float(), silu=True)
+        impls = {
+            "torch": lambda: F.silu(F.group_norm(x, GROUPS, w, b, 1e-5)),
+            "sdaccel": lambda: group_norm(x, GROUPS, w, b, 1e-5, silu=True),
+        }
+        if args.compile:
+            compiled = torch.compile(lambda x: F.silu(F.group_norm(x, GROUPS, w, b, 1e-5)))
+            impls["torch.compile"] = lambda: compiled(x)
+        rows += bench_pair("gn_silu", shape, args, 2 * x.numel() * elem, impls,
+                           lambda name, out: compare(out, ref, ref32))
+
+        # time-embedding add + GroupNorm + SiLU (ResNet norm2 with temb).
+        ref = group_norm_reference(x, GROUPS, w, b, silu=True, add=temb)
+        ref32 = group_norm_reference(x.float(), GROUPS, w.float(), b.float(), silu=True, add=temb.float())
+        impls = {
+            "torch": lambda: F.silu(F.group_norm(x + temb[:, :, None, None], GROUPS, w, b, 1e-5)),
+            "sdaccel": lambda: group_norm(x, GROUPS, w, b, 1e-5, silu=True, add=temb),
+        }
+        rows += bench_pair("add_gn_silu", shape, args, 2 * x.numel() * elem, impls,
+                           lambda name, out: compare(out, ref, ref32))
+
+        # Plain GroupNorm (transformer block's input norm).
+        ref = group_norm_reference(x, GROUPS, w, b)
+        ref32 = group_norm_reference(x.float(), GROUPS, w.float(), b.float())
+        impls = {
+            "torch": lambda: F.group_norm(x, GROUPS, w, b, 1e-5),
+            "sdaccel": lambda: group_norm(x, GROUPS, w, b, 1e-5),
+        }
+        rows += bench_pair("gn", shape, args, 2 * x.numel() * elem, impls,
+                           lambda name, out: compare(out, ref, ref32))
+    finish(rows, args)
+
+
+if __name__ == "__main__":
+    main()

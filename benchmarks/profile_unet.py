@@ -1,0 +1,148 @@
+"""Where one UNet call's time goes, on the GPU machine: eager vs eager+CUDA graph, kernel time by category.
+
+    python benchmarks/profile_unet.py --arch sd15 --batch 2 --out $OUT/profile_sd15.json
+
+Prints per-variant median ms (CUDA events, warm-up first, inputs rotated) and the top kernels of one eager call
+grouped by kind (conv, gemm, attention, norm, elementwise, other), so engine work targets what matters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import defaultdict
+
+import torch
+
+from sdaccel.models import build_synthetic, get_spec
+
+
+def timed(fn, inputs, iters=30, warmup=5) -> dict:
+    for i in range(warmup):
+        fn(*inputs[i % len(inputs)])
+    torch.cuda.synchronize()
+    times = []
+    for i in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(*inputs[i % len(inputs)])
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return {"median_ms": statistics.median(times), "p20_ms": times[len(times) // 5],
+            "p80_ms": times[4 * len(times) // 5]}
+
+
+def kind_of(name: str) -> str:
+    n = name.lower()
+    if "flash" in n or "fmha" in n or "attention" in n or "cudnn_sdpa" in n or "sdpa" in n:
+        return "attention"
+    if "conv" in n or "implicit" in n or "dgrad" in n or "wgrad" in n or "nhwc" in n and "gemm" in n:
+        return "conv"
+    if "gemm" in n or "cutlass" in n or "sm90" in n or "cublas" in n or "matmul" in n:
+        return "gemm"
+    if "norm" in n or "welford" in n:
+        return "norm"
+    if "elementwise" in n or "vectorized" in n or "unrolled" in n or "copy" in n or "cat" in n:
+        return "elementwise"
+    return "other"
+
+
+def profile_kernels(fn, inputs) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(*inputs[0])
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(*inputs[0])
+        torch.cuda.synchronize()
+    by_kind: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    top = []
+    for evt in prof.key_averages():
+        dev_us = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0)
+        if dev_us <= 0:
+            continue
+        by_kind[kind_of(evt.key)] += dev_us / 1e3
+        count[kind_of(evt.key)] += evt.count
+        top.append((dev_us / 1e3, evt.count, evt.key[:110]))
+    top.sort(reverse=True)
+    return {"by_kind_ms": dict(by_kind), "launches_by_kind": dict(count),
+            "total_kernel_ms": sum(by_kind.values()), "launches": sum(count.values()),
+            "top": [{"ms": round(t, 3), "count": c, "name": k} for t, c, k in top[:25]]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", default="sd15")
+    ap.add_argument("--batch", type=int, default=2, help="UNet batch (2 = one image with CFG)")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    torch.backends.cudnn.benchmark = True
+    spec = get_spec(args.arch)
+    t0 = time.perf_counter()
+    comps = build_synthetic(spec, device="cuda", dtype=torch.float16)
+    unet = comps.unet.to(memory_format=torch.channels_last)
+    print(f"built {args.arch} in {time.perf_counter() - t0:.1f} s", flush=True)
+    h = spec.unet["sample_size"]
+    ctx_dim = spec.unet["cross_attention_dim"]
+    inputs = []
+    for i in range(3):
+        g = torch.Generator("cuda").manual_seed(i)
+        x = torch.randn(args.batch, 4, h, h, device="cuda", dtype=torch.float16, generator=g)
+        c = torch.randn(args.batch, 77, ctx_dim, device="cuda", dtype=torch.float16, generator=g)
+        t = torch.tensor(500 + 10 * i, device="cuda")
+        extra = {}
+        if spec.is_xl:
+            extra = {"text_embeds": torch.randn(args.batch, 1280, device="cuda", dtype=torch.float16, generator=g),
+                     "time_ids": torch.tensor([[1024, 1024, 0, 0, 1024, 1024]] * args.batch, device="cuda",
+                                              dtype=torch.float16)}
+        inputs.append((x, t, c, extra))
+
+    @torch.inference_mode()
+    def eager(x, t, c, extra):
+        return unet(x, t, encoder_hidden_states=c, added_cond_kwargs=extra or None, return_dict=False)[0]
+
+    result = {"arch": args.arch, "batch": args.batch, "gpu": torch.cuda.get_device_name(),
+              "torch": torch.__version__}
+    result["eager"] = timed(eager, inputs)
+    print("eager", result["eager"], flush=True)
+    result["profile_eager"] = profile_kernels(eager, inputs)
+    print(json.dumps({k: result["profile_eager"][k] for k in ("by_kind_ms", "launches_by_kind",
+                                                                "total_kernel_ms", "launches")}), flush=True)
+    for row in result["profile_eager"]["top"][:15]:
+        print(f"  {row['ms']:8.3f} ms x{row['count']:4d} {row['name']}")
+
+    # Eager + one CUDA graph over the whole call: what removing launch overhead alone buys.
+    static = [t.clone() if torch.is_tensor(t) else {k: v.clone() for k, v in t.items()} for t in inputs[0]]
+    with torch.inference_mode():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                eager(*static)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = eager(*static)
+
+    def graphed(x, t, c, extra):
+        static[0].copy_(x)
+        static[1].copy_(t)
+        static[2].copy_(c)
+        graph.replay()
+        return static_out
+
+    result["eager_cudagraph"] = timed(graphed, inputs)
+    print("eager+cudagraph", result["eager_cudagraph"], flush=True)
+    result["memory_allocated_peak_MB"] = torch.cuda.max_memory_allocated() / 2**20
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

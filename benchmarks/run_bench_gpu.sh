@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The committed end-to-end result, on the GPU machine: synthetic SD1.5, 512x512, 50 steps, batch 1, 4 and 8, every
+# engine that runs there (eager first: the speed-up baseline; compile in reduce-overhead mode, i.e. CUDA graphs).
+# Each engine is measured in a fresh process. Results go to benchmarks/results/<card>-<date>/.
+#
+#   benchmarks/run_bench_gpu.sh                 # then commit benchmarks/results/<card>-<date>/
+#   THROUGHPUT=0 benchmarks/run_bench_gpu.sh    # skip the max-throughput sweep (minutes per engine)
+#   ENGINES=eager,compile benchmarks/run_bench_gpu.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "run_bench_gpu.sh: no NVIDIA GPU here (nvidia-smi); the CPU default is plain: $PY -m sdaccel bench" >&2
+  exit 2
+fi
+# "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 | tr '[:upper:]' '[:lower:]' \
+       | tr -cs 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')
+out="benchmarks/results/${card}-$(date -u +%Y-%m-%d)"
+
+# Every engine available on this GPU, eager first; ENGINES overrides.
+engines=${ENGINES:-$("$PY" - <<'PY'
+import torch
+from sdaccel.engines import available_engines
+names = [n for n, reason in available_engines(torch.device("cuda")).items() if reason is None]
+print(",".join(sorted(names, key=lambda n: (n != "eager", n != "compile"))))
+PY
+)}
+echo "engines: $engines -> $out"
+
+# Latency at fixed batch sizes: the table committed with the results.
+"$PY" -m sdaccel bench --model synthetic:sd15 --height 512 --width 512 --steps 50 --batch-sizes 1,4,8 \
+  --runs 10 --warmup 3 --dtype fp16 --engines "$engines" --compile-mode reduce-overhead --baseline eager \
+  --out "$out"
+
+# Max throughput: double the batch until out of memory or < 3% more images/minute (own folder: own plots).
+if [ "${THROUGHPUT:-1}" != 0 ]; then
+  "$PY" -m sdaccel bench --model synthetic:sd15 --height 512 --width 512 --steps 50 --batch-sizes 1 \
+    --runs 3 --warmup 1 --dtype fp16 --engines "$engines" --compile-mode reduce-overhead --baseline eager \
+    --throughput --out "$out/throughput"
+fi
+"$PY" -m sdaccel info > "$out/info.txt"
+echo "results in $out: results.csv, bench-*.json, table.md, latency/memory/throughput .png/.svg"

@@ -1,0 +1,211 @@
+"""Drop-in replacements for diffusers' UNet/VAE building blocks that run sdaccel's fused kernels.
+
+Each replacement keeps the original module's parameters (same tensors, no copies): packed QKV / KV weights are
+built once and the original q/k/v weights become views into them, so memory does not grow. Blocks whose config
+uses a feature not handled here (scale-shift time norm, up/down-sampling resnets, ada-norm transformer blocks,
+custom attention processors) are left as they are.
+
+Activations stay channels_last (NHWC) end to end: a transformer's input (B, C, H, W) in NHWC memory *is* the
+(B, H*W, C) token matrix, so entering and leaving the transformer costs no transpose.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kernels import bias_add, geglu, group_norm, layer_norm
+from .attention import attention
+
+
+def _silu(module: nn.Module) -> bool:
+    return isinstance(module, nn.SiLU) or getattr(module, "__name__", "") == "silu"
+
+
+class FusedResnetBlock(nn.Module):
+    """GN+SiLU -> conv1 -> (+temb) GN+SiLU -> conv2 -> + shortcut, with the norms, SiLUs and the time add fused."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block  # keeps the parameters registered under the same names
+
+    @staticmethod
+    def supports(block: nn.Module) -> bool:
+        if type(block).__name__ != "ResnetBlock2D":
+            return False
+        # Without a time embedding, "group" norm (the VAE's) is the same computation as "default".
+        time_norm_ok = block.time_embedding_norm == "default" or (
+            block.time_emb_proj is None and block.time_embedding_norm == "group")
+        return (time_norm_ok
+                and block.upsample is None and block.downsample is None and block.output_scale_factor == 1.0
+                and isinstance(block.norm1, nn.GroupNorm) and isinstance(block.norm2, nn.GroupNorm)
+                and _silu(block.nonlinearity) and not block.skip_time_act)
+
+    def forward(self, x: torch.Tensor, temb: torch.Tensor | None = None, *args, **kwargs) -> torch.Tensor:
+        b = self.block
+        h = group_norm(x, b.norm1.num_groups, b.norm1.weight, b.norm1.bias, b.norm1.eps, silu=True)
+        h = b.conv1(h)
+        add = None
+        if temb is not None and b.time_emb_proj is not None:
+            add = b.time_emb_proj(F.silu(temb))  # (N, C), broadcast over H, W inside the norm kernel
+        h = group_norm(h, b.norm2.num_groups, b.norm2.weight, b.norm2.bias, b.norm2.eps, silu=True, add=add)
+        h = b.conv2(h)
+        shortcut = b.conv_shortcut(x) if b.conv_shortcut is not None else x
+        return shortcut + h
+
+
+class FusedAttention(nn.Module):
+    """Self-attention with one packed QKV GEMM, or cross-attention with a packed KV GEMM; SDPA-class kernels."""
+
+    def __init__(self, attn: nn.Module):
+        super().__init__()
+        self.attn = attn
+        self.heads = attn.heads
+        self.is_cross = attn.is_cross_attention
+        q, k, v = attn.to_q, attn.to_k, attn.to_v
+        if self.is_cross:
+            packed = torch.cat([k.weight, v.weight], 0)
+            k.weight.data, v.weight.data = packed[: k.out_features], packed[k.out_features:]
+        else:
+            packed = torch.cat([q.weight, k.weight, v.weight], 0)
+            n = q.out_features
+            q.weight.data, k.weight.data, v.weight.data = packed[:n], packed[n:2 * n], packed[2 * n:]
+        # A buffer, not a parameter: state_dict() keeps showing the original to_q/to_k/to_v views.
+        self.register_buffer("packed_weight", packed, persistent=False)
+
+    @staticmethod
+    def supports(attn: nn.Module) -> bool:
+        proc = type(attn.processor).__name__
+        return (type(attn).__name__ == "Attention" and proc in ("AttnProcessor2_0", "AttnProcessor")
+                and attn.to_q.bias is None and attn.to_k.bias is None and attn.to_v.bias is None
+                and attn.group_norm is None and attn.spatial_norm is None and attn.norm_cross is None
+                and not attn.residual_connection and attn.rescale_output_factor == 1.0
+                and getattr(attn, "norm_q", None) is None)
+
+    def project(self, x: torch.Tensor, context: torch.Tensor | None):
+        """(B, L, C) tokens -> q, k, v as (B, heads, L, head_dim) views of the packed projections."""
+        batch, length, _ = x.shape
+        heads = self.heads
+        if self.is_cross:
+            q = F.linear(x, self.attn.to_q.weight).view(batch, length, heads, -1).transpose(1, 2)
+            kv = F.linear(context, self.packed_weight).view(batch, context.shape[1], 2, heads, -1)
+            k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+        else:
+            qkv = F.linear(x, self.packed_weight).view(batch, length, 3, heads, -1)
+            q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention output before the output projection, as (B, L, heads * head_dim)."""
+        q, k, v = self.project(x, context)
+        out = attention(q, k, v, upcast=self.attn.upcast_attention)
+        return out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
+
+
+class FusedTransformerBlock(nn.Module):
+    """LN -> self-attn -> (+res) LN -> cross-attn -> (+res) LN -> GEGLU FF -> +res.
+
+    The residual adds, output-projection biases and the following LayerNorm run as one SkipLayerNorm kernel; the
+    feed-forward's bias and GELU gate as one BiasSplitGelu kernel.
+    """
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+        self.attn1 = FusedAttention(block.attn1)
+        self.attn2 = FusedAttention(block.attn2)
+
+    @staticmethod
+    def supports(block: nn.Module) -> bool:
+        ff = getattr(block, "ff", None)
+        return (type(block).__name__ == "BasicTransformerBlock" and block.norm_type == "layer_norm"
+                and not block.only_cross_attention and not block.double_self_attention
+                and block.pos_embed is None and block.attn2 is not None and ff is not None
+                and type(ff.net[0]).__name__ == "GEGLU" and getattr(block, "norm4", None) is None
+                and FusedAttention.supports(block.attn1) and FusedAttention.supports(block.attn2)
+                and all(isinstance(n, nn.LayerNorm) for n in (block.norm1, block.norm2, block.norm3)))
+
+    def forward(self, h: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        b = self.block
+        n = layer_norm(h, b.norm1.weight, b.norm1.bias, b.norm1.eps)
+        a = F.linear(self.attn1(n), b.attn1.to_out[0].weight)
+        n, h = layer_norm(a, b.norm2.weight, b.norm2.bias, b.norm2.eps, skip=h, input_bias=b.attn1.to_out[0].bias,
+                          return_sum=True)
+        a = F.linear(self.attn2(n, context), b.attn2.to_out[0].weight)
+        n, h = layer_norm(a, b.norm3.weight, b.norm3.bias, b.norm3.eps, skip=h, input_bias=b.attn2.to_out[0].bias,
+                          return_sum=True)
+        proj_in, proj_out = b.ff.net[0].proj, b.ff.net[2]
+        f = geglu(F.linear(n, proj_in.weight), proj_in.bias)
+        return bias_add(F.linear(f, proj_out.weight), proj_out.bias, h)
+
+
+class FusedTransformer2D(nn.Module):
+    """GroupNorm -> proj_in -> blocks -> proj_out -> + residual on NHWC activations, no layout transposes."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.blocks = nn.ModuleList(FusedTransformerBlock(b) for b in model.transformer_blocks)
+
+    @staticmethod
+    def supports(model: nn.Module) -> bool:
+        return (type(model).__name__ == "Transformer2DModel" and getattr(model, "is_input_continuous", False)
+                and isinstance(model.norm, nn.GroupNorm)
+                and all(FusedTransformerBlock.supports(b) for b in model.transformer_blocks))
+
+    @staticmethod
+    def _linear_weight(layer: nn.Module) -> torch.Tensor:
+        w = layer.weight
+        return w.view(w.shape[0], w.shape[1]) if w.dim() == 4 else w  # a 1x1 conv is a linear layer on tokens
+
+    def forward(self, x: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None, *args,
+                return_dict: bool = True, **kwargs):
+        from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+        m = self.model
+        batch, channels, height, width = x.shape
+        x = x.contiguous(memory_format=torch.channels_last)
+        h = group_norm(x, m.norm.num_groups, m.norm.weight, m.norm.bias, m.norm.eps)
+        tokens = h.permute(0, 2, 3, 1).reshape(batch, height * width, channels)  # free: NHWC memory
+        tokens = F.linear(tokens, self._linear_weight(m.proj_in), m.proj_in.bias)
+        for block in self.blocks:
+            tokens = block(tokens, encoder_hidden_states)
+        residual = x.permute(0, 2, 3, 1).reshape(batch, height * width, channels)
+        out = bias_add(F.linear(tokens, self._linear_weight(m.proj_out)), m.proj_out.bias, residual)
+        out = out.view(batch, height, width, channels).permute(0, 3, 1, 2)  # NCHW view of NHWC memory
+        return Transformer2DModelOutput(sample=out) if return_dict else (out,)
+
+
+def fuse_modules(root: nn.Module) -> dict[str, int]:
+    """Swap every supported block under `root` for its fused version, in place. Returns counts per kind."""
+    counts = {"resnet": 0, "transformer": 0, "transformer_block": 0, "group_norm_silu": 0}
+    for name, child in list(root.named_children()):
+        if FusedResnetBlock.supports(child):
+            setattr(root, name, FusedResnetBlock(child))
+            counts["resnet"] += 1
+        elif FusedTransformer2D.supports(child):
+            fused = FusedTransformer2D(child)
+            setattr(root, name, fused)
+            counts["transformer"] += 1
+            counts["transformer_block"] += len(fused.blocks)
+        else:
+            for key, value in fuse_modules(child).items():
+                counts[key] += value
+    # The final norm + SiLU of a UNet or VAE decoder.
+    norm_out, act = getattr(root, "conv_norm_out", None), getattr(root, "conv_act", None)
+    if isinstance(norm_out, nn.GroupNorm) and act is not None and _silu(act):
+        root.conv_norm_out = GroupNormSiLU(norm_out)
+        root.conv_act = nn.Identity()
+        counts["group_norm_silu"] += 1
+    return counts
+
+
+class GroupNormSiLU(nn.Module):
+    def __init__(self, norm: nn.GroupNorm):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x):
+        n = self.norm
+        return group_norm(x, n.num_groups, n.weight, n.bias, n.eps, silu=True)

@@ -1,0 +1,131 @@
+"""Fused Triton kernels for the Stable Diffusion UNet and VAE.
+
+Every kernel file has three layers:
+  1. a private ``@triton.jit`` kernel,
+  2. a launcher that picks shapes, strides, grid and meta-parameters,
+  3. the public op that modules call. It is also registered with
+     ``torch.library.triton_op`` as ``torch.ops.sdaccel.<name>``; while
+     torch.compile traces, the public op calls that, so the compiler sees one
+     op whose Triton kernels it can place in its graph (and CUDA graphs).
+     In eager mode it launches directly, skipping the dispatcher.
+Beside each kernel lives ``<name>_reference``: plain torch, the thing the tests
+trust. The public ops fall back to it whenever Triton cannot run on the input
+(CPU tensor without ``TRITON_INTERPRET=1``, or Triton not installed).
+
+Note: ``sdaccel.kernels.group_norm`` (etc.) is the *function* re-exported
+below, which shadows the submodule attribute of the same name; reach a
+module with ``importlib.import_module("sdaccel.kernels.group_norm")``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+try:  # Triton is an optional dependency; CPU-only installs use the references.
+    import triton
+except ImportError:  # pragma: no cover - depends on the environment
+    triton = None
+
+
+def triton_available() -> bool:
+    """True when the ``triton`` package imports."""
+    return triton is not None
+
+
+def interpreter_enabled() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """Should an op on tensor ``t`` run its Triton kernel (vs. the torch reference)?"""
+    if triton is None:
+        return False
+    return t.is_cuda or interpreter_enabled()
+
+
+def launchable(kernel, traceable: bool):
+    """The kernel as a launcher should call it.
+
+    ``traceable``: the launcher runs inside a ``triton_op`` body, which
+    torch.compile traces; kernels must then go through ``wrap_triton`` so the
+    compiler can see them (in eager, triton_op turns the wrapper off itself).
+    Direct eager launches pass False and get the raw kernel: outside triton_op
+    a wrapped kernel goes through a much slower tracing-aware path.
+    Older torch (no ``wrap_triton``) or a kernel it refuses gets the raw kernel.
+    """
+    wrap = getattr(torch.library, "wrap_triton", None)
+    if not traceable or wrap is None:
+        return kernel
+    try:
+        return wrap(kernel)
+    except Exception:  # e.g. an interpreter-mode kernel wrap_triton rejects
+        return kernel
+
+
+def compiling() -> bool:
+    """True while torch.compile / export traces the caller.
+
+    The public ops call their registered ``torch.ops.sdaccel`` op then (so the
+    compiler sees one op) and launch directly otherwise, skipping the
+    dispatcher's per-call overhead in eager mode.
+    """
+    is_compiling = getattr(torch.compiler, "is_compiling", None)
+    return bool(is_compiling is not None and is_compiling())
+
+
+def register_triton_op(name: str, fn):
+    """Register ``fn`` as ``torch.ops.sdaccel.<name>`` through ``triton_op``.
+
+    Returns the registered op, or ``fn`` itself when this torch has no
+    triton_op or registration fails, so callers always get something callable.
+    ``fn`` must have type annotations (the op schema is inferred from them).
+    """
+    triton_op = getattr(torch.library, "triton_op", None)
+    if triton_op is None or triton is None:
+        return fn
+    try:
+        triton_op(f"sdaccel::{name}", mutates_args=())(fn)
+        return getattr(torch.ops.sdaccel, name)
+    except Exception:  # keep importing; the Python function still works
+        return fn
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def parallel_target(t: torch.Tensor) -> int:
+    """How many programs a launch that loops inside its programs should aim for.
+
+    About two per SM on a GPU (measured best for group_norm on an H200).
+    Under the CPU interpreter every program is a Python-level loop, so aim
+    for very few.
+    """
+    if t.is_cuda:
+        return 2 * _sm_count(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    return 4
+
+
+from .bias_add import bias_add, bias_add_reference  # noqa: E402
+from .geglu import geglu, geglu_reference  # noqa: E402
+from .group_norm import group_norm, group_norm_reference  # noqa: E402
+from .layer_norm import layer_norm, layer_norm_reference  # noqa: E402
+
+__all__ = [
+    "triton_available",
+    "interpreter_enabled",
+    "use_triton",
+    "bias_add",
+    "bias_add_reference",
+    "geglu",
+    "geglu_reference",
+    "group_norm",
+    "group_norm_reference",
+    "layer_norm",
+    "layer_norm_reference",
+]

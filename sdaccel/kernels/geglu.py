@@ -1,0 +1,145 @@
+"""GEGLU / BiasSplitGelu: the gated activation of the transformer feed-forward.
+
+    h: (..., 2D), the feed-forward projection *without* its bias
+    hidden = h[..., :D] + bias[:D],  gate = h[..., D:] + bias[D:]
+    out    = hidden * gelu(gate)                                  (..., D)
+
+This is diffusers' GEGLU (``hidden, gate = proj(x).chunk(2, -1)``) with the
+projection's bias add folded in. gelu is exact by default,
+    gelu(g) = 0.5 g (1 + erf(g / sqrt(2))),
+or the tanh form with ``approximate="tanh"``,
+    gelu(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from . import compiling, launchable, register_triton_op, use_triton
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU-only installs use the reference
+    triton = None
+
+
+# ---------------------------------------------------------------- reference
+
+def geglu_reference(
+    h: torch.Tensor, bias: Optional[torch.Tensor] = None, approximate: str = "none"
+) -> torch.Tensor:
+    """Plain torch at h's dtype, as diffusers computes it; what the tests trust."""
+    if bias is not None:
+        h = h + bias.to(h.dtype)
+    hidden, gate = h.chunk(2, dim=-1)
+    return hidden * F.gelu(gate, approximate=approximate)
+
+
+# ------------------------------------------------------------------- kernel
+
+if triton is not None:
+
+    @triton.jit
+    def _geglu_kernel(
+        h_ptr, bias_ptr, out_ptr,
+        M, D,
+        BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+        HAS_BIAS: tl.constexpr, TANH: tl.constexpr,
+    ):
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        col_ok = cols < D
+        mask = (rows < M)[:, None] & col_ok[None, :]
+        in_offs = rows.to(tl.int64)[:, None] * (2 * D) + cols[None, :]
+
+        hidden = tl.load(h_ptr + in_offs, mask=mask, other=0.0).to(tl.float32)
+        gate = tl.load(h_ptr + in_offs + D, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            hidden += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            gate += tl.load(bias_ptr + D + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+
+        if TANH:
+            # tanh(u) = 1 - 2 / (exp(2u) + 1): saturates cleanly to +-1 for large |u|.
+            u = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+            tanh_u = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+            gelu = 0.5 * gate * (1.0 + tanh_u)
+        else:
+            gelu = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476))
+
+        out_offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
+        tl.store(out_ptr + out_offs, (hidden * gelu).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------- launcher
+
+def _next_pow2(v: int) -> int:
+    return 1 << max(0, int(v) - 1).bit_length()
+
+
+def pick_feature_block(D: int, largest: int = 256) -> int:
+    """Largest power of two <= ``largest`` dividing D (no masked lanes), else next_pow2(D) capped."""
+    block = largest
+    while block >= 32:
+        if D % block == 0:
+            return block
+        block //= 2
+    return min(largest, _next_pow2(D))
+
+
+def launch_geglu(
+    h: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    approximate: str,
+    *,
+    tile_elems: int = 4096,
+    num_warps: int = 4,
+    traceable: bool = False,
+) -> torch.Tensor:
+    """``traceable``: called from the registered op (see ``launchable``)."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    two_d = h.shape[-1]
+    if two_d % 2:
+        raise ValueError(f"last dim of h must be even, got {two_d}")
+    D = two_d // 2
+    h = h.contiguous()
+    M = h.numel() // two_d if two_d else 0
+    out = h.new_empty((*h.shape[:-1], D))
+    block_d = pick_feature_block(D)
+    block_m = max(1, min(tile_elems // block_d, _next_pow2(M)))
+    grid = (triton.cdiv(M, block_m), triton.cdiv(D, block_d))
+    launchable(_geglu_kernel, traceable)[grid](
+        h, bias.contiguous() if bias is not None else h, out,
+        M, D,
+        BLOCK_M=block_m, BLOCK_D=block_d,
+        HAS_BIAS=bias is not None, TANH=approximate == "tanh",
+        num_warps=num_warps,
+    )
+    return out
+
+
+# ---------------------------------------------------------------- public op
+
+def _geglu_run(h, bias, approximate, traceable):
+    """The reference where Triton cannot run, else the kernel."""
+    if not use_triton(h):
+        return geglu_reference(h, bias, approximate)
+    return launch_geglu(h, bias, approximate, traceable=traceable)
+
+
+def _geglu_op_body(h: torch.Tensor, bias: Optional[torch.Tensor], approximate: str) -> torch.Tensor:
+    return _geglu_run(h, bias, approximate, True)
+
+
+_geglu_op = register_triton_op("geglu", _geglu_op_body)
+
+
+def geglu(h: torch.Tensor, bias: Optional[torch.Tensor] = None, approximate: str = "none") -> torch.Tensor:
+    """out = (h[..., :D] + bias[:D]) * gelu(h[..., D:] + bias[D:]); h is (..., 2D)."""
+    if compiling():  # torch.compile must see one registered op
+        return _geglu_op(h, bias, approximate)
+    return _geglu_run(h, bias, approximate, False)  # eager: skip the dispatcher

@@ -1,0 +1,468 @@
+"""GroupNorm on (N, C, H, W) activations, with the ResNet-block fusions.
+
+    s = x + skip + add[n, c]                      (skip and add are optional)
+    y = (s - mean[n, g]) * rstd[n, g] * weight[c] + bias[c]
+    y = silu(y) = y * sigmoid(y)                  (optional)
+
+mean and var run over the C/G channels of group g and all H*W positions of
+sample n; rstd = 1 / sqrt(var + eps). Statistics accumulate in fp32.
+
+Layout: channels_last (NHWC in memory) is the fast path; contiguous NCHW works
+too (same kernels, different strides). The output keeps x's memory format.
+
+Split design. At SD1.5 shapes there are only N*G = 64 (sample, group) pairs,
+far too few programs for an H100, so:
+  pass 1 (_group_norm_stats_kernel), grid (HW chunks, channel blocks, N):
+      each program reduces a chunk of rows x a block of whole groups to one
+      partial (mean, M2) per group (M2 = sum of squared deviations) and writes
+      it to a small fp32 buffer. With ``skip``/``add`` and a requested sum it
+      also writes s.
+  pass 2 (_group_norm_apply_kernel), same grid:
+      each program merges the partials of its groups over all chunks and then
+      normalizes its (rows x channels) tile; pass 1 has just pulled x through
+      L2, so at UNet sizes this second read mostly hits L2.
+No step forms E[x^2] - mean^2 over a whole group (that cancels badly in fp32
+when |mean| >> std): a chunk sums d = x - K with K one of its own samples, and
+partials merge with Chan et al.'s parallel-variance formula,
+      mean = sum_k n_k m_k / n,   M2 = sum_k M2_k + sum_k n_k (m_k - mean)^2.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from . import compiling, launchable, parallel_target, register_triton_op, use_triton
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU-only installs use the reference
+    triton = None
+
+
+# ---------------------------------------------------------------- reference
+
+def group_norm_reference(
+    x: torch.Tensor,
+    num_groups: int,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+    *,
+    silu: bool = False,
+    add: Optional[torch.Tensor] = None,
+    skip: Optional[torch.Tensor] = None,
+    return_sum: bool = False,
+):
+    """Plain-torch GroupNorm with the same fusions; what the tests trust.
+
+    The sum is formed at x's dtype (like eager ``x + skip``); the norm runs in
+    fp32 (fp64 for fp64 input) and is rounded once at the end. The variance is
+    two-pass, mean((s - mean)^2), rather than F.group_norm: on CPU in fp32 that
+    was off by ~0.15 (of |y| ~ 3) for data with mean 300 and std 0.5.
+    """
+    N, C = x.shape[:2]
+    memory_format = _memory_format(x)
+    s = x
+    if skip is not None:
+        s = s + skip
+    if add is not None:
+        s = s + add.reshape(-1, C, 1, 1).to(s.dtype)
+    compute_dtype = torch.promote_types(s.dtype, torch.float32)
+    grouped = s.to(compute_dtype).reshape(N, num_groups, -1)
+    mean = grouped.mean(dim=-1, keepdim=True)
+    var = (grouped - mean).square().mean(dim=-1, keepdim=True)
+    y = ((grouped - mean) * torch.rsqrt(var + eps)).reshape(s.shape)
+    if weight is not None:
+        y = y * weight.to(compute_dtype).reshape(1, C, 1, 1)
+    if bias is not None:
+        y = y + bias.to(compute_dtype).reshape(1, C, 1, 1)
+    if silu:
+        y = F.silu(y)
+    y = y.to(x.dtype).contiguous(memory_format=memory_format)
+    if return_sum:
+        return y, s.contiguous(memory_format=memory_format)
+    return y
+
+
+def _memory_format(x: torch.Tensor) -> torch.memory_format:
+    if x.is_contiguous():
+        return torch.contiguous_format
+    return torch.channels_last  # also what non-dense inputs are converted to
+
+
+# ------------------------------------------------------------------ kernels
+
+if triton is not None:
+
+    @triton.jit
+    def _group_norm_stats_kernel(
+        x_ptr, skip_ptr, add_ptr, sum_ptr, part_mean_ptr, part_m2_ptr,
+        HW, C, G, rows_per_chunk, num_chunks,
+        stride_n, stride_c, stride_hw, stride_add_n, stride_add_c,
+        GROUP_SIZE: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
+        BLOCK_HW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
+        HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, WRITE_SUM: tl.constexpr,
+    ):
+        chunk = tl.program_id(0)
+        cblock = tl.program_id(1)
+        n = tl.program_id(2)
+
+        j = tl.arange(0, BLOCK_C)  # channel lane inside this block of whole groups
+        c = cblock * (GROUPS_PER_BLOCK * GROUP_SIZE) + j
+        c_ok = (j < GROUPS_PER_BLOCK * GROUP_SIZE) & (c < C)
+        base = n.to(tl.int64) * stride_n
+        if HAS_ADD:
+            add = tl.load(add_ptr + n * stride_add_n + c * stride_add_c, mask=c_ok, other=0.0).to(tl.float32)
+
+        row_start = chunk * rows_per_chunk
+        row_end = tl.minimum(row_start + rows_per_chunk, HW)
+
+        # Shifted sums: accumulate d = v - K and d^2 elementwise in registers
+        # (no cross-thread traffic inside the loop), K = the chunk's first row.
+        # Then per channel, with r rows: mean = K + S1/r, M2 = S2 - S1^2/r;
+        # K is a sample of the data, so |mean - K| ~ std and S2 - S1^2/r
+        # does not cancel the way E[x^2] - mean^2 does.
+        first = base + row_start * stride_hw + c * stride_c
+        shift = tl.load(x_ptr + first, mask=c_ok, other=0.0).to(tl.float32)
+        if HAS_SKIP:
+            shift += tl.load(skip_ptr + first, mask=c_ok, other=0.0).to(tl.float32)
+        if HAS_ADD:
+            shift += add
+        acc1 = tl.zeros([BLOCK_HW, BLOCK_C], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_HW, BLOCK_C], dtype=tl.float32)
+        for r0 in range(row_start, row_end, BLOCK_HW):
+            rows = r0 + tl.arange(0, BLOCK_HW)
+            mask = (rows < row_end)[:, None] & c_ok[None, :]
+            offs = base + rows[:, None] * stride_hw + c[None, :] * stride_c
+            v = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            if HAS_SKIP:
+                v += tl.load(skip_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            if HAS_ADD:
+                v += add[None, :]
+            if WRITE_SUM:
+                # Normalize the rounded sum the caller gets back: y == GN(s).
+                s = v.to(sum_ptr.dtype.element_ty)
+                tl.store(sum_ptr + offs, s, mask=mask)
+                v = s.to(tl.float32)
+            d = tl.where(mask, v - shift[None, :], 0.0)
+            acc1 += d
+            acc2 += d * d
+        rows_here = (row_end - row_start).to(tl.float32)
+        s1 = tl.sum(acc1, axis=0)
+        mean = shift + s1 / rows_here
+        m2 = tl.maximum(tl.sum(acc2, axis=0) - s1 * s1 / rows_here, 0.0)
+
+        # Channels -> groups. Every channel saw the same row count r, so
+        #   mean_g = avg_c mean_c,  M2_g = sum_c [M2_c + r (mean_c - mean_g)^2].
+        gi = tl.arange(0, BLOCK_G)
+        in_group = ((j[None, :] // GROUP_SIZE) == gi[:, None]) & c_ok[None, :]  # (BLOCK_G, BLOCK_C)
+        g_mean = tl.sum(tl.where(in_group, mean[None, :], 0.0), axis=1) / GROUP_SIZE
+        g_mean_per_c = tl.sum(tl.where(in_group, g_mean[:, None], 0.0), axis=0)
+        dev = mean - g_mean_per_c
+        g_m2 = tl.sum(tl.where(in_group, (m2 + rows_here * dev * dev)[None, :], 0.0), axis=1)
+
+        g = cblock * GROUPS_PER_BLOCK + gi
+        g_ok = (gi < GROUPS_PER_BLOCK) & (g < G)
+        part = (n * num_chunks + chunk) * G + g
+        tl.store(part_mean_ptr + part, g_mean, mask=g_ok)
+        tl.store(part_m2_ptr + part, g_m2, mask=g_ok)
+
+    @triton.jit
+    def _group_norm_apply_kernel(
+        x_ptr, skip_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr,
+        part_mean_ptr, part_m2_ptr,
+        HW, C, G, rows_per_chunk, num_chunks, eps,
+        stride_n, stride_c, stride_hw, stride_add_n, stride_add_c,
+        GROUP_SIZE: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
+        BLOCK_HW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
+        BLOCK_CHUNKS: tl.constexpr,
+        HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, READ_SUM: tl.constexpr,
+        HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, APPLY_SILU: tl.constexpr,
+    ):
+        chunk = tl.program_id(0)
+        cblock = tl.program_id(1)
+        n = tl.program_id(2)
+
+        # Merge the partials of this block's groups over all chunks. Chunk k
+        # holds rows_k rows, i.e. n_k = rows_k * GROUP_SIZE values.
+        k = tl.arange(0, BLOCK_CHUNKS)
+        gi = tl.arange(0, BLOCK_G)
+        g = cblock * GROUPS_PER_BLOCK + gi
+        g_ok = (gi < GROUPS_PER_BLOCK) & (g < G)
+        k_ok = k < num_chunks
+        part = (n * num_chunks + k[:, None]) * G + g[None, :]
+        part_ok = k_ok[:, None] & g_ok[None, :]
+        m_k = tl.load(part_mean_ptr + part, mask=part_ok, other=0.0)
+        m2_k = tl.load(part_m2_ptr + part, mask=part_ok, other=0.0)
+        rows_k = tl.where(k_ok, tl.minimum(rows_per_chunk, HW - k * rows_per_chunk), 0).to(tl.float32)
+        g_mean = tl.sum(m_k * rows_k[:, None], axis=0) / HW
+        dk = m_k - g_mean[None, :]
+        g_m2 = tl.sum(m2_k + (rows_k[:, None] * GROUP_SIZE) * dk * dk, axis=0)
+        g_var = tl.maximum(g_m2 / (HW * GROUP_SIZE), 0.0)
+        g_rstd = tl.rsqrt(g_var + eps)
+
+        # Groups -> channels: y = (v - mean) * scale + shift, scale = rstd * weight.
+        # (Subtracting the mean first keeps digits when |mean| >> std.)
+        j = tl.arange(0, BLOCK_C)
+        c = cblock * (GROUPS_PER_BLOCK * GROUP_SIZE) + j
+        c_ok = (j < GROUPS_PER_BLOCK * GROUP_SIZE) & (c < C)
+        in_group = ((j[None, :] // GROUP_SIZE) == gi[:, None]) & c_ok[None, :]
+        mean_c = tl.sum(tl.where(in_group, g_mean[:, None], 0.0), axis=0)
+        scale = tl.sum(tl.where(in_group, g_rstd[:, None], 0.0), axis=0)
+        if HAS_WEIGHT:
+            scale *= tl.load(weight_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            shift = tl.load(bias_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+        else:
+            shift = tl.zeros([BLOCK_C], dtype=tl.float32)
+        if HAS_ADD:
+            add = tl.load(add_ptr + n * stride_add_n + c * stride_add_c, mask=c_ok, other=0.0).to(tl.float32)
+
+        base = n.to(tl.int64) * stride_n
+        row_start = chunk * rows_per_chunk
+        row_end = tl.minimum(row_start + rows_per_chunk, HW)
+        for r0 in range(row_start, row_end, BLOCK_HW):
+            rows = r0 + tl.arange(0, BLOCK_HW)
+            mask = (rows < row_end)[:, None] & c_ok[None, :]
+            offs = base + rows[:, None] * stride_hw + c[None, :] * stride_c
+            if READ_SUM:
+                v = tl.load(sum_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            else:
+                v = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                if HAS_SKIP:
+                    v += tl.load(skip_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                if HAS_ADD:
+                    v += add[None, :]
+            y = (v - mean_c[None, :]) * scale[None, :] + shift[None, :]
+            if APPLY_SILU:
+                y = y * tl.sigmoid(y)
+            tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------- launcher
+
+def _next_pow2(v: int) -> int:
+    return 1 << max(0, int(v) - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def pick_channel_block(num_channels: int, num_groups: int) -> tuple[int, int]:
+    """(BLOCK_C, groups per block) for tiles that hold whole groups.
+
+    Fewest lanes in total (num_blocks * BLOCK_C), preferring blocks whose
+    channel count is a multiple of 8 so every block starts 16-byte aligned
+    (vector loads); larger blocks on ties.
+    """
+    group_size = num_channels // num_groups
+    smallest = max(16, _next_pow2(group_size))
+    best_key, best = None, None
+    block_c = smallest
+    while block_c <= max(256, smallest):
+        groups_per_block = min(num_groups, block_c // group_size)
+        if groups_per_block < num_groups:
+            while groups_per_block > 1 and (groups_per_block * group_size) % 8:
+                groups_per_block -= 1  # shrink for alignment
+        aligned = groups_per_block == num_groups or (groups_per_block * group_size) % 8 == 0
+        lanes = _cdiv(num_groups, groups_per_block) * block_c
+        key = (not aligned, lanes, -block_c)
+        if best_key is None or key < best_key:
+            best_key, best = key, (block_c, groups_per_block)
+        block_c *= 2
+    return best
+
+
+def _hw_stride(x: torch.Tensor) -> Optional[int]:
+    """Stride of the merged H*W axis, or None when H and W don't merge."""
+    _, _, H, W = x.shape
+    if H == 1:
+        return x.stride(3)
+    if W == 1 or x.stride(2) == W * x.stride(3):
+        return x.stride(3) if W > 1 else x.stride(2)
+    return None
+
+
+def _like(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``t`` with exactly x's strides (copying only when they differ)."""
+    if t.stride() == x.stride():
+        return t
+    return torch.empty_strided(x.shape, x.stride(), dtype=t.dtype, device=t.device).copy_(t)
+
+
+def launch_group_norm(
+    x: torch.Tensor,
+    num_groups: int,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    eps: float,
+    silu: bool,
+    add: Optional[torch.Tensor],
+    skip: Optional[torch.Tensor],
+    write_sum: bool,
+    *,
+    tile_elems: int = 8192,
+    rows_per_chunk: Optional[int] = None,
+    num_warps: int = 4,
+    traceable: bool = False,
+):
+    """Run both passes; returns (y, s) with s None unless ``write_sum``.
+
+    ``tile_elems`` (elements per loop iteration), ``rows_per_chunk`` and
+    ``num_warps`` are tuning knobs; the defaults pick them from the shape.
+    ``traceable``: called from the registered op (see ``launchable``).
+    """
+    if x.dim() != 4:
+        raise ValueError(f"group_norm expects (N, C, H, W), got {tuple(x.shape)}")
+    N, C, H, W = x.shape
+    if C % num_groups:
+        raise ValueError(f"{C} channels do not split into {num_groups} groups")
+    if not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)) or _hw_stride(x) is None:
+        x = x.contiguous(memory_format=torch.channels_last)
+    if skip is not None:
+        if skip.shape != x.shape:
+            raise ValueError(f"skip shape {tuple(skip.shape)} != x shape {tuple(x.shape)}")
+        skip = _like(skip, x)
+    if add is not None:
+        add = add.reshape(-1, C)
+        if add.shape[0] not in (1, N):
+            raise ValueError(f"add must hold N*C or C values, got {tuple(add.shape)}")
+        add = add.expand(N, C)
+    weight = weight.contiguous() if weight is not None else None
+    bias = bias.contiguous() if bias is not None else None
+    HW = H * W
+    stride_hw = _hw_stride(x)
+    group_size = C // num_groups
+
+    block_c, groups_per_block = pick_channel_block(C, num_groups)
+    num_cblocks = _cdiv(num_groups, groups_per_block)
+    block_g = _next_pow2(groups_per_block)
+    # Rows per chunk (one program's share), the larger of:
+    #  - enough programs to fill the GPU (~2 per SM: each loops over its rows,
+    #    which amortizes the fixed per-program cost of merging statistics);
+    #  - few enough chunks that pass 2's gather of chunks x groups partials
+    #    stays under 1/8 of its data: (HW/rows) * block_g * 8 <= rows * block_c,
+    #    and under 4K partials in all.
+    rows_wanted = _cdiv(N * HW * num_cblocks, parallel_target(x))
+    block_hw = max(1, min(tile_elems // block_c, _next_pow2(rows_wanted), _next_pow2(HW)))
+    max_chunks = max(1, min(256, 4096 // block_g))
+    if rows_per_chunk is None:
+        rows_for_gather = math.isqrt(_cdiv(HW * block_g * 8, block_c)) + 1
+        rows_per_chunk = max(rows_wanted, rows_for_gather, _cdiv(HW, max_chunks))
+    rows_per_chunk = min(_cdiv(rows_per_chunk, block_hw) * block_hw, _cdiv(HW, block_hw) * block_hw)
+    num_chunks = _cdiv(HW, rows_per_chunk)
+    if num_chunks > max(1, 4096 // block_g):
+        raise ValueError(f"rows_per_chunk={rows_per_chunk} gives too many chunks ({num_chunks})")
+
+    out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+    s = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device) if write_sum else None
+    part_mean = torch.empty((N, num_chunks, num_groups), dtype=torch.float32, device=x.device)
+    part_m2 = torch.empty_like(part_mean)
+    dummy = x  # stands in for absent optional pointers (never dereferenced)
+    add_strides = (add.stride(0), add.stride(1)) if add is not None else (0, 0)
+    grid = (num_chunks, num_cblocks, N)
+    common = dict(
+        GROUP_SIZE=group_size, GROUPS_PER_BLOCK=groups_per_block,
+        BLOCK_HW=block_hw, BLOCK_C=block_c, BLOCK_G=block_g,
+        HAS_SKIP=skip is not None, HAS_ADD=add is not None, num_warps=num_warps,
+    )
+    launchable(_group_norm_stats_kernel, traceable)[grid](
+        x, skip if skip is not None else dummy, add if add is not None else dummy,
+        s if s is not None else dummy, part_mean, part_m2,
+        HW, C, num_groups, rows_per_chunk, num_chunks,
+        x.stride(0), x.stride(1), stride_hw, *add_strides,
+        WRITE_SUM=write_sum, **common,
+    )
+    launchable(_group_norm_apply_kernel, traceable)[grid](
+        x, skip if skip is not None else dummy, add if add is not None else dummy,
+        s if s is not None else dummy,
+        weight if weight is not None else dummy, bias if bias is not None else dummy,
+        out, part_mean, part_m2,
+        HW, C, num_groups, rows_per_chunk, num_chunks, eps,
+        x.stride(0), x.stride(1), stride_hw, *add_strides,
+        BLOCK_CHUNKS=_next_pow2(num_chunks), READ_SUM=write_sum,
+        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, APPLY_SILU=silu,
+        **common,
+    )
+    return out, s
+
+
+# ---------------------------------------------------------------- public op
+
+def _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, write_sum, traceable):
+    """The reference where Triton cannot run, else the kernels: y, or (y, s)."""
+    if not use_triton(x):
+        return group_norm_reference(
+            x, num_groups, weight, bias, eps, silu=silu, add=add, skip=skip, return_sum=write_sum
+        )
+    y, s = launch_group_norm(
+        x, num_groups, weight, bias, eps, silu, add, skip, write_sum, traceable=traceable
+    )
+    return (y, s) if write_sum else y
+
+
+# Bodies of the registered ops (schemas are inferred from the annotations).
+def _group_norm_op_body(
+    x: torch.Tensor,
+    num_groups: int,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    eps: float,
+    silu: bool,
+    add: Optional[torch.Tensor],
+    skip: Optional[torch.Tensor],
+) -> torch.Tensor:
+    return _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, False, True)
+
+
+def _group_norm_with_sum_op_body(
+    x: torch.Tensor,
+    num_groups: int,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    eps: float,
+    silu: bool,
+    add: Optional[torch.Tensor],
+    skip: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, True, True)
+
+
+_group_norm_op = register_triton_op("group_norm", _group_norm_op_body)
+_group_norm_with_sum_op = register_triton_op("group_norm_with_sum", _group_norm_with_sum_op_body)
+
+
+def group_norm(
+    x: torch.Tensor,
+    num_groups: int,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+    *,
+    silu: bool = False,
+    add: Optional[torch.Tensor] = None,
+    skip: Optional[torch.Tensor] = None,
+    return_sum: bool = False,
+):
+    """GroupNorm of ``x + skip + add`` (then SiLU if ``silu``), fused.
+
+    x: (N, C, H, W), channels_last preferred; the output keeps x's memory format.
+    add: N*C values, e.g. (N, C) or (N, C, 1, 1), broadcast over H, W
+         (the ResNet time-embedding projection). skip: same shape as x.
+    return_sum: also return s = x + skip + add (x itself when there is
+         nothing to add), for SkipGroupNorm.
+    """
+    if return_sum and skip is None and add is None:
+        # An op may not return its own input, so the trivial sum stays out here.
+        return group_norm(x, num_groups, weight, bias, eps, silu=silu), x
+    if compiling():  # torch.compile must see one registered op
+        op = _group_norm_with_sum_op if return_sum else _group_norm_op
+        return op(x, num_groups, weight, bias, eps, silu, add, skip)
+    # Eager: launch directly, skipping the dispatcher.
+    return _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, return_sum, False)

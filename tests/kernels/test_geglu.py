@@ -1,0 +1,67 @@
+import importlib
+
+import pytest
+import torch
+
+import sdaccel.kernels as kernels
+
+# The package re-exports the function under the module's name; get the module.
+geglu_module = importlib.import_module("sdaccel.kernels.geglu")
+geglu = geglu_module.geglu
+geglu_reference = geglu_module.geglu_reference
+
+
+def _inputs(shape, dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(shape, generator=g) * 2.0
+    bias = 0.5 * torch.randn(shape[-1], generator=g)
+    return h.to(device=device, dtype=dtype), bias.to(device=device, dtype=dtype)
+
+
+SHAPES = [(2, 77, 2 * 320), (1, 123, 2 * 96), (3, 5, 2 * 384), (64, 2 * 1280)]
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_geglu(shape, dtype, approximate, device, check_against_reference):
+    h, bias = _inputs(shape, dtype, device)
+    for b in (bias, None):
+        out = geglu(h, b, approximate)
+        ref32 = geglu_reference(h.float(), None if b is None else b.float(), approximate)
+        check_against_reference(out, geglu_reference(h, b, approximate), ref32, what=f"bias={b is not None}")
+
+
+def test_matches_diffusers_formulation(device):
+    """hidden, gate = (h + b).chunk(2); hidden * F.gelu(gate)."""
+    h, bias = _inputs((2, 33, 2 * 96), torch.float32, device, seed=4)
+    hidden, gate = (h + bias).chunk(2, dim=-1)
+    expected = hidden * torch.nn.functional.gelu(gate)
+    torch.testing.assert_close(geglu(h, bias), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_rejects_odd_width_and_bad_mode(device):
+    with pytest.raises(ValueError):
+        geglu_module.launch_geglu(torch.randn(3, 7, device=device), None, "none")
+    with pytest.raises(ValueError):
+        geglu_module.launch_geglu(torch.randn(3, 8, device=device), None, "erf")
+
+
+def test_cpu_without_interpreter_uses_reference(monkeypatch):
+    h, bias = _inputs((2, 77, 2 * 320), torch.float32, "cpu")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not kernels.use_triton(h)
+
+    def no_triton(*args, **kwargs):
+        raise AssertionError("Triton launcher called on CPU without the interpreter")
+
+    monkeypatch.setattr(geglu_module, "launch_geglu", no_triton)
+    assert torch.equal(geglu(h, bias), geglu_reference(h, bias))
+
+
+def test_registered_torch_op_matches_reference(device):
+    if not hasattr(torch.library, "triton_op"):
+        pytest.skip("torch without triton_op")
+    h, bias = _inputs((2, 33, 2 * 96), torch.float32, device)
+    torch.testing.assert_close(torch.ops.sdaccel.geglu(h, bias, "tanh"), geglu_reference(h, bias, "tanh"),
+                               rtol=1e-5, atol=1e-5)

@@ -1,0 +1,170 @@
+import importlib
+
+import pytest
+import torch
+
+import sdaccel.kernels as kernels
+
+# The package re-exports the function group_norm under the module's name, so
+# fetch the module itself through importlib.
+gn_module = importlib.import_module("sdaccel.kernels.group_norm")
+group_norm = gn_module.group_norm
+group_norm_reference = gn_module.group_norm_reference
+launch_group_norm = gn_module.launch_group_norm
+
+CL = torch.channels_last
+
+
+def _inputs(shape, groups, dtype, device, *, channels_last=True, seed=0, offset=0.0):
+    N, C, H, W = shape
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * 1.5 + offset
+    skip = torch.randn(shape, generator=g)
+    add = torch.randn(N, C, generator=g)
+    weight = 1.0 + 0.5 * torch.randn(C, generator=g)
+    bias = 0.5 * torch.randn(C, generator=g)
+    fmt = CL if channels_last else torch.contiguous_format
+    cast = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
+    x, skip = (cast(t).contiguous(memory_format=fmt) for t in (x, skip))
+    return x, cast(weight), cast(bias), cast(add), skip
+
+
+def _references(x, groups, weight, bias, **kw):
+    """(reference at x's dtype, reference from fp32 copies of the same inputs)."""
+    at_dtype = group_norm_reference(x, groups, weight, bias, **kw)
+    up = lambda t: None if t is None else t.float()  # noqa: E731
+    kw32 = {k: (up(v) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    fp32 = group_norm_reference(x.float(), groups, up(weight), up(bias), **kw32)
+    return at_dtype, fp32
+
+
+CASES = [
+    # (N, C, H, W), groups
+    ((2, 320, 5, 7), 32),
+    ((1, 32, 8, 8), 8),
+    ((3, 96, 8, 8), 32),
+    ((2, 384, 8, 8), 32),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape,groups", CASES, ids=lambda v: str(v))
+def test_plain_and_silu_add(shape, groups, dtype, device, check_against_reference):
+    x, w, b, add, _ = _inputs(shape, groups, dtype, device)
+    y = group_norm(x, groups, w, b)
+    check_against_reference(y, *_references(x, groups, w, b), what="plain")
+    y = group_norm(x, groups, w, b, silu=True, add=add)
+    check_against_reference(y, *_references(x, groups, w, b, silu=True, add=add), what="silu+add")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("shape,groups", [((2, 320, 5, 7), 32), ((3, 96, 8, 8), 32)], ids=str)
+def test_skip_return_sum(shape, groups, dtype, device, check_against_reference):
+    x, w, b, add, skip = _inputs(shape, groups, dtype, device)
+    y, s = group_norm(x, groups, w, b, silu=True, add=add, skip=skip, return_sum=True)
+    y_ref, s_ref = group_norm_reference(x, groups, w, b, silu=True, add=add, skip=skip, return_sum=True)
+    # The kernel sums in fp32 and rounds once (torch rounds after each +).
+    s32 = x.float() + skip.float() + add.float()[:, :, None, None]
+    check_against_reference(s, s_ref, s32, what="sum")
+    # y is the norm of the sum the caller gets back, rounded as it is.
+    y32 = group_norm_reference(s.float(), groups, w.float(), b.float(), silu=True)
+    check_against_reference(y, y_ref, y32, what="norm of sum")
+    assert s.stride() == x.stride() and y.stride() == x.stride()
+
+    y_only = group_norm(x, groups, w, b, skip=skip)
+    check_against_reference(y_only, *_references(x, groups, w, b, skip=skip), what="skip only")
+
+
+def test_return_sum_without_addends_returns_x(device):
+    x, w, b, _, _ = _inputs((1, 32, 8, 8), 8, torch.float32, device)
+    y, s = group_norm(x, 8, w, b, return_sum=True)
+    assert s is x
+    torch.testing.assert_close(y, group_norm_reference(x, 8, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_larger_sd_like_shape(device, check_against_reference):
+    x, w, b, add, _ = _inputs((1, 320, 40, 56), 32, torch.float16, device, seed=3)
+    y = group_norm(x, 32, w, b, silu=True, add=add)
+    check_against_reference(y, *_references(x, 32, w, b, silu=True, add=add), what="40x56")
+
+
+@pytest.mark.parametrize("rows_per_chunk", [8, 16])
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_many_chunks_and_channel_blocks(rows_per_chunk, channels_last, device):
+    """Force several (ragged) HW chunks so pass 2 has to merge partials."""
+    x, w, b, add, skip = _inputs((2, 320, 5, 7), 32, torch.float32, device, channels_last=channels_last)
+    y, s = launch_group_norm(x, 32, w, b, 1e-5, True, add, skip, True, rows_per_chunk=rows_per_chunk)
+    y_ref, s_ref = group_norm_reference(x, 32, w, b, silu=True, add=add, skip=skip, return_sum=True)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=1e-6)
+
+
+def test_variance_is_stable_with_large_mean(device):
+    """mean 300, std 0.5: E[x^2] - mean^2 in fp32 would lose all digits."""
+    g = torch.Generator().manual_seed(1)
+    x = (300.0 + 0.5 * torch.randn(2, 64, 12, 12, generator=g)).to(device).contiguous(memory_format=CL)
+    y = launch_group_norm(x, 8, None, None, 1e-6, False, None, None, False, rows_per_chunk=16)[0]
+    y64 = group_norm_reference(x.double(), 8, eps=1e-6)
+    # |y| ~ 3 and x carries fp32 rounding of ~300 (1.5e-5 relative to std): 2e-4 is tight.
+    assert (y.double() - y64).abs().max().item() < 2e-4
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "contiguous", "sliced"])
+def test_memory_format_is_preserved(layout, device):
+    x, w, b, _, _ = _inputs((2, 96, 6, 10), 32, torch.float32, device)
+    if layout == "contiguous":
+        x = x.contiguous()
+    elif layout == "sliced":
+        x = x[:, :, :, 2:7]  # not dense: converted to channels_last
+    y = group_norm(x, 32, w, b, silu=True)
+    expected = torch.contiguous_format if layout == "contiguous" else CL
+    assert y.is_contiguous(memory_format=expected)
+    torch.testing.assert_close(y, group_norm_reference(x, 32, w, b, silu=True), rtol=1e-5, atol=1e-5)
+
+
+def test_no_affine_and_add_shapes(device):
+    x, _, _, add, _ = _inputs((2, 96, 5, 7), 32, torch.float32, device)
+    for a in (add, add[:, :, None, None], add[:1]):
+        y = group_norm(x, 32, add=a)
+        torch.testing.assert_close(y, group_norm_reference(x, 32, add=a), rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_without_interpreter_uses_reference(monkeypatch):
+    x, w, b, add, skip = _inputs((2, 96, 5, 7), 32, torch.float32, "cpu")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not kernels.use_triton(x)
+
+    def no_triton(*args, **kwargs):
+        raise AssertionError("Triton launcher called on CPU without the interpreter")
+
+    monkeypatch.setattr(gn_module, "launch_group_norm", no_triton)
+    y, s = group_norm(x, 32, w, b, silu=True, add=add, skip=skip, return_sum=True)
+    y_ref, s_ref = group_norm_reference(x, 32, w, b, silu=True, add=add, skip=skip, return_sum=True)
+    assert torch.equal(y, y_ref) and torch.equal(s, s_ref)
+
+
+def test_interpreter_dispatches_to_triton(monkeypatch, device):
+    calls = []
+    original = gn_module.launch_group_norm
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(gn_module, "launch_group_norm", spy)
+    x, w, b, _, _ = _inputs((1, 32, 8, 8), 8, torch.float32, device)
+    group_norm(x, 8, w, b)
+    assert calls, "the public op did not run the Triton kernel"
+
+
+def test_registered_torch_ops_match_reference(device):
+    """torch.compile calls these (the public function calls them only while compiling)."""
+    if not hasattr(torch.library, "triton_op"):
+        pytest.skip("torch without triton_op")
+    x, w, b, add, skip = _inputs((2, 96, 5, 7), 32, torch.float32, device)
+    y = torch.ops.sdaccel.group_norm(x, 32, w, b, 1e-5, True, add, None)
+    torch.testing.assert_close(y, group_norm_reference(x, 32, w, b, silu=True, add=add), rtol=1e-5, atol=1e-5)
+    y, s = torch.ops.sdaccel.group_norm_with_sum(x, 32, w, b, 1e-5, False, add, skip)
+    y_ref, s_ref = group_norm_reference(x, 32, w, b, add=add, skip=skip, return_sum=True)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=1e-6)
