@@ -1,0 +1,53 @@
+"""`sdaccel bench`: registered by sdaccel.cli, which discovers `register(subparsers)` here."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench", help="benchmark engines side by side (each in a fresh process): table, CSV, JSON, plots",
+        description="Benchmark every engine available here (or --engines) on the same model and settings. "
+                    "Defaults: synthetic:sd15, 50 steps on a GPU; synthetic:sd15-tiny, 4 steps on a CPU.")
+    p.add_argument("--engines", help="comma-separated engine names (default: every engine available here)")
+    p.add_argument("--model", help="diffusers folder, checkpoint, HF repo id or synthetic:<arch> "
+                                   "(default: synthetic:sd15 on a GPU, synthetic:sd15-tiny on a CPU)")
+    p.add_argument("--arch", help="force the architecture (sd15, sd21, sd21-base, sdxl, *-tiny)")
+    p.add_argument("--height", type=int, help="default: the model's own")
+    p.add_argument("--width", type=int, help="default: the model's own")
+    p.add_argument("--steps", type=int, help="default: 50 on a GPU, 4 on a CPU")
+    p.add_argument("--batch-sizes", help="comma-separated, e.g. 1,4,8 (default: 1)")
+    p.add_argument("--runs", type=int, help="timed runs per batch size (default: 10 on a GPU, 3 on a CPU)")
+    p.add_argument("--warmup", type=int, help="untimed runs per batch size after its first (default: 3 GPU, 2 CPU)")
+    p.add_argument("--scheduler", help="default: the model's own")
+    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], help="default: fp16 on GPU, fp32 on CPU")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    p.add_argument("--baseline", default="eager", help="engine the speed-up column is relative to (default: eager)")
+    p.add_argument("--out", default="bench-out", help="output folder; results.csv there is appended to "
+                                                      "(default: ./bench-out)")
+    p.add_argument("--throughput", action="store_true",
+                   help="double the batch from the smallest --batch-sizes until out of memory or <3%% gain")
+    p.add_argument("--compile-mode", help="torch.compile mode for the compile engine (default: reduce-overhead on "
+                                          "GPU, default on CPU)")
+    p.set_defaults(func=cmd_bench)
+
+
+def config_from_args(args: argparse.Namespace):
+    from .config import BenchConfig, parse_int_list, parse_name_list
+
+    return BenchConfig(
+        engines=None if args.engines is None else parse_name_list(args.engines, "--engines"),
+        model=args.model, arch=args.arch, height=args.height, width=args.width, steps=args.steps,
+        batch_sizes=None if args.batch_sizes is None else parse_int_list(args.batch_sizes, "--batch-sizes"),
+        runs=args.runs, warmup=args.warmup, scheduler=args.scheduler, dtype=args.dtype, device=args.device,
+        baseline=args.baseline.strip().lower(), out=args.out, throughput=args.throughput,
+        compile_mode=args.compile_mode)
+
+
+def cmd_bench(args) -> int:
+    """0 when at least one engine measured something, 1 when every engine failed (their rows say why)."""
+    from .runner import run_bench
+
+    rows = run_bench(config_from_args(args))
+    return 0 if any(row["status"] == "ok" for row in rows) else 1

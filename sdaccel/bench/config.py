@@ -1,0 +1,152 @@
+"""What to benchmark: a validated BenchConfig, with defaults that depend on whether this machine has a GPU.
+
+Left as None, a setting is filled in by `resolved()`, which also records in `notes` what it picked and why, so the
+output can say it: a CPU-only machine gets a tiny model and few steps, not a 50-step SD1.5 run it would take hours on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import UsageError
+
+DEFAULT_PROMPT = "an astronaut riding a horse on mars"
+
+# (model, steps, batch sizes, timed runs, warm-up runs); height/width default to the model's own size.
+GPU_DEFAULTS = dict(model="synthetic:sd15", steps=50, batch_sizes=(1,), runs=10, warmup=3)
+CPU_DEFAULTS = dict(model="synthetic:sd15-tiny", steps=4, batch_sizes=(1,), runs=3, warmup=2)
+
+
+def parse_int_list(text: str, what: str) -> tuple[int, ...]:
+    """'1,4,8' -> (1, 4, 8); anything else is a UsageError naming `what`."""
+    try:
+        values = tuple(int(part) for part in str(text).split(",") if part.strip())
+    except ValueError:
+        raise UsageError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not values:
+        raise UsageError(f"{what} is empty")
+    return values
+
+
+def parse_name_list(text: str, what: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(part.strip().lower() for part in str(text).split(",") if part.strip()))
+    if not names:
+        raise UsageError(f"{what} is empty")
+    return names
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    engines: tuple[str, ...] | None = None  # None: every engine available on this machine
+    model: str | None = None
+    arch: str | None = None
+    height: int | None = None  # None: the model's own size
+    width: int | None = None
+    steps: int | None = None
+    batch_sizes: tuple[int, ...] | None = None
+    runs: int | None = None  # timed runs per batch size
+    warmup: int | None = None  # untimed runs per batch size, after its first run
+    scheduler: str | None = None  # None: the model's default
+    dtype: str | None = None  # None: fp16 on a GPU, fp32 on the CPU
+    device: str | None = None
+    baseline: str = "eager"
+    out: str = "bench-out"
+    throughput: bool = False  # double the batch until out of memory or < 3% more images/minute
+    compile_mode: str | None = None
+    prompt: str = DEFAULT_PROMPT
+    simulate_oom_at_batch: int | None = None  # test hook: batches >= this raise a simulated CUDA OOM in the worker
+    notes: tuple[str, ...] = field(default=(), compare=False)  # what resolved() picked, and why
+
+    def __post_init__(self):
+        from ..engines import ENGINES
+        from ..pipeline import validate_request
+
+        if self.engines is not None:
+            engines = parse_name_list(self.engines, "engines") if isinstance(self.engines, str) \
+                else tuple(dict.fromkeys(str(e).strip().lower() for e in self.engines))
+            if not engines:
+                raise UsageError("engines is empty")
+            unknown = [e for e in engines if e not in ENGINES]
+            if unknown:
+                raise UsageError(f"unknown engine {unknown[0]!r}; available: {', '.join(sorted(ENGINES))}")
+            object.__setattr__(self, "engines", engines)
+        if self.baseline not in ENGINES:
+            raise UsageError(f"unknown baseline engine {self.baseline!r}; available: {', '.join(sorted(ENGINES))}")
+        if self.batch_sizes is not None:
+            sizes = parse_int_list(self.batch_sizes, "batch sizes") if isinstance(self.batch_sizes, str) \
+                else tuple(self.batch_sizes)
+            if not sizes or any(not isinstance(b, int) or b < 1 for b in sizes):
+                raise UsageError(f"batch sizes must be integers >= 1, got {','.join(map(str, sizes)) or 'none'}")
+            object.__setattr__(self, "batch_sizes", tuple(dict.fromkeys(sizes)))
+        for name, minimum in (("runs", 1), ("warmup", 0)):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < minimum):
+                raise UsageError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        validate_request(1 if self.steps is None else self.steps, self.height, self.width)
+        if self.scheduler:
+            from ..schedulers import canonical
+
+            canonical(self.scheduler)
+        if self.compile_mode:
+            from ..engines.compile import MODES
+
+            if self.compile_mode not in MODES:
+                raise UsageError(f"unknown compile mode {self.compile_mode!r}; use one of {', '.join(MODES)}")
+        if self.simulate_oom_at_batch is not None and self.simulate_oom_at_batch < 1:
+            raise UsageError("simulate_oom_at_batch must be >= 1")
+
+    # ------------------------------------------------------------------------------------------------ defaults
+
+    def resolved(self) -> "BenchConfig":
+        """A copy with every default filled in for this machine, and `notes` saying what was picked and why."""
+        from ..device import dtype_name, resolve_device, resolve_dtype
+        from ..engines import available_engines
+
+        device = resolve_device(self.device)
+        on_gpu = device.type == "cuda"
+        defaults = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
+        picked = {k: v for k, v in defaults.items() if getattr(self, k) is None}
+        notes = []
+        if picked:
+            why = "a CUDA GPU is visible" if on_gpu else "no CUDA GPU is visible: CPU defaults, a tiny model"
+            settings = ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, tuple) else v}"
+                                 for k, v in picked.items())
+            size = " (size: the model's own)" if self.height is None and self.width is None else ""
+            notes.append(f"defaults: {why}: {settings}{size}; pass the options to override")
+        dtype = dtype_name(resolve_dtype(self.dtype, device))
+        if device.type == "cpu" and dtype == "fp16":
+            raise UsageError("fp16 needs a GPU; use fp32 or bf16 on the CPU")
+
+        availability = available_engines(device)
+        if self.engines is None:
+            engines = tuple(name for name, reason in availability.items() if reason is None)
+            skipped = [f"{name} ({reason})" for name, reason in availability.items() if reason is not None]
+            notes.append(f"engines: {', '.join(engines)} (every engine available on {device.type})"
+                         + (f"; not available here: {'; '.join(skipped)}" if skipped else ""))
+        else:
+            engines = self.engines
+        if self.baseline not in engines:
+            notes.append(f"baseline engine {self.baseline!r} is not in this run: no speed-up column")
+        return dataclasses.replace(self, **picked, engines=engines, device=str(device), dtype=dtype,
+                                   notes=tuple(self.notes) + tuple(notes))
+
+    def engine_options(self, engine: str) -> dict[str, Any]:
+        if engine == "compile" and self.compile_mode:
+            return {"mode": self.compile_mode}
+        return {}
+
+    # ------------------------------------------------------------------------------------------------ transport
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
+                for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "BenchConfig":
+        data = dict(data)
+        for name in ("engines", "batch_sizes", "notes"):
+            if data.get(name) is not None:
+                data[name] = tuple(data[name])
+        return cls(**data)

@@ -1,0 +1,140 @@
+"""Results on disk and on screen: CSV (appended, header checked), JSON (one per invocation), a Markdown table.
+
+Every file is written under a temporary name and renamed, so an interrupted run never leaves half a file behind.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from .schema import COLUMNS, LIST_COLUMNS
+
+CSV_NAME = "results.csv"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+# ---------------------------------------------------------------------------------------------------- CSV
+
+
+def check_csv_header(path: Path) -> None:
+    """Raise UsageError unless `path` is absent, empty, or has exactly this version's header."""
+    path = Path(path)
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with path.open(newline="", encoding="utf-8") as handle:
+        header = next(csv.reader(handle), [])
+    if tuple(header) != COLUMNS:
+        missing = [c for c in COLUMNS if c not in header]
+        extra = [c for c in header if c not in COLUMNS]
+        detail = "; ".join(part for part in (f"missing {', '.join(missing)}" if missing else "",
+                                             f"unexpected {', '.join(extra)}" if extra else "") if part) \
+            or "same columns in another order"
+        raise UsageError(f"{path} has a different header than this sdaccel version writes ({detail}); "
+                         f"use a new --out folder rather than mixing schemas")
+
+
+def csv_cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return value
+
+
+def append_csv(path: Path, rows: list[dict]) -> None:
+    """Append rows (writing the header if the file is new) after checking the existing header matches."""
+    path = Path(path)
+    check_csv_header(path)
+    existing = path.read_text(encoding="utf-8") if path.exists() else ""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    if not existing:
+        writer.writerow(COLUMNS)
+    for row in rows:
+        writer.writerow([csv_cell(row.get(name)) for name in COLUMNS])
+    atomic_write_text(path, existing + buffer.getvalue())
+
+
+def read_csv(path: Path) -> list[dict]:
+    """Rows back from a CSV, as text (empty cells as None); list columns decoded."""
+    with Path(path).open(newline="", encoding="utf-8") as handle:
+        rows = [{k: (v if v != "" else None) for k, v in row.items()} for row in csv.DictReader(handle)]
+    for row in rows:
+        for name in LIST_COLUMNS:
+            if row.get(name) is not None:
+                row[name] = json.loads(row[name])
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------- JSON
+
+
+def write_json(path: Path, payload: dict) -> None:
+    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=False) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------- ratios
+
+
+def add_speedups(rows: list[dict], baseline: str) -> bool:
+    """Fill speedup_vs_baseline (baseline median / row median, same batch size); False if baseline isn't run."""
+    reference = {r["batch_size"]: r["latency_median_s"] for r in rows
+                 if r["engine"] == baseline and r["status"] == "ok"}
+    present = any(r["engine"] == baseline for r in rows)
+    for row in rows:
+        row["baseline_engine"] = baseline if present else None
+        ref = reference.get(row["batch_size"])
+        ok = row["status"] == "ok" and ref and row["latency_median_s"]
+        row["speedup_vs_baseline"] = ref / row["latency_median_s"] if ok else None
+    return present
+
+
+# ---------------------------------------------------------------------------------------------------- Markdown
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown_table(rows: list[dict], baseline: str | None) -> str:
+    """One line per engine and batch size; the speed-up column only when the baseline engine was run."""
+    with_ratio = baseline is not None and any(r["engine"] == baseline for r in rows)
+    header = ["engine", "batch", "status", "median s", "p90 s", "min s", "UNet it/s", "images/min", "cold start s",
+              "1st-run MB", "2nd-run MB", "1st-run device MB"]
+    if with_ratio:
+        header.append(f"speed-up vs {baseline}")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r['error'] or ''}".replace("|", "/")
+        cells = [r["engine"], _fmt(r["batch_size"]), status, _fmt(r["latency_median_s"]), _fmt(r["latency_p90_s"]),
+                 _fmt(r["latency_min_s"]), _fmt(r["unet_it_s"], 1), _fmt(r["images_per_min"], 1),
+                 _fmt(r["cold_start_s"], 1), _fmt(r["first_run_memory_MB"], 0), _fmt(r["second_run_memory_MB"], 0),
+                 _fmt(r["first_run_device_MB"], 0)]
+        if with_ratio:
+            cells.append("—" if r["speedup_vs_baseline"] is None else f"{r['speedup_vs_baseline']:.2f}x")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

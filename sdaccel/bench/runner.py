@@ -1,0 +1,129 @@
+"""The benchmark driver: one fresh worker process per engine, then the reports.
+
+A fresh process per engine keeps one engine's caches, allocator pools and compiled graphs out of the next one's
+memory and cold-start figures. Ratios between engines are only meaningful within one invocation (same machine,
+same settings), which is what `run_id` marks in the appended CSV.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from .config import BenchConfig
+from .memory import SOURCE_DESCRIPTIONS
+from .plots import write_plots
+from .report import CSV_NAME, add_speedups, append_csv, atomic_write_text, check_csv_header, markdown_table, \
+    write_json
+from .schema import new_row
+
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # so the worker imports this very sdaccel
+
+
+def failure_result(cfg: BenchConfig, engine: str, status: str, error: str) -> dict:
+    row = new_row(engine=engine, status=status, error=error, model=cfg.model, dtype=cfg.dtype, device=cfg.device,
+                  steps=cfg.steps, height=cfg.height, width=cfg.width,
+                  mode="throughput" if cfg.throughput else "latency",
+                  engine_options=json.dumps(cfg.engine_options(engine), sort_keys=True),
+                  timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    return dict(engine=engine, status=status, error=error, rows=[row], throughput=None)
+
+
+def measure_in_subprocess(cfg: BenchConfig, engine: str) -> dict:
+    """Run the worker in a new interpreter; its progress streams to our stderr, its result comes back as JSON."""
+    with tempfile.TemporaryDirectory(prefix="sdaccel-bench-") as tmp:
+        request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        request.write_text(json.dumps({"config": cfg.to_dict(), "engine": engine}))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [PACKAGE_PARENT, os.environ.get("PYTHONPATH")])))
+        proc = subprocess.run([sys.executable, "-m", "sdaccel.bench.worker", str(request), str(result)], env=env)
+        if result.exists():
+            return json.loads(result.read_text())
+    return failure_result(cfg, engine, "error", f"worker process exited with code {proc.returncode} without a "
+                                                f"result (crashed or killed; its output is above)")
+
+
+def measure_in_process(cfg: BenchConfig, engine: str) -> dict:
+    """For tests only: no isolation, so memory and cold-start figures are not comparable between engines."""
+    from .worker import measure_engine
+
+    return measure_engine(cfg, engine)
+
+
+def _unique_path(folder: Path, stem: str, suffix: str) -> Path:
+    path, n = folder / f"{stem}{suffix}", 2
+    while path.exists():
+        path, n = folder / f"{stem}-{n}{suffix}", n + 1
+    return path
+
+
+def run_bench(config: BenchConfig, *, isolate: bool = True, log: Callable[[str], None] = print) -> list[dict]:
+    """Benchmark every engine of `config`; write CSV, JSON, table and plots under config.out; return the rows."""
+    import torch
+
+    from .. import __version__
+    from ..engines import available_engines
+    from .environment import environment, git_commit
+
+    cfg = config.resolved()
+    out = Path(cfg.out)
+    check_csv_header(out / CSV_NAME)  # a schema clash is reported now, not after minutes of measuring
+    for note in cfg.notes:
+        log(f"note: {note}")
+    started = datetime.now(timezone.utc)
+    run_id = started.strftime("%Y%m%d-%H%M%S")
+    availability = available_engines(torch.device(cfg.device))
+    measure = measure_in_subprocess if isolate else measure_in_process
+    results = []
+    for engine in cfg.engines:
+        if availability.get(engine):
+            log(f"== {engine}: skipped, not available here: {availability[engine]}")
+            results.append(failure_result(cfg, engine, "unavailable", availability[engine]))
+            continue
+        log(f"== {engine}: measuring in a {'fresh process' if isolate else 'shared process (no isolation)'}")
+        results.append(measure(cfg, engine))
+
+    rows = [row for result in results for row in result["rows"]]
+    commit = git_commit()
+    for row in rows:
+        row.update(run_id=run_id, torch_version=torch.__version__, sdaccel_version=__version__, git_commit=commit)
+    add_speedups(rows, cfg.baseline)
+    env = environment(next((r["gpu_name"] for r in rows if r["gpu_name"]), None))
+
+    first = next((r for r in rows if r["status"] == "ok"), rows[0])
+    title = (f"{cfg.model}, {first['width'] or '?'}x{first['height'] or '?'}, {cfg.steps} steps, {cfg.dtype}, "
+             f"{env['gpu_name'] or 'CPU'}")
+    memory_note = SOURCE_DESCRIPTIONS.get(first["memory_source"], first["memory_source"])
+    report = f"{title}\n\n{markdown_table(rows, cfg.baseline)}\n\nmemory: {memory_note}\n"
+    written = [out / CSV_NAME]
+    append_csv(out / CSV_NAME, rows)
+    atomic_write_text(out / "table.md", report)
+    written.append(out / "table.md")
+    try:
+        written += write_plots(rows, out, title)
+    except ImportError as exc:  # matplotlib is an extra: the measurements are worth keeping without it
+        log(f"note: plots skipped ({exc}); pip install 'sdaccel[plots]' for them")
+    json_path = _unique_path(out, f"bench-{run_id}", ".json")
+    write_json(json_path, {
+        "run_id": run_id, "started": started.isoformat(timespec="seconds"),
+        "wall_s": (datetime.now(timezone.utc) - started).total_seconds(),
+        "environment": env, "settings": cfg.to_dict(),
+        "throughput": [r["throughput"] for r in results if r.get("throughput")],
+        "files": [p.name for p in written], "rows": rows,
+    })
+    written.append(json_path)
+
+    log(f"\n{report}")
+    for summary in (r["throughput"] for r in results if r.get("throughput")):
+        best = summary["best_images_per_min"]
+        log(f"throughput {summary['engine']}: largest working batch {summary['largest_working_batch']}, best "
+            f"{'—' if best is None else f'{best:.1f}'} images/min at batch {summary['best_batch']} "
+            f"(stopped: {summary['stop_reason']})")
+    for path in written:
+        log(f"wrote {path}")
+    return rows

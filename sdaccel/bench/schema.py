@@ -1,0 +1,52 @@
+"""The benchmark row: one engine at one batch size. The CSV header is exactly COLUMNS, in this order.
+
+Units are in the names: `_s` seconds, `_MB` mebibytes (2**20 bytes). A figure that was not measured is None (an
+empty CSV cell), never a made-up number.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+COLUMNS: tuple[str, ...] = (
+    # which invocation and measurement
+    "run_id", "timestamp", "engine", "engine_options", "status", "error",
+    # what was run
+    "model", "arch", "dtype", "device", "gpu_name", "height", "width", "steps", "scheduler", "guidance",
+    "batch_size", "mode",
+    # cold start: load + engine prepare + first image at `cold_start_batch`, in a fresh process
+    "cold_start_s", "cold_load_s", "cold_first_image_s", "cold_start_batch",
+    # untimed runs at this batch size: the first one (for the first batch size, the cold-start image) and warm-ups
+    "first_run_s", "warmup_s",
+    # memory: see `memory_source`; the *_device_MB figures are device-wide used memory above `baseline_device_MB`
+    "memory_source", "baseline_device_MB", "first_run_memory_MB", "second_run_memory_MB",
+    "first_run_device_MB", "second_run_device_MB",
+    # timed runs (end-to-end wall clock, synchronised) and per-stage medians (CUDA events on a GPU)
+    "runs", "latency_mean_s", "latency_median_s", "latency_p90_s", "latency_min_s", "latency_max_s",
+    "text_median_s", "denoise_median_s", "decode_median_s", "unet_it_s", "images_per_min",
+    # steady-state ratio against the baseline engine of the same invocation, same batch size
+    "baseline_engine", "speedup_vs_baseline",
+    # software
+    "torch_version", "sdaccel_version", "git_commit",
+)
+
+# Row statuses: "ok" measured; "oom" out of memory at this batch size; "error" failed (message in `error`);
+# "unavailable" the engine cannot run on this machine.
+STATUSES = ("ok", "oom", "error", "unavailable")
+
+INT_COLUMNS = frozenset({"height", "width", "steps", "batch_size", "cold_start_batch", "runs"})
+FLOAT_COLUMNS = frozenset(
+    name for name in COLUMNS
+    if name.endswith(("_s", "_MB")) and name not in {"warmup_s"}
+) | {"guidance", "unet_it_s", "images_per_min", "speedup_vs_baseline"}
+LIST_COLUMNS = frozenset({"warmup_s"})  # JSON lists; JSON-encoded text in the CSV
+
+
+def new_row(**fields: Any) -> dict[str, Any]:
+    """A row with every column present (None where not given); unknown names are a bug, so they raise."""
+    unknown = set(fields) - set(COLUMNS) - {"stage_stats"}
+    if unknown:
+        raise KeyError(f"not benchmark columns: {sorted(unknown)}")
+    row = dict.fromkeys(COLUMNS)
+    row.update(fields)
+    return row

@@ -1,0 +1,206 @@
+"""One engine, measured in a process of its own: load, cold start, warm-up and timed runs per batch size.
+
+    python -m sdaccel.bench.worker REQUEST.json RESULT.json
+
+REQUEST holds {"config": BenchConfig.to_dict(), "engine": name}; RESULT receives {"engine", "status", "error",
+"rows", "throughput"}. Failures of the engine are results (status/error in its rows), not crashes: the parent goes on
+with the next engine either way. Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import BenchConfig
+from .memory import MemoryProbe, is_out_of_memory, release_memory, simulated_out_of_memory
+from .schema import new_row
+from .stats import summarize
+
+THROUGHPUT_MIN_GAIN = 0.03  # stop raising the batch when images/minute improves by less than this
+THROUGHPUT_MAX_BATCH = 1024
+
+
+@dataclass
+class Run:
+    wall_s: float  # end-to-end, host clock, after synchronising the device
+    timings: Any  # sdaccel.timing.StageTimings
+    peak_mb: float | None
+    device_mb: float | None
+    params: dict
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def run_once(pipe, cfg: BenchConfig, batch: int, seed: int, probe: MemoryProbe) -> Run:
+    from ..device import synchronize
+
+    if cfg.simulate_oom_at_batch is not None and batch >= cfg.simulate_oom_at_batch:
+        raise simulated_out_of_memory(batch, cfg.simulate_oom_at_batch)
+    probe.start_run()
+    start = time.perf_counter()
+    # output="tensor": the uint8 image stays on the device; PIL conversion is not part of what is measured.
+    result = pipe(cfg.prompt, steps=cfg.steps, height=cfg.height, width=cfg.width, batch_size=batch, seed=seed,
+                  scheduler=cfg.scheduler, output="tensor")
+    synchronize(pipe.device)
+    wall = time.perf_counter() - start
+    peak, device_mb = probe.end_run()
+    return Run(wall, result.timings, peak, device_mb, result.params)
+
+
+def measure_batch(pipe, cfg: BenchConfig, batch: int, probe: MemoryProbe, first: Run | None = None) -> dict:
+    """Row fields for one batch size. `first`: this size's first run already done (the cold-start image)."""
+    first = first or run_once(pipe, cfg, batch, seed=0, probe=probe)
+    warmups = [run_once(pipe, cfg, batch, seed=i + 1, probe=probe) for i in range(cfg.warmup)]
+    timed = [run_once(pipe, cfg, batch, seed=i, probe=probe) for i in range(cfg.runs)]
+    second = (warmups + timed)[0]
+    latency = summarize([r.wall_s for r in timed])
+    stages = {name: summarize([getattr(r.timings, name) for r in timed]) for name in ("text", "denoise", "decode")}
+    return dict(
+        first_run_s=first.wall_s, warmup_s=[r.wall_s for r in warmups],
+        first_run_memory_MB=first.peak_mb, second_run_memory_MB=second.peak_mb,
+        first_run_device_MB=first.device_mb, second_run_device_MB=second.device_mb,
+        runs=len(timed), latency_mean_s=latency["mean"], latency_median_s=latency["median"],
+        latency_p90_s=latency["p90"], latency_min_s=latency["min"], latency_max_s=latency["max"],
+        text_median_s=stages["text"]["median"], denoise_median_s=stages["denoise"]["median"],
+        decode_median_s=stages["decode"]["median"],
+        unet_it_s=cfg.steps / stages["denoise"]["median"] if stages["denoise"]["median"] > 0 else None,
+        images_per_min=batch * 60 / latency["median"], stage_stats=stages,
+    )
+
+
+def guarded_batch(pipe, cfg, batch, probe, base: dict, first: Run | None = None) -> dict:
+    """measure_batch, with an out-of-memory or other failure recorded in the row instead of raised."""
+    failure = None
+    try:
+        fields = dict(status="ok", **measure_batch(pipe, cfg, batch, probe, first))
+    except Exception as exc:  # noqa: BLE001 - one batch size failing must not lose the others
+        failure = ("oom" if is_out_of_memory(exc) else "error", one_line(exc))
+        if failure[0] == "error":
+            traceback.print_exc()
+    if failure:
+        release_memory(probe.device)  # after the except block: the traceback's frames (and tensors) are gone
+        fields = dict(status=failure[0], error=failure[1])
+    log(f"[{base['engine']}] batch {batch}: {fields['status']}"
+        + (f", median {fields['latency_median_s']:.3f} s, {fields['images_per_min']:.1f} images/min"
+           if failure is None else f" ({failure[1]})"))
+    return new_row(**base, batch_size=batch, timestamp=now_iso(), **fields)
+
+
+def throughput_rows(pipe, cfg, probe, base, first: Run, start: int) -> tuple[list[dict], dict]:
+    """Double the batch from `start` until out of memory, a failure, or < 3% more images/minute."""
+    rows, best, largest, batch = [], None, None, start
+    while True:
+        row = guarded_batch(pipe, cfg, batch, probe, base, first if batch == start else None)
+        rows.append(row)
+        if row["status"] != "ok":
+            stop = f"{row['status']} at batch {batch}"
+            break
+        largest = batch
+        gain_too_small = best is not None and row["images_per_min"] < best["images_per_min"] * (1 + THROUGHPUT_MIN_GAIN)
+        if best is None or row["images_per_min"] > best["images_per_min"]:
+            best = row
+        if gain_too_small:
+            stop = f"less than {THROUGHPUT_MIN_GAIN:.0%} more images/minute at batch {batch}"
+            break
+        if batch * 2 > THROUGHPUT_MAX_BATCH:
+            stop = f"reached the batch cap {THROUGHPUT_MAX_BATCH}"
+            break
+        batch *= 2
+    summary = dict(engine=base["engine"], largest_working_batch=largest, stop_reason=stop,
+                   best_batch=best and best["batch_size"], best_images_per_min=best and best["images_per_min"])
+    return rows, summary
+
+
+def measure_engine(cfg: BenchConfig, engine: str) -> dict:
+    """Everything for one engine; never raises for a failing engine (the failure is in the rows)."""
+    import diffusers  # noqa: F401 - imported before the clock starts: cold start measures loading, not imports
+    import transformers  # noqa: F401
+
+    from ..device import gpu_name, resolve_dtype, synchronize
+    from ..models import load_components
+    from ..pipeline import Pipeline
+
+    device = torch.device(cfg.device)
+    probe = MemoryProbe(device)  # device-wide baseline before anything is loaded
+    base = dict(engine=engine, model=cfg.model, dtype=cfg.dtype, device=str(device), gpu_name=gpu_name(device),
+                steps=cfg.steps, height=cfg.height, width=cfg.width,
+                mode="throughput" if cfg.throughput else "latency", memory_source=probe.source,
+                baseline_device_MB=probe.baseline_device_mb,
+                engine_options=json.dumps(cfg.engine_options(engine), sort_keys=True))
+    first_batch = min(cfg.batch_sizes) if cfg.throughput else cfg.batch_sizes[0]
+    failure = None
+    try:
+        log(f"[{engine}] loading {cfg.model} ({cfg.dtype}, {device})")
+        start = time.perf_counter()
+        components = load_components(cfg.model, arch=cfg.arch, device=device, dtype=resolve_dtype(cfg.dtype, device))
+        pipe = Pipeline(components, engine=engine, dtype=cfg.dtype, device=device, **cfg.engine_options(engine))
+        synchronize(device)
+        load_s = time.perf_counter() - start
+        first = run_once(pipe, cfg, first_batch, seed=0, probe=probe)
+    except Exception as exc:  # noqa: BLE001 - recorded in the row; the parent continues with the next engine
+        from ..errors import EngineUnavailableError
+
+        status = "oom" if is_out_of_memory(exc) else "unavailable" if isinstance(exc, EngineUnavailableError) \
+            else "error"
+        failure = (status, one_line(exc))
+        if status == "error":
+            traceback.print_exc()
+    if failure:
+        release_memory(device)
+        log(f"[{engine}] failed before its first image: {failure[1]}")
+        row = new_row(**base, status=failure[0], error=failure[1], timestamp=now_iso())
+        return dict(engine=engine, status=failure[0], error=failure[1], rows=[row], throughput=None)
+
+    params = first.params
+    base.update(arch=pipe.spec.name, height=params["height"], width=params["width"], scheduler=params["scheduler"],
+                guidance=params["guidance"], engine_options=json.dumps(pipe.engine.options(), sort_keys=True),
+                cold_start_s=load_s + first.wall_s, cold_load_s=load_s, cold_first_image_s=first.wall_s,
+                cold_start_batch=first_batch)
+    log(f"[{engine}] cold start {load_s + first.wall_s:.2f} s (load + prepare {load_s:.2f} s, "
+        f"first image {first.wall_s:.2f} s at batch {first_batch})")
+    summary = None
+    if cfg.throughput:
+        rows, summary = throughput_rows(pipe, cfg, probe, base, first, first_batch)
+    else:
+        rows = [guarded_batch(pipe, cfg, batch, probe, base, first if i == 0 else None)
+                for i, batch in enumerate(cfg.batch_sizes)]
+    ok = any(r["status"] == "ok" for r in rows)
+    return dict(engine=engine, status="ok" if ok else rows[-1]["status"], error=None if ok else rows[-1]["error"],
+                rows=rows, throughput=summary)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .report import atomic_write_text
+
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        log("usage: python -m sdaccel.bench.worker REQUEST.json RESULT.json")
+        return 2
+    request = json.loads(Path(argv[0]).read_text())
+    result = measure_engine(BenchConfig.from_dict(request["config"]), request["engine"])
+    atomic_write_text(Path(argv[1]), json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
