@@ -79,6 +79,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="sd15")
     ap.add_argument("--batch", type=int, default=2, help="UNet batch (2 = one image with CFG)")
+    ap.add_argument("--engine", default="eager", help="eager, or fast (profiled without CUDA graphs)")
     ap.add_argument("--out")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
@@ -101,6 +102,12 @@ def main():
                      "time_ids": torch.tensor([[1024, 1024, 0, 0, 1024, 1024]] * args.batch, device="cuda",
                                               dtype=torch.float16)}
         inputs.append((x, t, c, extra))
+
+    if args.engine == "fast":
+        from sdaccel.engines.fused_modules import fuse_modules
+
+        torch.backends.cudnn.benchmark = True
+        print("fusions", fuse_modules(unet), flush=True)
 
     @torch.inference_mode()
     def eager(x, t, c, extra):
