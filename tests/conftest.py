@@ -11,6 +11,11 @@ import torch
 # kernel tests (and the fast engine's module tests) run the real Triton kernels on a machine without a GPU.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Engine caches (Inductor, Triton, the fast engine's) go to a throw-away folder, never the user's.
+if "SDACCEL_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["SDACCEL_CACHE"] = tempfile.mkdtemp(prefix="sdaccel-test-cache-")
 
 import pytest  # noqa: E402
 

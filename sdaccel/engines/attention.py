@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-_CHOICE: dict[tuple, object] = {}
+_CHOICE: dict[str, object] = {}
 _AUTOTUNE = [True]  # process-wide: one engine per process is the norm (the benchmark uses fresh processes)
 
 
@@ -28,8 +28,10 @@ def _backends():
     return [getattr(SDPBackend, n) for n in names if hasattr(SDPBackend, n)]
 
 
-def _key(q: torch.Tensor, k: torch.Tensor) -> tuple:
-    return (tuple(q.shape), tuple(k.shape), q.dtype, q.device.index, q.stride(-1) == 1 and k.stride(-1) == 1)
+def _key(q: torch.Tensor, k: torch.Tensor) -> str:
+    # A string, so the choices can be stored in the engine's on-disk cache as they are.
+    dense = q.stride(-1) == 1 and k.stride(-1) == 1
+    return f"q{list(q.shape)} k{list(k.shape)} {str(q.dtype).removeprefix('torch.')}{'' if dense else ' strided'}"
 
 
 def _time_ms(fn, iters: int = 10) -> float:
@@ -90,5 +92,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, upcast: bool = 
 
 
 def chosen_backends() -> dict[str, str]:
-    """What was picked per shape, for reports."""
-    return {f"q{list(k[0])} k{list(k[1])}": getattr(b, "name", str(b)) for k, b in _CHOICE.items()}
+    """What was picked per shape ("default" = PyTorch's own dispatch), for reports and the engine cache."""
+    return {k: getattr(b, "name", "default") for k, b in _CHOICE.items()}
+
+
+def restore_backends(choices: dict[str, str]) -> None:
+    """Take earlier picks (from the engine cache) instead of timing again; unknown names are ignored."""
+    from torch.nn.attention import SDPBackend
+
+    for key, name in choices.items():
+        if name == "default":
+            _CHOICE[key] = None
+        elif hasattr(SDPBackend, name):
+            _CHOICE[key] = getattr(SDPBackend, name)

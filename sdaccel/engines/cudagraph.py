@@ -27,8 +27,10 @@ def _signature(args) -> tuple:
 
 
 class GraphedCallable:
-    def __init__(self, fn: Callable, pool=None, max_graphs: int = 16, warmup: int = 2):
+    def __init__(self, fn: Callable, pool=None, max_graphs: int = 16, warmup: int = 2,
+                 on_capture: Callable[[], None] | None = None):
         self.fn = fn
+        self.on_capture = on_capture  # e.g. persist what the warm-up learned (attention picks)
         self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         self.max_graphs = max_graphs
         self.warmup = warmup
@@ -54,6 +56,8 @@ class GraphedCallable:
             if len(self.graphs) >= self.max_graphs:  # bounded: shapes beyond the cache run eagerly
                 return self.fn(*args)
             entry = self.graphs[key] = self._capture(args)
+            if self.on_capture is not None:
+                self.on_capture()
         for buffer, value in zip(entry.inputs, args):
             if torch.is_tensor(value):
                 buffer.copy_(value, non_blocking=True)

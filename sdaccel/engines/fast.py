@@ -18,9 +18,10 @@ import os
 import torch
 
 from ..models.components import Components
-from .attention import set_autotune
+from .attention import chosen_backends, restore_backends, set_autotune
 from .base import Engine, Stages
 from .compile import cache_root
+from .engine_cache import EngineCache, environment, weights_digest
 from .eager import cast_stages, place_modules
 from .fused_modules import fuse_modules
 
@@ -43,6 +44,7 @@ class FastEngine(Engine):
         self.channels_last = channels_last
         self.allow_cpu = allow_cpu  # tests: run the same module rewrite with the kernels' torch references
         self.fusion_counts: dict[str, int] = {}
+        self.cache: EngineCache | None = None
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
@@ -54,6 +56,10 @@ class FastEngine(Engine):
             return "needs the triton package"
         return None
 
+    def save_cache(self) -> None:
+        if self.cache is not None:
+            self.cache.save({"attention": chosen_backends(), "fusions": self.fusion_counts})
+
     def options(self):
         return {"fused": self.fused, "cuda_graphs": self.cuda_graphs, "attention": self.attention}
 
@@ -64,6 +70,12 @@ class FastEngine(Engine):
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # pick conv algorithms per shape during warm-up
         place_modules(components, dtype, device, self.channels_last)
+        # What an earlier process learned about this model on this machine (stale or corrupt files are ignored).
+        cache = EngineCache(os.path.join(cache_root(), "fast"), dict(
+            environment(device), weights=weights_digest(components.modules()), dtype=str(dtype),
+            options=repr(sorted(self.options().items()))))
+        restore_backends(cache.load().get("attention", {}))
+        self.cache = cache
         if self.fused:
             counts = fuse_modules(components.unet)
             for key, value in fuse_modules(components.vae.decoder).items():
@@ -77,8 +89,9 @@ class FastEngine(Engine):
         from .cudagraph import GraphedCallable
 
         pool = torch.cuda.graph_pool_handle()
-        unet = GraphedCallable(stages.unet, pool)
-        decode = GraphedCallable(stages.decode, pool)
+        persist = self.save_cache
+        unet = GraphedCallable(stages.unet, pool, on_capture=persist)
+        decode = GraphedCallable(stages.decode, pool, on_capture=persist)
         encoders = []
         for encode in stages.text_encoders:
             graphed = GraphedCallable(encode, pool)

@@ -74,3 +74,15 @@ def test_fast_engine_on_gpu_matches_eager_and_reuses_graphs(arch):
     assert torch.isfinite(b.latents).all() and torch.isfinite(c.latents).all()
     err = (b.latents - a.latents).norm() / a.latents.norm()
     assert err < 2e-2
+
+
+def test_engine_cache_is_keyed_by_the_weights(tmp_path, monkeypatch):
+    monkeypatch.setenv("SDACCEL_CACHE", str(tmp_path))
+    first, second = FastEngine(allow_cpu=True), FastEngine(allow_cpu=True)
+    sdaccel.Pipeline(build_synthetic(get_spec("sd15-tiny"), seed=0), engine=first)
+    sdaccel.Pipeline(build_synthetic(get_spec("sd15-tiny"), seed=1), engine=second)
+    first.save_cache()
+    second.save_cache()
+    files = sorted((tmp_path / "fast").glob("*.json"))
+    assert len(files) == 2 and first.cache.path != second.cache.path
+    assert first.cache.load()["fusions"]["transformer_block"] == 4

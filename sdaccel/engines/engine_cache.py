@@ -1,0 +1,92 @@
+"""The fast engine's on-disk cache: what it learned about this model on this machine, for the next process start.
+
+Kept: the attention backend chosen per shape, and the shapes that were captured (so a restart can warm them up
+front). Triton's compiled kernels live in Triton's own cache beside it. The file is keyed by everything that could
+make its content wrong: GPU, torch/triton/CUDA/sdaccel versions, and a digest of the weights. A file whose key
+does not match, or that cannot be parsed, is ignored and rewritten, never used; writes go to a temporary file that is
+renamed into place, so a crash leaves the old file or none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+FORMAT = 1
+
+
+def weights_digest(modules: list[torch.nn.Module]) -> str:
+    """A cheap fingerprint of the weights: names, shapes, dtypes, and per-tensor sums and first values.
+
+    Hashing every byte of an SDXL UNet would take seconds; sums plus leading values change with any real
+    fine-tune or LoRA merge, and all of them are gathered in one device-to-host copy."""
+    h = hashlib.sha256()
+    stats = []
+    for i, module in enumerate(modules):
+        for name, p in module.state_dict().items():
+            h.update(f"{i}.{name}:{tuple(p.shape)}:{p.dtype};".encode())
+            flat = p.detach().reshape(-1)
+            stats.append(flat.float().sum().reshape(1))
+            stats.append(flat[:4].float())
+    if stats:
+        h.update(torch.cat(stats).cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def environment(device: torch.device) -> dict[str, str]:
+    from .. import __version__
+
+    env = {"torch": torch.__version__, "cuda": str(torch.version.cuda), "sdaccel": __version__, "format": str(FORMAT)}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = "none"
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env["gpu"] = f"{props.name} sm{props.major}{props.minor}"
+    else:
+        env["gpu"] = "cpu"
+    return env
+
+
+class EngineCache:
+    def __init__(self, root: str | Path, key: dict[str, str]):
+        self.key = key
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+        self.path = Path(root) / f"{digest}.json"
+
+    def load(self) -> dict:
+        """The cached data, or {} when there is none, it is stale (key differs) or corrupt (warned)."""
+        if not self.path.is_file():
+            return {}
+        try:
+            payload = json.loads(self.path.read_text())
+            if payload.get("key") != self.key:
+                return {}
+            data = payload["data"]
+            if not isinstance(data, dict):
+                raise ValueError("data is not an object")
+            return data
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            warnings.warn(f"{self.path}: unreadable engine cache ({exc.__class__.__name__}); rebuilding it",
+                          stacklevel=2)
+            return {}
+
+    def save(self, data: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=self.path.name, suffix=".tmp", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"key": self.key, "data": data}, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
