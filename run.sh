@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 
 setup() {
   # torch first, chosen by hand: a bare `torch` requirement would pull a multi-GB CUDA build onto a CPU machine.

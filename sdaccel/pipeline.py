@@ -130,8 +130,8 @@ class Pipeline:
         negatives = _as_list(negative_prompt, len(prompts) // batch_size, "negative prompts")
         negatives = [n for n in negatives for _ in range(batch_size)]
         cfg = guidance > 1.0  # guidance <= 1 is the conditional prediction alone: skip the uncond half
-        sched = self.scheduler(scheduler)
         sched_name = canonical(scheduler or spec.default_scheduler)
+        sched = self.scheduler(sched_name)
 
         timer = StageTimer(self.device)
         n = len(prompts)

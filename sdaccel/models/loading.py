@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,11 @@ def detect_arch(unet_config: dict[str, Any], scheduler_config: dict[str, Any] | 
     return same[0].name
 
 
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else exc.__class__.__name__
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
@@ -123,8 +129,7 @@ def _load_part(loader, folder: Path, sub: str, what: str, dtype: torch.dtype):
     except ModelLoadError:
         raise
     except Exception as exc:  # corrupt weights, missing files: one line naming the path
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
-        raise ModelLoadError(f"{part}: cannot load {what} ({first})") from None
+        raise ModelLoadError(f"{part}: cannot load {what} ({_first_line(exc)})") from None
 
 
 def _folder_tokenizer(folder: Path, sub: str, pad_with_eos: bool, vocab_size: int):
@@ -184,17 +189,12 @@ def _spec_from_modules(base: ModelSpec, unet, vae, encoders, sched_cfg: dict[str
         "timestep_spacing", "rescale_betas_zero_snr")})
     return with_overrides(
         base, unet=dict(unet.config), vae=dict(vae.config),
-        text_encoders=tuple(with_overrides_te(te, enc) for te, enc in zip(base.text_encoders, encoders)),
+        text_encoders=tuple(replace(te, config=enc.config.to_dict())
+                            for te, enc in zip(base.text_encoders, encoders)),
         scheduler=scheduler, vae_scaling_factor=float(vae.config.scaling_factor),
         vae_force_upcast=bool(getattr(vae.config, "force_upcast", base.vae_force_upcast)),
-        upcast_attention=bool(unet.config.get("upcast_attention", False)) or base.upcast_attention, tiny=False,
+        upcast_attention=bool(unet.config.get("upcast_attention", False)) or base.upcast_attention,
     )
-
-
-def with_overrides_te(te, encoder):
-    from dataclasses import replace
-
-    return replace(te, config=encoder.config.to_dict())
 
 
 # ------------------------------------------------------------------------------------------------ hub (offline)
@@ -285,8 +285,7 @@ def load_single_file(path: Path, *, arch: str | None = None, device: str | torch
     except ModelLoadError:
         raise
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
-        raise ModelLoadError(f"{path}: does not match the {spec.name} architecture ({first[:200]})") from None
+        raise ModelLoadError(f"{path}: does not match the {spec.name} architecture ({_first_line(exc)})") from None
 
     tokenizers = [_cached_tokenizer(te, i, spec) for i, te in enumerate(spec.text_encoders)]
     comps = Components(spec=spec, unet=unet, vae=vae, text_encoders=encoders, tokenizers=tokenizers,
