@@ -31,6 +31,7 @@ def _add_model_args(p: argparse.ArgumentParser, default_model: str | None = None
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--compile-mode", help="torch.compile mode for the compile engine (default: reduce-overhead on "
                                           "GPU, default on CPU)")
+    p.add_argument("--fp32-ops", help="fast engine: comma-separated ops kept in fp32 (attention)")
 
 
 def _default_model(device) -> str:
@@ -40,6 +41,8 @@ def _default_model(device) -> str:
 def engine_options(engine: str, args) -> dict:
     if engine == "compile" and getattr(args, "compile_mode", None):
         return {"mode": args.compile_mode}
+    if engine == "fast" and getattr(args, "fp32_ops", None):
+        return {"fp32_ops": [op.strip() for op in args.fp32_ops.split(",") if op.strip()]}
     return {}
 
 

@@ -9,6 +9,7 @@ Options (each can be switched off for ablations):
   cuda_graphs  capture each stage per input shape; replay is one launch               cost: ~1 s and the graph's
                activations kept resident per captured shape (shared pool)
   attention    "auto": time the SDPA backends per shape and keep the fastest correct one; "sdpa": PyTorch's pick
+  fp32_ops     ("attention",): q, k, v and softmax in fp32 (slower; for models whose attention overflows fp16)
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 
 import torch
 
+from ..errors import UsageError
 from ..models.components import Components
 from .attention import chosen_backends, restore_backends, set_autotune
 from .base import Engine, Stages
@@ -31,13 +33,23 @@ def _use_persistent_triton_cache() -> None:
         os.environ["TRITON_CACHE_DIR"] = os.path.join(cache_root(), "triton")
 
 
+# Ops that can be kept in fp32 inside an fp16/bf16 model (the seeds' --force_fp32_ops).
+FP32_OPS = {"attention"}
+
+
 class FastEngine(Engine):
     name = "fast"
     description = "sdaccel: fused Triton kernels (NHWC GroupNorm+SiLU, SkipLayerNorm, BiasSplitGelu, BiasAdd), " \
                   "packed QKV, fastest SDPA backend per shape, whole-call CUDA graphs"
 
     def __init__(self, fused: bool = True, cuda_graphs: bool = True, attention: str = "auto",
-                 channels_last: bool = True, allow_cpu: bool = False):
+                 channels_last: bool = True, fp32_ops: tuple[str, ...] | list[str] = (), allow_cpu: bool = False):
+        unknown = set(fp32_ops) - FP32_OPS
+        if unknown:
+            raise UsageError(f"unknown fp32 op(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(FP32_OPS))}")
+        if attention not in ("auto", "sdpa"):
+            raise UsageError(f"attention must be auto or sdpa, got {attention!r}")
+        self.fp32_ops = tuple(sorted(fp32_ops))
         self.fused = fused
         self.cuda_graphs = cuda_graphs
         self.attention = attention
@@ -61,7 +73,8 @@ class FastEngine(Engine):
             self.cache.save({"attention": chosen_backends(), "fusions": self.fusion_counts})
 
     def options(self):
-        return {"fused": self.fused, "cuda_graphs": self.cuda_graphs, "attention": self.attention}
+        return {"fused": self.fused, "cuda_graphs": self.cuda_graphs, "attention": self.attention,
+                "fp32_ops": list(self.fp32_ops)}
 
     def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
         if device.type != "cuda" and not self.allow_cpu:
@@ -77,7 +90,7 @@ class FastEngine(Engine):
         restore_backends(cache.load().get("attention", {}))
         self.cache = cache
         if self.fused:
-            counts = fuse_modules(components.unet)
+            counts = fuse_modules(components.unet, fp32_attention="attention" in self.fp32_ops)
             for key, value in fuse_modules(components.vae.decoder).items():
                 counts[f"vae_{key}"] = value
             self.fusion_counts = counts

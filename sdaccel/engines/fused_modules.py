@@ -58,9 +58,10 @@ class FusedResnetBlock(nn.Module):
 class FusedAttention(nn.Module):
     """Self-attention with one packed QKV GEMM, or cross-attention with a packed KV GEMM; SDPA-class kernels."""
 
-    def __init__(self, attn: nn.Module):
+    def __init__(self, attn: nn.Module, fp32: bool = False):
         super().__init__()
         self.attn = attn
+        self.fp32 = fp32  # the per-op fp32 exception: q, k, v and softmax in fp32, result cast back
         self.heads = attn.heads
         self.is_cross = attn.is_cross_attention
         q, k, v = attn.to_q, attn.to_k, attn.to_v
@@ -99,7 +100,10 @@ class FusedAttention(nn.Module):
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
         """Attention output before the output projection, as (B, L, heads * head_dim)."""
         q, k, v = self.project(x, context)
-        out = attention(q, k, v, upcast=self.attn.upcast_attention)
+        if self.fp32:
+            out = attention(q.float(), k.float(), v.float()).to(q.dtype)
+        else:
+            out = attention(q, k, v, upcast=self.attn.upcast_attention)
         return out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
 
 
@@ -110,11 +114,11 @@ class FusedTransformerBlock(nn.Module):
     feed-forward's bias and GELU gate as one BiasSplitGelu kernel.
     """
 
-    def __init__(self, block: nn.Module):
+    def __init__(self, block: nn.Module, fp32_attention: bool = False):
         super().__init__()
         self.block = block
-        self.attn1 = FusedAttention(block.attn1)
-        self.attn2 = FusedAttention(block.attn2)
+        self.attn1 = FusedAttention(block.attn1, fp32_attention)
+        self.attn2 = FusedAttention(block.attn2, fp32_attention)
 
     @staticmethod
     def supports(block: nn.Module) -> bool:
@@ -143,10 +147,10 @@ class FusedTransformerBlock(nn.Module):
 class FusedTransformer2D(nn.Module):
     """GroupNorm -> proj_in -> blocks -> proj_out -> + residual on NHWC activations, no layout transposes."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, fp32_attention: bool = False):
         super().__init__()
         self.model = model
-        self.blocks = nn.ModuleList(FusedTransformerBlock(b) for b in model.transformer_blocks)
+        self.blocks = nn.ModuleList(FusedTransformerBlock(b, fp32_attention) for b in model.transformer_blocks)
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -177,20 +181,23 @@ class FusedTransformer2D(nn.Module):
         return Transformer2DModelOutput(sample=out) if return_dict else (out,)
 
 
-def fuse_modules(root: nn.Module) -> dict[str, int]:
-    """Swap every supported block under `root` for its fused version, in place. Returns counts per kind."""
+def fuse_modules(root: nn.Module, fp32_attention: bool = False) -> dict[str, int]:
+    """Swap every supported block under `root` for its fused version, in place. Returns counts per kind.
+
+    fp32_attention: run attention (q, k, v, softmax) in fp32 inside fp16/bf16 models, the seeds'
+    `--force_fp32_ops unet:MultiHeadAttention`; the fused SDPA kernels already keep the softmax in fp32."""
     counts = {"resnet": 0, "transformer": 0, "transformer_block": 0, "group_norm_silu": 0}
     for name, child in list(root.named_children()):
         if FusedResnetBlock.supports(child):
             setattr(root, name, FusedResnetBlock(child))
             counts["resnet"] += 1
         elif FusedTransformer2D.supports(child):
-            fused = FusedTransformer2D(child)
+            fused = FusedTransformer2D(child, fp32_attention)
             setattr(root, name, fused)
             counts["transformer"] += 1
             counts["transformer_block"] += len(fused.blocks)
         else:
-            for key, value in fuse_modules(child).items():
+            for key, value in fuse_modules(child, fp32_attention).items():
                 counts[key] += value
     # The final norm + SiLU of a UNet or VAE decoder.
     norm_out, act = getattr(root, "conv_norm_out", None), getattr(root, "conv_act", None)

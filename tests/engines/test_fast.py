@@ -86,3 +86,15 @@ def test_engine_cache_is_keyed_by_the_weights(tmp_path, monkeypatch):
     files = sorted((tmp_path / "fast").glob("*.json"))
     assert len(files) == 2 and first.cache.path != second.cache.path
     assert first.cache.load()["fusions"]["transformer_block"] == 4
+
+
+def test_fp32_attention_exception_and_bad_options():
+    engine = FastEngine(allow_cpu=True, fp32_ops=["attention"])
+    pipe = sdaccel.Pipeline(build_synthetic(get_spec("sd21-tiny")), engine=engine, dtype="bf16")
+    block = pipe.components.unet.down_blocks[0].attentions[0].blocks[0]
+    assert block.attn1.fp32 and block.attn2.fp32
+    assert torch.isfinite(pipe("a cat", steps=2, output="latent").latents).all()
+    with pytest.raises(sdaccel.UsageError, match="unknown fp32 op"):
+        FastEngine(fp32_ops=["softmax_everything"])
+    with pytest.raises(sdaccel.UsageError, match="attention must be auto or sdpa"):
+        FastEngine(attention="flash3")
