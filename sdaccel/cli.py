@@ -66,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--repeat", type=int, default=1,
                      help="generate N times and print each run's timings (the first includes warm-up/compile)")
     gen.add_argument("--no-progress", action="store_true")
+    gen.add_argument("--strict", action="store_true",
+                     help="fail on NaN/Inf or black/flat output instead of repairing it in fp32 with a warning")
     gen.set_defaults(func=cmd_generate)
 
     info = sub.add_parser("info", help="torch, CUDA, GPU and the engines usable here")
@@ -147,7 +149,7 @@ def cmd_generate(args) -> int:
     for _ in range(args.repeat):
         result = pipe(args.prompt, args.negative, steps=args.steps, guidance=args.guidance, height=args.height,
                       width=args.width, batch_size=args.batch, seed=args.seed, scheduler=args.scheduler,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, strict=args.strict)
         runs.append(result.timings)
     paths = save_images(result, Path(args.out))
     print(f"model {model} | engine {pipe.engine.name} | {result.params['dtype']} | device {device} | "

@@ -28,6 +28,8 @@ class GenerationResult:
     latents: torch.Tensor  # final latents, fp32, before VAE scaling
     timings: StageTimings
     params: dict[str, Any] = field(default_factory=dict)
+    decoded_finite: torch.Tensor | None = None  # device-side "decoder output had no NaN/Inf" flag
+    guard: Any = None  # quality.guard.GuardReport when the call was guarded
 
 
 @dataclass
@@ -109,8 +111,20 @@ class Pipeline:
 
     # ------------------------------------------------------------------------------------------------ the call
 
-    @torch.inference_mode()
     def __call__(self, prompt: str | list[str], negative_prompt: str | list[str] | None = None, *,
+                 guard: bool = True, strict: bool = False, **kwargs: Any) -> GenerationResult:
+        """Generate (keyword arguments as in `generate`), then check the output once for NaN/Inf and black or flat
+        images. A non-finite result is repaired in fp32 (attention upcast, or an fp32 VAE decode) with a
+        PrecisionFallbackWarning; strict=True raises instead. The check costs one tiny copy at the end, nothing
+        inside the denoising loop; guard=False skips it (the benchmark's timed runs do)."""
+        if not guard:
+            return self.generate(prompt, negative_prompt, **kwargs)
+        from .quality.guard import run_guarded
+
+        return run_guarded(self, prompt, negative_prompt, strict=strict, **kwargs)
+
+    @torch.inference_mode()
+    def generate(self, prompt: str | list[str], negative_prompt: str | list[str] | None = None, *,
                  steps: int | None = None, guidance: float | None = None, height: int | None = None,
                  width: int | None = None, batch_size: int = 1, seed: int = 0, scheduler: str | None = None,
                  output: str = "pil", callback: StepCallback | None = None, progress: bool = False,
@@ -153,9 +167,10 @@ class Pipeline:
             latents = latents * sched.init_noise_sigma
             latents = self._denoise(sched, latents, cond, guidance, cfg, step_gen, callback, progress)
         with timer.stage("decode"):
-            image = None
+            image = decoded_finite = None
             if output != "latent":
                 decoded = self.stages.decode(latents / spec.vae_scaling_factor)
+                decoded_finite = torch.isfinite(decoded).all()  # read later, with the image: no sync here
                 image = ((decoded / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
         timings = timer.result(steps=steps)
 
@@ -163,7 +178,8 @@ class Pipeline:
                       height=height, width=width, seed=seed, scheduler=sched_name, batch_size=n,
                       model=self.components.source, engine=self.engine.name, dtype=dtype_name(self.dtype))
         images = _to_pil(image) if output == "pil" else []
-        return GenerationResult(images=images, image_tensor=image, latents=latents, timings=timings, params=params)
+        return GenerationResult(images=images, image_tensor=image, latents=latents, timings=timings, params=params,
+                                decoded_finite=decoded_finite)
 
     def _denoise(self, sched, latents, cond: Conditioning, guidance: float, cfg: bool, step_gen: torch.Generator,
                  callback: StepCallback | None, progress: bool) -> torch.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -89,8 +90,19 @@ def read_csv(path: Path) -> list[dict]:
 # ---------------------------------------------------------------------------------------------------- JSON
 
 
+def _json_safe(value: Any) -> Any:
+    """Infinite PSNR (identical images) as the string "inf": strict JSON has no Infinity."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def write_json(path: Path, payload: dict) -> None:
-    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=False) + "\n")
+    atomic_write_text(path, json.dumps(_json_safe(payload), indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------------- ratios
@@ -125,6 +137,9 @@ def markdown_table(rows: list[dict], baseline: str | None) -> str:
     with_ratio = baseline is not None and any(r["engine"] == baseline for r in rows)
     header = ["engine", "batch", "status", "median s", "p90 s", "min s", "UNet it/s", "images/min", "cold start s",
               "1st-run MB", "2nd-run MB", "1st-run device MB"]
+    with_quality = any(r.get("psnr_vs_fp32_db") is not None for r in rows)
+    if with_quality:
+        header.append("PSNR vs fp32 dB")
     if with_ratio:
         header.append(f"speed-up vs {baseline}")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -134,6 +149,8 @@ def markdown_table(rows: list[dict], baseline: str | None) -> str:
                  _fmt(r["latency_min_s"]), _fmt(r["unet_it_s"], 1), _fmt(r["images_per_min"], 1),
                  _fmt(r["cold_start_s"], 1), _fmt(r["first_run_memory_MB"], 0), _fmt(r["second_run_memory_MB"], 0),
                  _fmt(r["first_run_device_MB"], 0)]
+        if with_quality:
+            cells.append(_fmt(r.get("psnr_vs_fp32_db"), 2))
         if with_ratio:
             cells.append("—" if r["speedup_vs_baseline"] is None else f"{r['speedup_vs_baseline']:.2f}x")
         lines.append("| " + " | ".join(cells) + " |")

@@ -26,6 +26,8 @@ COLUMNS: tuple[str, ...] = (
     "text_median_s", "denoise_median_s", "decode_median_s", "unet_it_s", "images_per_min",
     # steady-state ratio against the baseline engine of the same invocation, same batch size
     "baseline_engine", "speedup_vs_baseline",
+    # --quality: PSNR (dB) of this engine's image against eager fp32's, same weights, prompt and initial noise
+    "psnr_vs_fp32_db",
     # software
     "torch_version", "sdaccel_version", "git_commit",
 )
@@ -38,7 +40,7 @@ INT_COLUMNS = frozenset({"height", "width", "steps", "batch_size", "cold_start_b
 FLOAT_COLUMNS = frozenset(
     name for name in COLUMNS
     if name.endswith(("_s", "_MB")) and name not in {"warmup_s"}
-) | {"guidance", "unet_it_s", "images_per_min", "speedup_vs_baseline"}
+) | {"guidance", "unet_it_s", "images_per_min", "speedup_vs_baseline", "psnr_vs_fp32_db"}
 LIST_COLUMNS = frozenset({"warmup_s"})  # JSON lists; JSON-encoded text in the CSV
 
 

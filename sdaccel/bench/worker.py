@@ -185,8 +185,29 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
         rows = [guarded_batch(pipe, cfg, batch, probe, base, first if i == 0 else None)
                 for i, batch in enumerate(cfg.batch_sizes)]
     ok = any(r["status"] == "ok" for r in rows)
+    if ok and cfg.quality:
+        quality = psnr_after_timing(pipe, cfg, first_batch)
+        for row in rows:
+            row["psnr_vs_fp32_db"] = quality
+        log(f"[{engine}] PSNR against eager fp32: {quality:.2f} dB")
     return dict(engine=engine, status="ok" if ok else rows[-1]["status"], error=None if ok else rows[-1]["error"],
                 rows=rows, throughput=summary)
+
+
+def psnr_after_timing(pipe, cfg: BenchConfig, batch: int) -> float:
+    """The engine's image and eager fp32's from the same weights and initial noise, compared by PSNR.
+
+    Runs after every timed measurement of this engine, so the fp32 reference's memory never shows in its rows."""
+    from ..quality.bench_column import PROMPT, reference_image
+    from ..quality.metrics import psnr
+    from ..quality.recording import initial_noise
+
+    params = dict(steps=cfg.steps, height=pipe.spec.height if cfg.height is None else cfg.height,
+                  width=pipe.spec.width if cfg.width is None else cfg.width, scheduler=cfg.scheduler)
+    noise = initial_noise(pipe.spec, params["height"], params["width"], 0)
+    candidate = pipe(PROMPT, seed=0, output="tensor", latents=noise, **params).image_tensor.cpu()
+    release_memory(pipe.device)
+    return psnr(candidate, reference_image(cfg.model, pipe.device, noise, seed=0, arch=cfg.arch, **params))
 
 
 def main(argv: list[str] | None = None) -> int:

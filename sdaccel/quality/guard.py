@@ -1,0 +1,192 @@
+"""Output guard: is a finished generation finite, and is its image more than one flat colour?
+
+Checked ONCE per generation, after the denoising loop and the decode, never inside the loop: the flags are reduced
+on the device and fetched together in one small device->host copy (`inspect_output`). A hit names the component
+that failed, and the remedy is specific to it:
+  latents non-finite  -> the UNet overflowed (SD2.1-style fp16 attention): re-run the denoising with fp32 attention
+  decoded non-finite  -> the VAE overflowed (SDXL-style fp16 decoder): decode the same latents again in fp32
+Each remedy warns (PrecisionFallbackWarning); with strict=True it is an error (NonFiniteOutputError) instead.
+A flat or black image is only reported (DegenerateImageWarning; strict: DegenerateImageError): no remedy exists.
+
+`run_guarded(pipe, ...)` wraps a Pipeline call with all of this; the pipeline can inline it later.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import SdaccelError
+from .remedies import drop_captured_graphs, fp32_decode, remedy_unet, to_uint8
+
+# A uint8 image is "flat" when every channel's standard deviation over its pixels is below this...
+FLAT_STD = 1.0
+# ... and "black" when no value reaches this.
+BLACK_MAX = 8
+
+
+class PrecisionFallbackWarning(UserWarning):
+    """A non-finite output was repaired by recomputing part of the generation in fp32."""
+
+
+class DegenerateImageWarning(UserWarning):
+    """An output image is one flat colour or black: usually an overflow upstream, or a broken model."""
+
+
+class NonFiniteOutputError(SdaccelError):
+    """NaN/Inf in the latents or the decoded image, and strict mode (or the remedy did not help)."""
+
+
+class DegenerateImageError(SdaccelError):
+    """A flat or black output image, in strict mode."""
+
+
+@dataclass
+class GuardReport:
+    """The verdict on one generation, attached to its result as `result.guard`."""
+
+    latents_finite: bool
+    image_finite: bool | None  # None: nothing was decoded (output="latent")
+    image_issues: list[str] = field(default_factory=list)  # "image 0: flat colour (channel std < 1.0)", ...
+    remedies: list[str] = field(default_factory=list)  # what was recomputed in fp32, in order
+
+    @property
+    def failed_component(self) -> str | None:
+        """'unet' (latents non-finite), 'vae' (latents fine, decoded image non-finite) or None."""
+        if not self.latents_finite:
+            return "unet"
+        if self.image_finite is False:
+            return "vae"
+        return None
+
+    @property
+    def ok(self) -> bool:
+        return self.failed_component is None and not self.image_issues
+
+
+# ------------------------------------------------------------------------------------------------------ checks
+
+
+def check_latents(latents: torch.Tensor) -> bool:
+    """True when every latent value is finite (one device->host sync)."""
+    return bool(torch.isfinite(latents).all().item())
+
+
+def image_statistics(image_uint8: torch.Tensor) -> torch.Tensor:
+    """(B, 2) on the image's device, no sync: per image, the largest channel std over pixels, and the max value."""
+    image = image_uint8.float()
+    channel_std = image.flatten(2).std(dim=2, unbiased=False)  # (B, C)
+    return torch.stack([channel_std.amax(dim=1), image.flatten(1).amax(dim=1)], dim=1)
+
+
+def describe_image_issues(stats: list[list[float]]) -> list[str]:
+    """Issue lines from image_statistics rows [max channel std, max value]."""
+    issues = []
+    for i, (std, peak) in enumerate(stats):
+        if peak < BLACK_MAX:
+            issues.append(f"image {i}: black (max value {peak:.0f} < {BLACK_MAX})")
+        elif std < FLAT_STD:
+            issues.append(f"image {i}: flat colour (channel std {std:.2f} < {FLAT_STD})")
+    return issues
+
+
+def check_image(image_uint8: torch.Tensor) -> list[str]:
+    """Issues of a (B, 3, H, W) or (3, H, W) uint8 image: black (max < 8) or flat colour (every channel's std
+    < 1.0). [] when the image is fine. One device->host sync."""
+    image = image_uint8 if image_uint8.dim() == 4 else image_uint8[None]
+    return describe_image_issues(image_statistics(image).tolist())
+
+
+def inspect_output(latents: torch.Tensor, decoded_finite: torch.Tensor | bool | None = None,
+                   image_uint8: torch.Tensor | None = None) -> GuardReport:
+    """Every check at once, with ONE device->host copy: the flags and statistics are reduced on the device first.
+
+    latents: final latents. decoded_finite: torch.isfinite(decoded).all() as a device tensor (or a bool), None
+    when nothing was decoded; it must be taken on the float VAE output, since uint8 conversion hides NaN.
+    image_uint8: the (B, 3, H, W) uint8 image, or None.
+    """
+    parts = [torch.isfinite(latents).all().float().reshape(1)]
+    if decoded_finite is not None:
+        parts.append(torch.as_tensor(decoded_finite, device=latents.device).float().reshape(1))
+    if image_uint8 is not None:
+        parts.append(image_statistics(image_uint8).to(latents.device).flatten())
+    values = torch.cat(parts).tolist()  # the one sync
+    latents_ok = values[0] == 1.0
+    image_ok = None if decoded_finite is None else values[1] == 1.0
+    stats = values[1 + (decoded_finite is not None):]
+    issues = describe_image_issues([stats[i:i + 2] for i in range(0, len(stats), 2)])
+    return GuardReport(latents_finite=latents_ok, image_finite=image_ok, image_issues=issues)
+
+
+# ----------------------------------------------------------------------------------------------- the guarded call
+
+
+def _replace_image(result, image: torch.Tensor) -> None:
+    from PIL import Image
+
+    had_pil = bool(result.images)
+    result.image_tensor = image
+    if had_pil:
+        result.images = [Image.fromarray(a) for a in image.permute(0, 2, 3, 1).cpu().numpy()]
+
+
+def run_guarded(pipe, *args, strict: bool = False, generate=None, **kwargs):
+    """pipe(*args, **kwargs), checked once at the end and repaired when it came out non-finite.
+
+    Steps: generate -> inspect (one sync) -> if the latents are non-finite, switch the UNet to fp32 attention
+    (remedy_unet) and generate again from the same seed -> if the decoded image is non-finite, decode the same
+    latents with an fp32 VAE (fp32_decode) -> flag a black/flat image. Returns the GenerationResult with
+    `result.guard` (a GuardReport) set. strict=True: raise NonFiniteOutputError / DegenerateImageError instead
+    of repairing or warning. A remedy that does not make the output finite raises NonFiniteOutputError.
+
+    generate: the unguarded generation function (default: pipe.generate, which reports `decoded_finite`).
+    """
+    generate = pipe.generate if generate is None else generate
+    result = generate(*args, **kwargs)
+    report = inspect_output(result.latents, result.decoded_finite, result.image_tensor)
+    remedies: list[str] = []
+    where = f"{pipe.engine.name} {result.params.get('dtype', '')}".strip()
+
+    if report.failed_component == "unet":
+        if strict:
+            raise NonFiniteOutputError(f"non-finite latents from the UNet ({where}); strict mode: no fp32 fallback")
+        counts = remedy_unet(pipe.components, pipe.stages)
+        warnings.warn(f"non-finite latents from the UNet ({where}): re-running the denoising with fp32 attention "
+                      f"({counts['upcast']} attention layers switched, kept for later calls)",
+                      PrecisionFallbackWarning, stacklevel=2)
+        remedies.append("unet_fp32_attention")
+        result = generate(*args, **kwargs)
+        report = inspect_output(result.latents, result.decoded_finite, result.image_tensor)
+        if report.failed_component == "unet":
+            raise NonFiniteOutputError(f"latents still non-finite with fp32 attention ({where})")
+
+    if report.failed_component == "vae":
+        if strict:
+            raise NonFiniteOutputError(f"non-finite image from the VAE decoder ({where}); strict mode: no fp32 "
+                                       f"fallback")
+        warnings.warn(f"non-finite image from the VAE decoder ({where}): decoded again in fp32",
+                      PrecisionFallbackWarning, stacklevel=2)
+        remedies.append("vae_fp32_decode")
+        decoded = fp32_decode(pipe.components, result.latents)
+        image = to_uint8(decoded)
+        report = inspect_output(result.latents, torch.isfinite(decoded).all(), image)
+        if report.failed_component is not None:
+            raise NonFiniteOutputError(f"image still non-finite after an fp32 VAE decode ({where})")
+        _replace_image(result, image)
+
+    if report.image_issues:
+        message = f"degenerate output ({where}): {'; '.join(report.image_issues)}"
+        if strict:
+            raise DegenerateImageError(message)
+        warnings.warn(message, DegenerateImageWarning, stacklevel=2)
+
+    report.remedies = remedies
+    result.guard = report
+    return result
+
+
+__all__ = ["BLACK_MAX", "FLAT_STD", "DegenerateImageError", "DegenerateImageWarning", "GuardReport",
+           "NonFiniteOutputError", "PrecisionFallbackWarning", "check_image", "check_latents", "drop_captured_graphs",
+           "fp32_decode", "image_statistics", "inspect_output", "remedy_unet", "run_guarded", "to_uint8"]

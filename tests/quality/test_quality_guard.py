@@ -1,0 +1,198 @@
+"""The output guard: its checks, and run_guarded's generate -> check -> remedy -> regenerate on a real tiny pipeline
+whose UNet or VAE stage is made to produce NaN."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from quality_fixtures import STEPS
+from sdaccel.errors import SdaccelError
+from sdaccel.quality import guard
+from sdaccel.quality.guard import (DegenerateImageError, DegenerateImageWarning, NonFiniteOutputError,
+                                   PrecisionFallbackWarning, check_image, check_latents, inspect_output, run_guarded)
+from sdaccel.quality.upcast_attention import UpcastAttnProcessor
+
+PROMPT = "a lighthouse at dusk"
+
+
+def our_warnings(record) -> list:
+    return [w for w in record if issubclass(w.category, (PrecisionFallbackWarning, DegenerateImageWarning))]
+
+
+def attention_is_upcast(pipe) -> bool:
+    procs = [m.processor for m in pipe.components.unet.modules() if type(m).__name__ == "Attention"]
+    return bool(procs) and all(isinstance(p, UpcastAttnProcessor) for p in procs)
+
+
+def nan_unet_until_upcast(pipe) -> list[int]:
+    """Make the UNet stage return NaN while attention is not fp32-upcast: an SD2.1-style overflow that the remedy
+    really cures. Returns a list that counts the NaN-producing calls."""
+    stage, nan_calls = pipe.stages.unet, []
+
+    def unet(*args, **kwargs):
+        out = stage(*args, **kwargs)
+        if attention_is_upcast(pipe):
+            return out
+        nan_calls.append(1)
+        return out * float("nan")
+
+    pipe.stages.unet = unet
+    return nan_calls
+
+
+def nan_decode(pipe) -> None:
+    stage = pipe.stages.decode
+    pipe.stages.decode = lambda latents: stage(latents) * float("nan")
+
+
+# ---------------------------------------------------------------------------------------------------- checks
+
+
+def test_check_latents():
+    x = torch.randn(1, 4, 8, 8)
+    assert check_latents(x)
+    x[0, 1, 2, 3] = float("inf")
+    assert not check_latents(x)
+    x[0, 1, 2, 3] = float("nan")
+    assert not check_latents(x)
+
+
+def test_check_image_flags_black_and_flat_not_noise():
+    black = torch.zeros(1, 3, 32, 32, dtype=torch.uint8)
+    nearly_black = torch.randint(0, 6, (1, 3, 32, 32), dtype=torch.uint8)  # max < 8, though not constant
+    flat = torch.tensor([200, 30, 90], dtype=torch.uint8).view(1, 3, 1, 1).expand(1, 3, 32, 32).clone()
+    noise = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8)
+    assert check_image(black) == ["image 0: black (max value 0 < 8)"]
+    assert "black" in check_image(nearly_black)[0]
+    assert check_image(flat) == ["image 0: flat colour (channel std 0.00 < 1.0)"]
+    assert check_image(noise) == [] and check_image(noise[0]) == []
+    mixed = torch.cat([noise[:1], black])
+    assert check_image(mixed) == ["image 1: black (max value 0 < 8)"]
+
+
+def test_inspect_output_names_the_failed_component():
+    lat, img = torch.randn(1, 4, 8, 8), torch.randint(0, 256, (1, 3, 64, 64), dtype=torch.uint8)
+    assert inspect_output(lat, torch.tensor(True), img).failed_component is None
+    assert inspect_output(lat, torch.tensor(True), img).ok
+    assert inspect_output(lat, torch.tensor(False), img).failed_component == "vae"
+    nan_lat = lat.clone()
+    nan_lat[0, 0, 0, 0] = float("nan")
+    assert inspect_output(nan_lat, torch.tensor(False), img).failed_component == "unet"
+    latent_only = inspect_output(lat)
+    assert latent_only.image_finite is None and latent_only.ok
+
+
+def test_inspect_output_reads_the_device_once(monkeypatch):
+    reads = []
+    for name in ("item", "tolist", "cpu", "__bool__", "numpy"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _original=original, _name=name, **k):
+            reads.append(_name)
+            return _original(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    report = inspect_output(torch.randn(2, 4, 8, 8), torch.isfinite(torch.randn(3)).all(),
+                            torch.zeros(2, 3, 64, 64, dtype=torch.uint8))
+    monkeypatch.undo()
+    assert reads == ["tolist"]
+    assert report.image_issues == ["image 0: black (max value 0 < 8)", "image 1: black (max value 0 < 8)"]
+
+
+# ---------------------------------------------------------------------------------------------- run_guarded
+
+
+def test_clean_generation_passes_without_warnings(tiny_pipe):
+    pipe = tiny_pipe()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        result = run_guarded(pipe, PROMPT, steps=STEPS)
+    assert our_warnings(record) == []  # random-weight images are noise: never flagged as flat or black
+    assert result.guard.ok and result.guard.remedies == [] and result.guard.image_finite is True
+    assert not attention_is_upcast(pipe)
+
+
+def test_nan_latents_rerun_with_fp32_attention(tiny_pipe, monkeypatch):
+    clean = tiny_pipe()("a lighthouse at dusk", steps=STEPS, output="tensor")
+    pipe = tiny_pipe()
+    nan_calls = nan_unet_until_upcast(pipe)
+    remedy_calls = []
+    real_remedy = guard.remedy_unet
+    monkeypatch.setattr(guard, "remedy_unet", lambda *a, **k: remedy_calls.append(1) or real_remedy(*a, **k))
+
+    with pytest.warns(PrecisionFallbackWarning, match="non-finite latents from the UNet .*fp32 attention"):
+        result = run_guarded(pipe, PROMPT, steps=STEPS, output="tensor")
+    assert remedy_calls == [1] and len(nan_calls) > 0
+    assert attention_is_upcast(pipe)
+    assert torch.isfinite(result.latents).all()
+    assert result.guard.remedies == ["unet_fp32_attention"] and result.guard.ok
+    # Same seed, same noise, and fp32 attention is the same arithmetic in an fp32 pipeline: the image it would
+    # have produced without the overflow.
+    assert torch.allclose(result.latents, clean.latents, atol=1e-5)
+    assert (result.image_tensor.int() - clean.image_tensor.int()).abs().max() <= 1
+
+
+def test_nan_image_is_decoded_again_in_fp32(tiny_pipe):
+    clean = tiny_pipe()(PROMPT, steps=STEPS)
+    pipe = tiny_pipe()
+    nan_decode(pipe)
+    with pytest.warns(PrecisionFallbackWarning, match="VAE decoder .*decoded again in fp32"):
+        result = run_guarded(pipe, PROMPT, steps=STEPS)
+    assert result.guard.remedies == ["vae_fp32_decode"] and result.guard.ok
+    assert not attention_is_upcast(pipe)  # the UNet was fine: left alone
+    assert torch.equal(result.image_tensor, clean.image_tensor)
+    assert len(result.images) == 1 and result.images[0].size == (64, 64)
+    assert np.array_equal(np.asarray(result.images[0]), result.image_tensor[0].permute(1, 2, 0).numpy())
+
+
+@pytest.mark.parametrize("inject, message", [
+    (nan_unet_until_upcast, "non-finite latents from the UNet (eager fp32); strict mode: no fp32 fallback"),
+    (nan_decode, "non-finite image from the VAE decoder (eager fp32); strict mode: no fp32 fallback"),
+])
+def test_strict_raises_a_one_line_error_instead(tiny_pipe, inject, message):
+    pipe = tiny_pipe()
+    inject(pipe)
+    with warnings.catch_warnings(record=True) as record, pytest.raises(NonFiniteOutputError) as info:
+        warnings.simplefilter("always")
+        run_guarded(pipe, PROMPT, steps=STEPS, strict=True)
+    assert str(info.value) == message and isinstance(info.value, SdaccelError)
+    assert our_warnings(record) == [] and not attention_is_upcast(pipe)
+
+
+def test_a_remedy_that_does_not_help_is_an_error(tiny_pipe):
+    pipe = tiny_pipe()
+    stage = pipe.stages.unet
+    pipe.stages.unet = lambda *a, **k: stage(*a, **k) * float("nan")  # NaN whatever the attention precision
+    with pytest.warns(PrecisionFallbackWarning), \
+            pytest.raises(NonFiniteOutputError, match="still non-finite with fp32 attention"):
+        run_guarded(pipe, PROMPT, steps=STEPS)
+
+
+def test_black_image_is_flagged(tiny_pipe):
+    pipe = tiny_pipe()
+    pipe.stages.decode = lambda latents: torch.full((latents.shape[0], 3, 64, 64), -1.0)  # -1 decodes to black
+    with pytest.warns(DegenerateImageWarning, match=r"image 0: black \(max value 0 < 8\)"):
+        result = run_guarded(pipe, PROMPT, steps=STEPS)
+    assert result.guard.image_issues and not result.guard.ok and result.guard.failed_component is None
+    with pytest.raises(DegenerateImageError, match="degenerate output"):
+        run_guarded(pipe, PROMPT, steps=STEPS, strict=True)
+
+
+def test_latent_output_checks_latents_only(tiny_pipe):
+    result = run_guarded(tiny_pipe(), PROMPT, steps=STEPS, output="latent")
+    assert result.guard.image_finite is None and result.guard.ok
+
+
+def test_the_pipeline_call_is_guarded(tiny_pipe):
+    """Pipeline.__call__ runs the guard itself: the fallback happens through a plain pipe(...) call."""
+    pipe = tiny_pipe()
+    nan_unet_until_upcast(pipe)
+    with pytest.warns(PrecisionFallbackWarning):
+        result = pipe(PROMPT, steps=STEPS)
+    assert result.guard.remedies == ["unet_fp32_attention"] and torch.isfinite(result.latents).all()
+    assert pipe(PROMPT, steps=STEPS).guard.remedies == []  # the fp32 attention stays: no second fallback
+    assert pipe(PROMPT, steps=STEPS, guard=False).guard is None
