@@ -10,30 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from collections import defaultdict
 
 import torch
 
+from bench_unet import time_call  # same timing method as the engine comparison
 from sdaccel.models import build_synthetic, get_spec
-
-
-def timed(fn, inputs, iters=30, warmup=5) -> dict:
-    for i in range(warmup):
-        fn(*inputs[i % len(inputs)])
-    torch.cuda.synchronize()
-    times = []
-    for i in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(*inputs[i % len(inputs)])
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return {"median_ms": statistics.median(times), "p20_ms": times[len(times) // 5],
-            "p80_ms": times[4 * len(times) // 5]}
 
 
 def kind_of(name: str) -> str:
@@ -115,7 +98,7 @@ def main():
 
     result = {"arch": args.arch, "batch": args.batch, "gpu": torch.cuda.get_device_name(),
               "torch": torch.__version__}
-    result["eager"] = timed(eager, inputs)
+    result["eager"] = time_call(eager, inputs, iters=30, warmup=5)
     print("eager", result["eager"], flush=True)
     result["profile_eager"] = profile_kernels(eager, inputs)
     print(json.dumps({k: result["profile_eager"][k] for k in ("by_kind_ms", "launches_by_kind",
@@ -143,7 +126,7 @@ def main():
         graph.replay()
         return static_out
 
-    result["eager_cudagraph"] = timed(graphed, inputs)
+    result["eager_cudagraph"] = time_call(graphed, inputs, iters=30, warmup=5)
     print("eager+cudagraph", result["eager_cudagraph"], flush=True)
     result["memory_allocated_peak_MB"] = torch.cuda.max_memory_allocated() / 2**20
     if args.out:
