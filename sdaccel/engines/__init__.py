@@ -9,10 +9,11 @@ from .base import Engine, Stages
 from .compile import CompileEngine, use_persistent_cache
 from .eager import EagerEngine
 from .fast import FastEngine
+from .onnxruntime import OnnxRuntimeEngine
 
 use_persistent_cache()
 
-ENGINES: dict[str, type[Engine]] = {cls.name: cls for cls in (EagerEngine, CompileEngine, FastEngine)}
+ENGINES: dict[str, type[Engine]] = {cls.name: cls for cls in (EagerEngine, CompileEngine, FastEngine, OnnxRuntimeEngine)}
 
 
 def register(cls: type[Engine]) -> type[Engine]:

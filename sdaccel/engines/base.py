@@ -38,6 +38,11 @@ class Engine:
     def unavailable_reason(cls, device: torch.device) -> str | None:
         return None
 
+    @classmethod
+    def dtype_unsupported_reason(cls, device: torch.device, dtype: torch.dtype) -> str | None:
+        """Why this engine cannot compute in `dtype` on `device` (None: it can)."""
+        return None
+
     def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
         raise NotImplementedError
 

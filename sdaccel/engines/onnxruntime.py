@@ -101,8 +101,10 @@ class GraphedRunner:
     fold away and every node lands on the CUDA EP), inputs copied into static tensors the graph was captured with,
     outputs cloned because the next replay overwrites them."""
 
-    def __init__(self, path: Path, device: torch.device, notes: list[str], label: str):
+    def __init__(self, path: Path, device: torch.device, notes: list[str], label: str,
+                 input_dims: dict[str, list]):
         self.path, self.device, self.notes, self.label = path, device, notes, label
+        self.input_dims = input_dims  # input name -> dims as the manifest lists them (names for dynamic ones)
         self.entries: dict[tuple, Any] = {}
         self.fallback: SessionRunner | None = None
 
@@ -116,9 +118,9 @@ class GraphedRunner:
                 entry["inputs"][name].copy_(t)
             torch.cuda.current_stream(self.device).synchronize()
             entry["runner"].session.run_with_iobinding(entry["binding"])
-        except ModelLoadError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - capture refused: run this stage without graphs
+        except Exception as exc:  # noqa: BLE001 - graph session or capture refused: run this stage without graphs
+            # (ORT refuses CUDA graphs when any node lands off the CUDA EP; a file that does not load at all fails
+            # again just below, in the plain session, with its own error.)
             first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
             self.notes.append(f"{self.label}: CUDA graph unavailable ({first[:200]}); running without")
             self.entries.clear()
@@ -127,13 +129,11 @@ class GraphedRunner:
         return [t.clone() for t in entry["outputs"].values()]
 
     def _capture(self, key, feeds, shapes) -> dict:
-        probe = SessionRunner(self.path, "cuda", self.device)  # for the symbolic dimension names only
         overrides = {}
-        for arg in probe.session.get_inputs():
-            for dim, value in zip(arg.shape, feeds[arg.name].shape):
+        for name, dims in self.input_dims.items():
+            for dim, value in zip(dims, feeds[name].shape):
                 if isinstance(dim, str):
                     overrides[dim] = int(value)
-        del probe
         runner = SessionRunner(self.path, "cuda", self.device, {"enable_cuda_graph": "1"}, overrides)
         with torch.inference_mode(False):  # static buffers must accept copies outside inference mode too
             inputs = {name: runner.as_input(name, t).clone() for name, t in feeds.items()}
@@ -169,6 +169,12 @@ class OnnxRuntimeEngine(Engine):
             return "onnxruntime has no CUDAExecutionProvider here (install onnxruntime-gpu)"
         return None
 
+    @classmethod
+    def dtype_unsupported_reason(cls, device: torch.device, dtype: torch.dtype) -> str | None:
+        if device.type == "cpu" and dtype == torch.bfloat16:
+            return "onnxruntime's CPU provider has no bfloat16 kernels for these models; use fp32"
+        return None
+
     def options(self) -> dict[str, Any]:
         return {"provider": self._provider_used or self.provider,
                 "folder": str(self.folder) if self.folder else None, "cuda_graph": self.cuda_graph}
@@ -179,8 +185,9 @@ class OnnxRuntimeEngine(Engine):
         provider = resolve_provider(self.provider, device)
         self._provider_used = provider
         precision = _PRECISIONS[dtype]
-        if provider == "cpu" and precision == "bf16":
-            raise UsageError("onnxruntime's CPU provider has no bfloat16 kernels for these models; use fp32")
+        reason = self.dtype_unsupported_reason(torch.device("cpu") if provider == "cpu" else device, dtype)
+        if reason:
+            raise UsageError(reason)
         notes: list[str] = []
         settings = OptimizeSettings(provider=provider, precision=precision)
         folder, manifest, built = ensure_optimized(components, settings, self.folder, log=notes.append)
@@ -189,8 +196,12 @@ class OnnxRuntimeEngine(Engine):
             notes.append("cuda_graph needs the CUDA provider: ignored")
 
         def runner(name: str):
-            path = folder / manifest["components"][name]["file"]
-            return GraphedRunner(path, device, notes, name) if graphs else SessionRunner(path, provider, device)
+            entry = manifest["components"][name]
+            path = folder / entry["file"]
+            if graphs:
+                dims = {k: v["shape"] for k, v in entry["inputs"].items()}
+                return GraphedRunner(path, device, notes, name, dims)
+            return SessionRunner(path, provider, device)
 
         stages = _stages(components, manifest, runner, device)
         stages.info.update(provider=provider, precision=precision, folder=str(folder), built=built,

@@ -112,9 +112,13 @@ def unavailable_reason(engine: str, dtype: str, device) -> str | None:
     """Why (engine, dtype) cannot run on `device`, or None when it can."""
     import torch
 
-    from ..engines import available_engines
+    from ..device import DTYPES
+    from ..engines import ENGINES, available_engines
 
     reason = available_engines(device).get(engine)
+    if reason:
+        return f"engine {engine}: {reason}"
+    reason = ENGINES[engine].dtype_unsupported_reason(device, DTYPES[dtype])
     if reason:
         return f"engine {engine}: {reason}"
     if dtype == "fp16" and device.type != "cuda":

@@ -1,0 +1,140 @@
+"""Stage functions -> ONNX graphs, with the legacy TorchScript exporter (dynamo=False, opset 17).
+
+Why the legacy exporter: its graphs keep the operator patterns onnxruntime.transformers' fusions recognise
+(InstanceNormalization-based GroupNorm, LayerNormalization, Erf-Gelu, Conv), while graphs from the dynamo exporter
+get none of those fusions. Each graph wraps exactly one of sdaccel.models.components' stage functions, so its
+inputs and outputs are the engine stage's own; batch, spatial size and sequence length stay dynamic.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..models.components import Components, text_encoder_fn, unet_fn, vae_decode_fn
+
+OPSET = 17
+PROTOBUF_LIMIT = 2**31 - 1  # one protobuf message (a model without external data) can't exceed 2 GB
+
+
+class TextEncoderGraph(nn.Module):
+    """ids (B, S) int64 -> (hidden (B, S, D), pooled (B, P)): sdaccel's text stage."""
+
+    def __init__(self, encoder: nn.Module, penultimate: bool):
+        super().__init__()
+        self.encoder = encoder  # registered so the exporter names weights after it
+        self.penultimate = penultimate
+
+    def forward(self, input_ids):
+        # Built per call, not stored: a copy of this module (fp32_on_cpu) must run its own weights.
+        return text_encoder_fn(self.encoder, self.penultimate)(input_ids)
+
+
+class UNetGraph(nn.Module):
+    """(sample, timestep (0-d), context[, text_embeds, time_ids]) -> prediction: sdaccel's UNet stage."""
+
+    def __init__(self, unet: nn.Module):
+        super().__init__()
+        self.unet = unet
+
+    def forward(self, sample, timestep, context, text_embeds=None, time_ids=None):
+        return unet_fn(self.unet)(sample, timestep, context, text_embeds, time_ids)
+
+
+class VaeDecoderGraph(nn.Module):
+    """scaled latents -> image in [-1, 1]: sdaccel's decode stage."""
+
+    def __init__(self, vae: nn.Module):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, latents):
+        return vae_decode_fn(self.vae)(latents)
+
+
+@dataclass
+class ComponentGraph:
+    """What to export for one component: the module, example inputs, names and dynamic axes."""
+
+    name: str  # text_encoder, text_encoder_2, unet, vae_decoder
+    module: nn.Module
+    inputs: tuple
+    input_names: list[str]
+    output_names: list[str]
+    dynamic_axes: dict[str, dict[int, str]]
+
+
+def unet_size_multiple(spec) -> int:
+    """Latent sizes the exported UNet accepts are multiples of this: diffusers decides at trace time whether the
+    up-blocks need explicit output sizes (odd sizes), and the traced graph keeps that decision."""
+    return 2 ** (len(spec.unet["block_out_channels"]) - 1)
+
+
+def component_graphs(components: Components) -> list[ComponentGraph]:
+    """Every component of the model, in pipeline order, wrapped for export with small example inputs.
+
+    Tracing runs one forward pass, so the examples are small (a latent of 2x the UNet's size multiple): the graph
+    does not depend on them except through the decision `unet_size_multiple` describes."""
+    spec = components.spec
+    graphs = []
+    batch = 2  # classifier-free guidance batches uncond + cond; any batch works at run time
+    for i, (encoder, te) in enumerate(zip(components.text_encoders, spec.text_encoders)):
+        ids = torch.full((batch, te.config["max_position_embeddings"]), te.config.get("pad_token_id", 1))
+        ids[:, 0], ids[:, -1] = te.config["bos_token_id"], te.config["eos_token_id"]
+        graphs.append(ComponentGraph(
+            "text_encoder" if i == 0 else f"text_encoder_{i + 1}", TextEncoderGraph(encoder, te.penultimate), (ids,),
+            ["input_ids"], ["hidden_states", "pooled"],
+            {"input_ids": {0: "batch", 1: "sequence"}, "hidden_states": {0: "batch", 1: "sequence"},
+             "pooled": {0: "batch"}}))
+    side = 2 * unet_size_multiple(spec)
+    context_dim = spec.unet["cross_attention_dim"]
+    sample = torch.randn(batch, spec.latent_channels, side, side)
+    unet_inputs = [sample, torch.tensor(500.0), torch.randn(batch, 77, context_dim)]
+    names = ["sample", "timestep", "context"]
+    axes = {"sample": {0: "batch", 2: "height", 3: "width"}, "context": {0: "batch", 1: "sequence"},
+            "out_sample": {0: "batch", 2: "height", 3: "width"}}
+    if spec.is_xl:
+        pooled_dim = spec.text_encoders[-1].config["projection_dim"]
+        unet_inputs += [torch.randn(batch, pooled_dim), torch.tensor([[64.0, 64, 0, 0, 64, 64]] * batch)]
+        names += ["text_embeds", "time_ids"]
+        axes.update(text_embeds={0: "batch"}, time_ids={0: "batch"})
+    graphs.append(ComponentGraph("unet", UNetGraph(components.unet), tuple(unet_inputs), names, ["out_sample"], axes))
+    graphs.append(ComponentGraph(
+        "vae_decoder", VaeDecoderGraph(components.vae), (torch.randn(1, spec.latent_channels, side, side),),
+        ["latents"], ["image"],
+        {"latents": {0: "batch", 2: "height", 3: "width"}, "image": {0: "batch", 2: "image_height",
+                                                                      3: "image_width"}}))
+    return graphs
+
+
+def fp32_on_cpu(module: nn.Module) -> nn.Module:
+    """The module itself when it already is fp32 on the CPU, else an fp32 CPU copy: graphs are exported in fp32 and
+    converted afterwards (precision.py), so the conversion, not the exporter, decides what stays fp32."""
+    params = list(module.parameters())
+    if all(p.dtype == torch.float32 and p.device.type == "cpu" for p in params):
+        return module
+    clone = copy.deepcopy(module)
+    nn.Module.to(clone, device="cpu", dtype=torch.float32)
+    return clone
+
+
+def export_graph(graph: ComponentGraph, path: Path) -> float:
+    """Export to `path` (weights beside it when over 2 GB, as the exporter does). Returns seconds taken."""
+    start = time.perf_counter()
+    module = fp32_on_cpu(graph.module).eval()
+    inputs = tuple(t.to("cpu") for t in graph.inputs)
+    with torch.no_grad(), warnings.catch_warnings():
+        # TracerWarnings about shape-dependent Python branches are expected (see unet_size_multiple), and the
+        # legacy exporter's deprecation notice is the reason this module exists.
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, inputs, os.fspath(path), dynamo=False, opset_version=OPSET,
+                          input_names=graph.input_names, output_names=graph.output_names,
+                          dynamic_axes=graph.dynamic_axes, do_constant_folding=True)
+    return time.perf_counter() - start
