@@ -7,6 +7,7 @@ kernels, ONNX Runtime, ...) plugs in without the pipeline changing.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
@@ -28,7 +29,7 @@ class Stages:
     info: dict[str, Any] = field(default_factory=dict)  # what the engine did, for reports (modes, fallbacks)
 
 
-class Engine:
+class Engine(ABC):
     """Subclasses set `name`/`description`, and implement `prepare`; `unavailable_reason` says why one can't run."""
 
     name: ClassVar[str] = ""
@@ -43,8 +44,9 @@ class Engine:
         """Why this engine cannot compute in `dtype` on `device` (None: it can)."""
         return None
 
+    @abstractmethod
     def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
-        raise NotImplementedError
+        """Place/transform the modules and return the stage callables for this dtype and device."""
 
     def options(self) -> dict[str, Any]:
         """The engine's settings, recorded in benchmark rows and PNG metadata."""
