@@ -30,9 +30,10 @@ PY
 echo "engines: $engines -> $out"
 
 # Latency at fixed batch sizes: the table committed with the results.
+# --restart: each engine's start again in a second process, with its on-disk caches warm (the warm-start figure).
 "$PY" -m sdaccel bench --model synthetic:sd15 --height 512 --width 512 --steps 50 --batch-sizes 1,4,8 \
-  --runs 10 --warmup 3 --dtype fp16 --engines "$engines" --compile-mode reduce-overhead --baseline eager \
-  --out "$out"
+  --runs ${RUNS:-5} --warmup 2 --dtype fp16 --engines "$engines" --compile-mode reduce-overhead --baseline eager \
+  --restart --out "$out"
 
 # Max throughput: double the batch until out of memory or < 3% more images/minute (own folder: own plots).
 if [ "${THROUGHPUT:-1}" != 0 ]; then

@@ -30,6 +30,8 @@ def register(subparsers) -> None:
                    help="double the batch from the smallest --batch-sizes until out of memory or <3%% gain")
     p.add_argument("--compile-mode", help="torch.compile mode for the compile engine (default: reduce-overhead on "
                                           "GPU, default on CPU)")
+    p.add_argument("--restart", action="store_true",
+                   help="also time each engine's start in a second fresh process, with its on-disk caches warm")
     p.add_argument("--quality", action="store_true",
                    help="add each engine's PSNR against eager fp32 (same weights, prompt and initial noise)")
     p.set_defaults(func=cmd_bench)
@@ -44,7 +46,7 @@ def config_from_args(args: argparse.Namespace):
         batch_sizes=None if args.batch_sizes is None else parse_int_list(args.batch_sizes, "--batch-sizes"),
         runs=args.runs, warmup=args.warmup, scheduler=args.scheduler, dtype=args.dtype, device=args.device,
         baseline=args.baseline.strip().lower(), out=args.out, throughput=args.throughput,
-        quality=args.quality, compile_mode=args.compile_mode)
+        quality=args.quality, restart=args.restart, compile_mode=args.compile_mode)
 
 
 def cmd_bench(args) -> int:

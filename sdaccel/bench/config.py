@@ -55,6 +55,8 @@ class BenchConfig:
     out: str = "bench-out"
     throughput: bool = False  # double the batch until out of memory or < 3% more images/minute
     quality: bool = False  # add PSNR against eager fp32 (one more image per engine, plus an fp32 reference)
+    restart: bool = False  # time a second process start per engine (compile/Triton/ORT caches now warm)
+    cold_only: bool = False  # worker: stop after the first image (how --restart measures)
     compile_mode: str | None = None
     prompt: str = DEFAULT_PROMPT
     simulate_oom_at_batch: int | None = None  # test hook: batches >= this raise a simulated CUDA OOM in the worker

@@ -137,6 +137,9 @@ def markdown_table(rows: list[dict], baseline: str | None) -> str:
     with_ratio = baseline is not None and any(r["engine"] == baseline for r in rows)
     header = ["engine", "batch", "status", "median s", "p90 s", "min s", "UNet it/s", "images/min", "cold start s",
               "1st-run MB", "2nd-run MB", "1st-run device MB"]
+    with_restart = any(r.get("restart_start_s") is not None for r in rows)
+    if with_restart:
+        header.append("2nd start s")
     with_quality = any(r.get("psnr_vs_fp32_db") is not None for r in rows)
     if with_quality:
         header.append("PSNR vs fp32 dB")
@@ -149,6 +152,8 @@ def markdown_table(rows: list[dict], baseline: str | None) -> str:
                  _fmt(r["latency_min_s"]), _fmt(r["unet_it_s"], 1), _fmt(r["images_per_min"], 1),
                  _fmt(r["cold_start_s"], 1), _fmt(r["first_run_memory_MB"], 0), _fmt(r["second_run_memory_MB"], 0),
                  _fmt(r["first_run_device_MB"], 0)]
+        if with_restart:
+            cells.append(_fmt(r.get("restart_start_s"), 1))
         if with_quality:
             cells.append(_fmt(r.get("psnr_vs_fp32_db"), 2))
         if with_ratio:

@@ -16,6 +16,8 @@ COLUMNS: tuple[str, ...] = (
     "batch_size", "mode",
     # cold start: load + engine prepare + first image at `cold_start_batch`, in a fresh process
     "cold_start_s", "cold_load_s", "cold_first_image_s", "cold_start_batch",
+    # --restart: the same cold start in a second fresh process, with the on-disk caches the first one left
+    "restart_start_s",
     # untimed runs at this batch size: the first one (for the first batch size, the cold-start image) and warm-ups
     "first_run_s", "warmup_s",
     # memory: see `memory_source`; the *_device_MB figures are device-wide used memory above `baseline_device_MB`

@@ -178,6 +178,9 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
                 cold_start_batch=first_batch)
     log(f"[{engine}] cold start {load_s + first.wall_s:.2f} s (load + prepare {load_s:.2f} s, "
         f"first image {first.wall_s:.2f} s at batch {first_batch})")
+    if cfg.cold_only:
+        return dict(engine=engine, status="ok", error=None, rows=[new_row(**base, status="ok", timestamp=now_iso())],
+                    throughput=None)
     summary = None
     if cfg.throughput:
         rows, summary = throughput_rows(pipe, cfg, probe, base, first, first_batch)

@@ -1,4 +1,4 @@
-"""`sdaccel bench --quality`: each engine's PSNR against eager fp32 from the same weights and initial noise."""
+"""Optional bench columns: `--quality` (PSNR against eager fp32) and `--restart` (a second process start)."""
 
 import math
 
@@ -32,3 +32,11 @@ def test_infinite_psnr_is_strict_json_and_in_the_table(tmp_path):
     payload = json.loads(path.read_text(), parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
     assert payload["rows"][0]["psnr_vs_fp32_db"] == "inf"
     assert "PSNR vs fp32 dB" in (tmp_path / "table.md").read_text() and rows
+
+
+def test_restart_times_a_second_start_per_engine(tmp_path):
+    rows = run_bench(BenchConfig(engines=("eager",), restart=True, out=str(tmp_path), **TINY), isolate=False,
+                     log=lambda line: None)
+    (row,) = rows
+    assert row["status"] == "ok" and row["restart_start_s"] > 0 and row["cold_start_s"] > 0
+    assert "2nd start s" in (tmp_path / "table.md").read_text()
