@@ -28,8 +28,8 @@ def remedy_unet(components: Components, stages=None) -> dict[str, int]:
     """Switch every attention layer of the UNet to fp32 attention, in place and for good (the overflow would come
     back on the next prompt). Returns {"upcast": n switched, "kept": n with a processor left as it was}.
 
-    Sets `upcast_attention` / `upcast_softmax` on each Attention (honoured by diffusers' legacy processor and by
-    the fast engine's fused attention) and installs UpcastAttnProcessor (AttnProcessor2_0, the default, ignores
+    Sets `upcast_attention` / `upcast_softmax` on each Attention (honoured by diffusers' legacy processor), turns
+    on the fast engine's fp32 attention, and installs UpcastAttnProcessor (AttnProcessor2_0, the default, ignores
     those flags). Pass the pipeline's `stages` so that captured CUDA graphs are dropped and recaptured with the
     new attention; torch.compile notices the changed processor through its guards and recompiles.
     """
@@ -43,6 +43,11 @@ def remedy_unet(components: Components, stages=None) -> dict[str, int]:
             counts["upcast"] += 1
         else:
             counts["kept"] += 1
+    # The fast engine's fused attention bypasses processors: it has its own fp32 switch.
+    for module in components.unet.modules():
+        if type(module).__name__ == "FusedAttention":
+            module.fp32 = True
+            counts["upcast"] += 1
     if stages is not None:
         drop_captured_graphs(stages)
     return counts

@@ -98,3 +98,13 @@ def test_fp32_attention_exception_and_bad_options():
         FastEngine(fp32_ops=["softmax_everything"])
     with pytest.raises(sdaccel.UsageError, match="attention must be auto or sdpa"):
         FastEngine(attention="flash3")
+
+
+def test_guard_remedy_switches_fused_attention_to_fp32():
+    from sdaccel.quality.remedies import remedy_unet
+
+    engine = FastEngine(allow_cpu=True)
+    pipe = sdaccel.Pipeline(build_synthetic(get_spec("sd15-tiny")), engine=engine)
+    counts = remedy_unet(pipe.components, pipe.stages)
+    fused = [m for m in pipe.components.unet.modules() if type(m).__name__ == "FusedAttention"]
+    assert fused and all(m.fp32 for m in fused) and counts["upcast"] >= len(fused)
