@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -112,15 +111,16 @@ def png_parameters(params: dict, index: int) -> str:
 def save_images(result, out_dir: Path, stem: str = "image") -> list[Path]:
     from PIL.PngImagePlugin import PngInfo
 
+    from .atomic import atomic_path
+
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for i, image in enumerate(result.images):
         meta = PngInfo()
         meta.add_text("parameters", png_parameters(result.params, i))
         path = out_dir / f"{stem}-{result.params['seed']}-{i:02d}.png"
-        tmp = path.with_suffix(".png.tmp")
-        image.save(tmp, format="PNG", pnginfo=meta)
-        os.replace(tmp, path)  # never a half-written PNG under the final name
+        with atomic_path(path) as tmp:  # never a half-written PNG under the final name
+            image.save(tmp, format="PNG", pnginfo=meta)
         paths.append(path)
     return paths
 

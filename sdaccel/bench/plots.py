@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from .report import atomic_write_bytes
+from ..atomic import write_bytes
 
 
 def _pyplot():
@@ -101,7 +101,7 @@ def write_plots(rows: list[dict], out: Path, title: str) -> list[Path]:
             buffer = io.BytesIO()
             fig.savefig(buffer, format=fmt, dpi=120)
             path = Path(out) / f"{name}.{fmt}"
-            atomic_write_bytes(path, buffer.getvalue())
+            write_bytes(path, buffer.getvalue())
             paths.append(path)
         plt.close(fig)
     return paths

@@ -9,29 +9,16 @@ import csv
 import io
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
+from ..atomic import write_text
 from ..errors import UsageError
 from .schema import COLUMNS, LIST_COLUMNS
 
 CSV_NAME = "results.csv"
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 # ---------------------------------------------------------------------------------------------------- CSV
@@ -73,7 +60,7 @@ def append_csv(path: Path, rows: list[dict]) -> None:
         writer.writerow(COLUMNS)
     for row in rows:
         writer.writerow([csv_cell(row.get(name)) for name in COLUMNS])
-    atomic_write_text(path, existing + buffer.getvalue())
+    write_text(path, existing + buffer.getvalue())
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -102,7 +89,7 @@ def _json_safe(value: Any) -> Any:
 
 
 def write_json(path: Path, payload: dict) -> None:
-    atomic_write_text(path, json.dumps(_json_safe(payload), indent=2, sort_keys=False, allow_nan=False) + "\n")
+    write_text(path, json.dumps(_json_safe(payload), indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------------- ratios

@@ -20,7 +20,8 @@ from typing import Callable
 from .config import BenchConfig
 from .memory import SOURCE_DESCRIPTIONS
 from .plots import write_plots
-from .report import CSV_NAME, add_speedups, append_csv, atomic_write_text, check_csv_header, markdown_table, \
+from ..atomic import write_text
+from .report import CSV_NAME, add_speedups, append_csv, check_csv_header, markdown_table, \
     write_json
 from .schema import new_row
 
@@ -109,7 +110,7 @@ def run_bench(config: BenchConfig, *, isolate: bool = True, log: Callable[[str],
     report = f"{title}\n\n{markdown_table(rows, cfg.baseline)}\n\nmemory: {memory_note}\n"
     written = [out / CSV_NAME]
     append_csv(out / CSV_NAME, rows)
-    atomic_write_text(out / "table.md", report)
+    write_text(out / "table.md", report)
     written.append(out / "table.md")
     try:
         written += write_plots(rows, out, title)

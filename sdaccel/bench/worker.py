@@ -214,7 +214,7 @@ def psnr_after_timing(pipe, cfg: BenchConfig, batch: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .report import atomic_write_text
+    from ..atomic import write_text
 
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     request = json.loads(Path(argv[0]).read_text())
     result = measure_engine(BenchConfig.from_dict(request["config"]), request["engine"])
-    atomic_write_text(Path(argv[1]), json.dumps(result))
+    write_text(Path(argv[1]), json.dumps(result))
     return 0
 
 

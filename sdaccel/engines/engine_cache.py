@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
+
+from ..atomic import write_text
 
 FORMAT = 1
 
@@ -81,12 +81,4 @@ class EngineCache:
             return {}
 
     def save(self, data: dict) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=self.path.name, suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"key": self.key, "data": data}, f, indent=1, sort_keys=True)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_text(self.path, json.dumps({"key": self.key, "data": data}, indent=1, sort_keys=True))

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import torch
 
+from ..atomic import write_text
 from ..errors import ModelLoadError
 
 FORMAT_VERSION = 1  # bump when what optimize.py writes changes meaning
@@ -79,9 +79,7 @@ def file_facts(path: Path) -> dict:
 
 
 def write_manifest(folder: Path, manifest: dict) -> None:
-    tmp = folder / (MANIFEST_NAME + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, folder / MANIFEST_NAME)
+    write_text(folder / MANIFEST_NAME, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
 def read_manifest(folder: Path) -> dict:

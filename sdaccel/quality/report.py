@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .atomic import write_text
+from ..atomic import write_text
 
 SUMMARY_COLUMNS = ("engine", "dtype", "status", "finite", "final_rel_err", "psnr_db", "ssim", "max_abs_diff",
                    "note")

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .atomic import atomic_path
+from ..atomic import atomic_path
 
 DIFF_GAIN = 10
 MIN_FRAME_HEIGHT = 256  # small (tiny-model) images are enlarged, pixel-exact, to at least this in the GIF

@@ -26,7 +26,11 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             tmp.unlink()
 
 
-def write_text(path: str | Path, text: str) -> Path:
+def write_bytes(path: str | Path, data: bytes) -> Path:
     with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_bytes(data)
     return Path(path)
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    return write_bytes(path, text.encode("utf-8"))
