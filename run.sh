@@ -21,7 +21,7 @@ setup() {
 
 case "${1:-}" in
   bench)
-    setup plots
+    setup plots,onnx
     shift
     if "$PY" -m sdaccel bench --help >/dev/null 2>&1; then
       exec "$PY" -m sdaccel bench "$@"
