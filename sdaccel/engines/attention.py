@@ -1,31 +1,67 @@
-"""Attention through the fastest correct SDPA backend for each shape, chosen on this machine.
+"""Attention through the fastest correct kernel for each shape, chosen on this machine.
 
-PyTorch ships several fused attention kernels (FlashAttention-2, cuDNN's, memory-efficient/CUTLASS); which is
-fastest depends on head dim (SD1.5 uses 40/80/160, SD2/SDXL 64), sequence lengths and the GPU. The first call with
-a new shape times each backend that accepts it, checks it against the others' result (a backend that disagrees is
-dropped: correctness first), and remembers the winner. All fused backends keep the softmax in fp32, which is what
-SD2.1's "attention upcast" needs to stay finite in fp16.
+Candidates: PyTorch's fused SDPA backends (cuDNN, FlashAttention-2, memory-efficient/CUTLASS) and, when the
+`flash_attn` package is installed, its kernel. Which is fastest depends on head dim (SD1.5 uses 40/80/160,
+SD2/SDXL 64), sequence lengths and the GPU. The first call with a new shape times each candidate that accepts it,
+checks it against the others' result (one that disagrees is dropped: correctness first), and remembers the winner
+by name, so the engine cache can store it. All of them keep the softmax in fp32, which is what SD2.1's "attention
+upcast" needs to stay finite in fp16.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
-_CHOICE: dict[str, object] = {}
+Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (B, H, L, d) q, k, v -> (B, H, L, d)
+
+DEFAULT = "default"  # PyTorch's own SDPA dispatch
+_CHOICE: dict[str, str] = {}  # shape key -> candidate name
 _AUTOTUNE = [True]  # process-wide: one engine per process is the norm (the benchmark uses fresh processes)
 
 
 def set_autotune(enabled: bool) -> None:
-    """False: leave the backend choice to PyTorch's dispatcher (the ablation baseline)."""
+    """False: leave the choice to PyTorch's dispatcher (the ablation baseline)."""
     _AUTOTUNE[0] = enabled
 
 
-def _backends():
+def _sdpa_backend(name: str) -> Kernel:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, name)
+
+    def run(q, k, v):
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    return run
+
+
+def _flash_attn_package() -> Kernel | None:
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError:
+        return None
+
+    def run(q, k, v):
+        # flash_attn takes (B, L, H, d): our q/k/v are transposed views of exactly that memory, so no copy.
+        return flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+    return run
+
+
+def candidates() -> dict[str, Kernel]:
+    """Every kernel this machine offers, by name."""
     from torch.nn.attention import SDPBackend
 
-    names = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
-    return [getattr(SDPBackend, n) for n in names if hasattr(SDPBackend, n)]
+    found = {name: _sdpa_backend(name) for name in ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
+             if hasattr(SDPBackend, name)}
+    package = _flash_attn_package()
+    if package is not None:
+        found["FLASH_ATTN_PACKAGE"] = package
+    return found
 
 
 def _key(q: torch.Tensor, k: torch.Tensor) -> str:
@@ -34,7 +70,7 @@ def _key(q: torch.Tensor, k: torch.Tensor) -> str:
     return f"q{list(q.shape)} k{list(k.shape)} {str(q.dtype).removeprefix('torch.')}{'' if dense else ' strided'}"
 
 
-def _time_ms(fn, iters: int = 10) -> float:
+def cuda_time_ms(fn, iters: int = 10) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     fn()
     start.record()
@@ -45,27 +81,29 @@ def _time_ms(fn, iters: int = 10) -> float:
     return start.elapsed_time(end) / iters
 
 
-def pick_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """Time every fused backend on these inputs; keep the fastest whose output matches the consensus."""
-    from torch.nn.attention import sdpa_kernel
-
+def pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernels: dict[str, Kernel],
+         time_ms: Callable[[Callable[[], torch.Tensor]], float] = cuda_time_ms) -> str:
+    """The fastest kernel whose output matches the first working one's; DEFAULT when none works."""
     results = {}
-    for backend in _backends():
+    for name, kernel in kernels.items():
         try:
-            with sdpa_kernel([backend]):
-                out = F.scaled_dot_product_attention(q, k, v)
-                ms = _time_ms(lambda: F.scaled_dot_product_attention(q, k, v))
-        except RuntimeError:  # backend does not accept this shape/dtype/GPU
+            out = kernel(q, k, v)
+            ms = time_ms(lambda: kernel(q, k, v))
+        except (RuntimeError, ValueError):  # this kernel does not accept the shape/dtype/GPU
             continue
         if torch.isfinite(out).all():
-            results[backend] = (ms, out)
+            results[name] = (ms, out)
     if not results:
-        return None
+        return DEFAULT
     reference = next(iter(results.values()))[1].float()
     tol = 2e-2 if q.dtype in (torch.float16, torch.bfloat16) else 1e-4
-    good = {b: ms for b, (ms, out) in results.items()
-            if (out.float() - reference).abs().max().item() <= tol * max(1.0, reference.abs().max().item())}
-    return min(good, key=good.get) if good else None
+    scale = max(1.0, reference.abs().max().item())
+    good = {name: ms for name, (ms, out) in results.items()
+            if (out.float() - reference).abs().max().item() <= tol * scale}
+    return min(good, key=good.get) if good else DEFAULT
+
+
+_KERNELS: dict[str, Kernel] = {}
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, upcast: bool = False) -> torch.Tensor:
@@ -76,32 +114,23 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, upcast: bool = 
         return F.scaled_dot_product_attention(q, k, v)
     if not _AUTOTUNE[0]:
         return F.scaled_dot_product_attention(q, k, v)
+    if not _KERNELS:
+        _KERNELS.update(candidates())
     key = _key(q, k)
     if key not in _CHOICE:
-        if torch.cuda.is_current_stream_capturing():
-            _CHOICE[key] = None  # never time inside a CUDA-graph capture: use PyTorch's own dispatch
-        else:
-            _CHOICE[key] = pick_backend(q, k, v)
-    backend = _CHOICE[key]
-    if backend is None:
-        return F.scaled_dot_product_attention(q, k, v)
-    from torch.nn.attention import sdpa_kernel
-
-    with sdpa_kernel([backend]):
-        return F.scaled_dot_product_attention(q, k, v)
+        # Never time inside a CUDA-graph capture: fall back to PyTorch's own dispatch there.
+        _CHOICE[key] = DEFAULT if torch.cuda.is_current_stream_capturing() else pick(q, k, v, _KERNELS)
+    kernel = _KERNELS.get(_CHOICE[key])
+    return F.scaled_dot_product_attention(q, k, v) if kernel is None else kernel(q, k, v)
 
 
 def chosen_backends() -> dict[str, str]:
-    """What was picked per shape ("default" = PyTorch's own dispatch), for reports and the engine cache."""
-    return {k: getattr(b, "name", "default") for k, b in _CHOICE.items()}
+    """What was picked per shape (DEFAULT = PyTorch's own dispatch), for reports and the engine cache."""
+    return dict(_CHOICE)
 
 
 def restore_backends(choices: dict[str, str]) -> None:
-    """Take earlier picks (from the engine cache) instead of timing again; unknown names are ignored."""
-    from torch.nn.attention import SDPBackend
-
-    for key, name in choices.items():
-        if name == "default":
-            _CHOICE[key] = None
-        elif hasattr(SDPBackend, name):
-            _CHOICE[key] = getattr(SDPBackend, name)
+    """Take earlier picks (from the engine cache) instead of timing again; names this machine lacks are ignored
+    (that shape is timed again)."""
+    known = set(candidates()) | {DEFAULT}
+    _CHOICE.update({key: name for key, name in choices.items() if name in known})
