@@ -17,7 +17,8 @@ fi
 # "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 | tr '[:upper:]' '[:lower:]' \
        | tr -cs 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')
-out="benchmarks/results/${card}-$(date -u +%Y-%m-%d)"
+# OUT_DIR overrides (on the lent GPU machine only files under $OUT come back: OUT_DIR=$OUT/<card>-<date>).
+out=${OUT_DIR:-"benchmarks/results/${card}-$(date -u +%Y-%m-%d)"}
 
 # Every engine available on this GPU, eager first; ENGINES overrides.
 engines=${ENGINES:-$("$PY" - <<'PY'
