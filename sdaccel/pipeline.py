@@ -80,6 +80,10 @@ class Pipeline:
 
     # ------------------------------------------------------------------------------------------------ pieces
 
+    def refresh_weights(self) -> dict[str, int]:
+        """Call after changing the model's weights (e.g. fusing a LoRA into them) so every engine uses them."""
+        return self.engine.refresh_weights(self.components)
+
     def scheduler(self, name: str | None = None):
         key = canonical(name or self.spec.default_scheduler)
         if key not in self._schedulers:

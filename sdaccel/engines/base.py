@@ -29,6 +29,30 @@ class Stages:
     info: dict[str, Any] = field(default_factory=dict)  # what the engine did, for reports (modes, fallbacks)
 
 
+def weight_storages(components: Components) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+    """Every parameter with the tensor it holds now: the memory that stages (and graphs captured from them) read."""
+    return [(p, p.data) for m in components.modules() for p in m.parameters()]
+
+
+def restore_weight_storages(pairs: list[tuple[torch.nn.Parameter, torch.Tensor]]) -> int:
+    """Weights replaced since `weight_storages` (`param.data = merged`, as a LoRA fuse does) are copied into the
+    recorded memory and the parameter points at it again: captured graphs see the new values, no recapture.
+    Returns how many were copied."""
+    from ..errors import UsageError
+
+    copied = 0
+    with torch.no_grad():
+        for param, storage in pairs:
+            if param.data.data_ptr() == storage.data_ptr():
+                continue  # unchanged, or changed in place: already visible
+            if param.data.shape != storage.shape:
+                raise UsageError("a weight changed shape after the engine was prepared: load a new pipeline")
+            storage.copy_(param.data)
+            param.data = storage
+            copied += 1
+    return copied
+
+
 class Engine(ABC):
     """Subclasses set `name`/`description`, and implement `prepare`; `unavailable_reason` says why one can't run."""
 
@@ -47,6 +71,12 @@ class Engine(ABC):
     @abstractmethod
     def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
         """Place/transform the modules and return the stage callables for this dtype and device."""
+
+    def refresh_weights(self, components: Components) -> dict[str, int]:
+        """Make prepared stages use weights the caller changed after prepare() (a LoRA fused in or out, a swapped
+        fine-tune of the same architecture). Engines that read the modules' weights at every call need nothing:
+        this default does nothing. Returns what was updated, by kind."""
+        return {}
 
     def options(self) -> dict[str, Any]:
         """The engine's settings, recorded in benchmark rows and PNG metadata."""

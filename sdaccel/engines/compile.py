@@ -13,7 +13,7 @@ import torch
 
 from ..errors import UsageError
 from ..models.components import Components
-from .base import Engine, Stages
+from .base import Engine, Stages, restore_weight_storages, weight_storages
 from .eager import cast_stages, place_modules
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -43,6 +43,11 @@ class CompileEngine(Engine):
         self.fullgraph = fullgraph
         self.channels_last = channels_last
         self._mode_used: str | None = None
+        self._weights: list = []
+
+    def refresh_weights(self, components: Components) -> dict[str, int]:
+        """Compiled graphs take the weights as inputs at their recorded addresses: copy replaced ones back."""
+        return {"copied": restore_weight_storages(self._weights)}
 
     def options(self):
         return {"mode": self._mode_used or self.mode or "auto", "fullgraph": self.fullgraph}
@@ -52,6 +57,7 @@ class CompileEngine(Engine):
         mode = self.mode or ("reduce-overhead" if device.type == "cuda" else "default")
         self._mode_used = mode
         place_modules(components, dtype, device, self.channels_last)
+        self._weights = weight_storages(components)
         eager = cast_stages(components, dtype)
         unet = torch.compile(eager.unet, mode=mode, fullgraph=self.fullgraph, dynamic=False)
         decode = torch.compile(eager.decode, mode=mode, fullgraph=self.fullgraph, dynamic=False)

@@ -21,7 +21,7 @@ import torch
 from ..errors import UsageError
 from ..models.components import Components
 from .attention import chosen_backends, restore_backends, set_autotune
-from .base import Engine, Stages
+from .base import Engine, Stages, restore_weight_storages, weight_storages
 from .compile import cache_root
 from .engine_cache import EngineCache, environment, weights_digest
 from .eager import cast_stages, place_modules
@@ -57,6 +57,7 @@ class FastEngine(Engine):
         self.allow_cpu = allow_cpu  # tests: run the same module rewrite with the kernels' torch references
         self.fusion_counts: dict[str, int] = {}
         self.cache: EngineCache | None = None
+        self._weights: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
@@ -67,6 +68,19 @@ class FastEngine(Engine):
         except ImportError:
             return "needs the triton package"
         return None
+
+    def refresh_weights(self, components: Components) -> dict[str, int]:
+        """Weights replaced after prepare (e.g. `param.data = merged` by a LoRA fuse) are copied back into the
+        storage the captured CUDA graphs read, and packed QKV/KV weights are rebuilt in place: no recapture."""
+        from .fused_modules import FusedAttention
+
+        copied = restore_weight_storages(self._weights)
+        packed = 0
+        for module in components.unet.modules():
+            if isinstance(module, FusedAttention):
+                module.refresh()
+                packed += 1
+        return {"copied": copied, "packed_attention": packed}
 
     def save_cache(self) -> None:
         if self.cache is not None:
@@ -95,6 +109,8 @@ class FastEngine(Engine):
                 counts[f"vae_{key}"] = value
             self.fusion_counts = counts
         set_autotune(self.attention == "auto")
+        # The tensors the stages (and graphs captured from them) read: refresh_weights copies new values into them.
+        self._weights = weight_storages(components)
         stages = cast_stages(components, dtype)
         if not (self.cuda_graphs and device.type == "cuda"):
             return Stages(stages.text_encoders, stages.unet, stages.decode,

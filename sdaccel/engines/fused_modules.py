@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import UsageError
 from ..kernels import bias_add, geglu, group_norm, layer_norm
 from .attention import attention
 
@@ -65,6 +66,8 @@ class FusedAttention(nn.Module):
         self.heads = attn.heads
         self.is_cross = attn.is_cross_attention
         q, k, v = attn.to_q, attn.to_k, attn.to_v
+        if not all(type(layer) is nn.Linear for layer in (q, k, v)):
+            raise UsageError("attention projections are wrapped (LoRA adapters loaded?): fuse them first")
         if self.is_cross:
             packed = torch.cat([k.weight, v.weight], 0)
             k.weight.data, v.weight.data = packed[: k.out_features], packed[k.out_features:]
@@ -74,6 +77,33 @@ class FusedAttention(nn.Module):
             q.weight.data, k.weight.data, v.weight.data = packed[:n], packed[n:2 * n], packed[2 * n:]
         # A buffer, not a parameter: state_dict() keeps showing the original to_q/to_k/to_v views.
         self.register_buffer("packed_weight", packed, persistent=False)
+
+    def _projections(self) -> list[nn.Linear]:
+        names = ("to_k", "to_v") if self.is_cross else ("to_q", "to_k", "to_v")
+        layers = []
+        for name in names:
+            layer = getattr(self.attn, name)
+            base = getattr(layer, "base_layer", None)  # a PEFT LoRA wrapper around the original Linear
+            if base is not None:
+                if not getattr(layer, "merged", False) and getattr(layer, "active_adapters", None):
+                    raise UsageError("LoRA adapters must be fused into the weights (pipe.fuse_lora()) before "
+                                     "refresh_weights(): the fast engine's packed projections do not run "
+                                     "unfused adapters")
+                layer = base
+            layers.append(layer)
+        return layers
+
+    def refresh(self) -> None:
+        """Copy the current q/k/v weights into the packed weight, in place (its address, which captured CUDA
+        graphs read, stays), and make them views of it again. For weights changed after fusion (LoRA fuse)."""
+        layers = self._projections()
+        with torch.no_grad():
+            self.packed_weight.copy_(torch.cat([layer.weight for layer in layers], 0))
+        start = 0
+        for layer in layers:
+            rows = layer.weight.shape[0]
+            layer.weight.data = self.packed_weight[start:start + rows]
+            start += rows
 
     @staticmethod
     def supports(attn: nn.Module) -> bool:

@@ -108,3 +108,43 @@ def test_guard_remedy_switches_fused_attention_to_fp32():
     counts = remedy_unet(pipe.components, pipe.stages)
     fused = [m for m in pipe.components.unet.modules() if type(m).__name__ == "FusedAttention"]
     assert fused and all(m.fp32 for m in fused) and counts["upcast"] >= len(fused)
+
+
+def test_refresh_weights_after_a_lora_style_merge():
+    """A LoRA fuse assigns new weight tensors (param.data = merged): refresh_weights puts them where the fused
+    blocks (and captured graphs) read, keeping every storage address."""
+    engine = FastEngine(allow_cpu=True)
+    fast = sdaccel.Pipeline(build_synthetic(get_spec("sd15-tiny")), engine=engine)
+    eager = sdaccel.Pipeline(build_synthetic(get_spec("sd15-tiny")), engine="eager")
+    block = fast.components.unet.down_blocks[0].attentions[0].blocks[0]
+    packed_at = block.attn1.packed_weight.data_ptr()
+    for pipe in (fast, eager):  # the same "LoRA" delta merged into both, by assignment as diffusers does
+        gen = torch.Generator().manual_seed(0)
+        for name, p in pipe.components.unet.named_parameters():
+            if "attn1.to_q.weight" in name or "ff.net.2.weight" in name:
+                p.data = p.data + 0.05 * torch.randn(p.shape, generator=gen)
+    stale = fast("a cat", steps=2, scheduler="ddim", output="latent").latents
+    counts = fast.refresh_weights()
+    assert counts["copied"] >= 2 and counts["packed_attention"] == 8  # self- and cross-attention of 4 blocks
+    assert block.attn1.packed_weight.data_ptr() == packed_at
+    fresh = fast("a cat", steps=2, scheduler="ddim", output="latent").latents
+    reference = eager("a cat", steps=2, scheduler="ddim", output="latent").latents
+    torch.testing.assert_close(fresh, reference, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(stale, reference, atol=1e-4)  # without the refresh the q change was ignored
+
+
+def test_refresh_refuses_unfused_lora_adapters():
+    engine = FastEngine(allow_cpu=True)
+    pipe = sdaccel.Pipeline(build_synthetic(get_spec("sd15-tiny")), engine=engine)
+    attn = pipe.components.unet.down_blocks[0].attentions[0].model.transformer_blocks[0].attn1
+
+    class AdapterWrapper(torch.nn.Module):  # the shape of a PEFT LoRA layer with an unmerged adapter
+        def __init__(self, base):
+            super().__init__()
+            self.base_layer, self.merged, self.active_adapters = base, False, ["style"]
+
+    attn.to_q = AdapterWrapper(attn.to_q)
+    with pytest.raises(sdaccel.UsageError, match="must be fused into the weights"):
+        pipe.refresh_weights()
+    attn.to_q.merged = True  # after pipe.fuse_lora(): the base layer holds the merged weight
+    assert pipe.refresh_weights()["packed_attention"] == 8
