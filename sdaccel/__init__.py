@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 from .errors import EngineUnavailableError, ModelLoadError, SdaccelError, UsageError
 
-__all__ = ["__version__", "accelerate", "load", "Pipeline", "SdaccelError", "UsageError", "ModelLoadError",
+__all__ = ["__version__", "accelerate", "load", "refresh_weights", "Pipeline", "SdaccelError", "UsageError", "ModelLoadError",
            "EngineUnavailableError"]
 
 
@@ -40,6 +40,15 @@ def accelerate(pipe, engine="eager", dtype=None, **engine_options):
     from .diffusers_integration import accelerate as _accelerate
 
     return _accelerate(pipe, engine=engine, dtype=dtype, **engine_options)
+
+
+def refresh_weights(pipe) -> dict:
+    """After changing weights (e.g. fusing a LoRA) of an sdaccel Pipeline or an accelerated diffusers pipeline."""
+    if hasattr(pipe, "engine") and hasattr(pipe, "components"):
+        return pipe.refresh_weights()
+    from .diffusers_integration import refresh_weights as _refresh
+
+    return _refresh(pipe)
 
 
 def __getattr__(name):

@@ -71,5 +71,14 @@ def accelerate(pipe, engine="eager", dtype=None, **engine_options: Any):
     unet.forward = forward
     vae.decode = decode
     pipe._sdaccel_engine = eng
+    pipe._sdaccel_components = components
     pipe._sdaccel_originals = (original_forward, original_decode)
     return pipe
+
+
+def refresh_weights(pipe) -> dict[str, int]:
+    """After pipe.fuse_lora() (or any weight change) on an accelerated diffusers pipeline: let the engine see it."""
+    engine = getattr(pipe, "_sdaccel_engine", None)
+    if engine is None:
+        raise UsageError("this pipeline was not accelerated by sdaccel.accelerate()")
+    return engine.refresh_weights(pipe._sdaccel_components)

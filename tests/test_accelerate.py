@@ -43,3 +43,11 @@ def test_accelerate_twice_is_refused(tokenizer_dir):
     sdaccel.accelerate(pipe)
     with pytest.raises(UsageError, match="already accelerated"):
         sdaccel.accelerate(pipe, engine="compile")
+
+
+def test_refresh_weights_on_an_accelerated_diffusers_pipeline(tokenizer_dir):
+    pipe = diffusers_pipeline("sd15-tiny", tokenizer_dir)
+    with pytest.raises(UsageError, match="not accelerated"):
+        sdaccel.refresh_weights(pipe)
+    sdaccel.accelerate(pipe, engine="eager")
+    assert sdaccel.refresh_weights(pipe) == {}  # eager reads the weights at every call: nothing to do
