@@ -148,3 +148,19 @@ def test_refresh_refuses_unfused_lora_adapters():
         pipe.refresh_weights()
     attn.to_q.merged = True  # after pipe.fuse_lora(): the base layer holds the merged weight
     assert pipe.refresh_weights()["packed_attention"] == 8
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["fast", "compile"])
+def test_refresh_weights_reaches_captured_cuda_graphs(engine):
+    """Under CUDA graphs a replaced weight is invisible until refresh_weights copies it into the captured memory."""
+    graphed = sdaccel.load("synthetic:sd15-tiny", engine=engine, device="cuda", dtype="fp16")
+    eager = sdaccel.load("synthetic:sd15-tiny", engine="eager", device="cuda", dtype="fp16")
+    graphed("a cat", steps=2, scheduler="ddim", output="latent")  # capture / compile first
+    for pipe in (graphed, eager):
+        weight = pipe.components.unet.conv_in.weight
+        weight.data = weight.data * 1.5
+    reference = eager("a cat", steps=2, scheduler="ddim", output="latent").latents
+    assert graphed.refresh_weights()["copied"] == 1
+    fresh = graphed("a cat", steps=2, scheduler="ddim", output="latent").latents
+    assert ((fresh - reference).norm() / reference.norm()) < 1e-2
