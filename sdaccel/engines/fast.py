@@ -18,7 +18,7 @@ import os
 
 import torch
 
-from ..errors import UsageError
+from ..errors import EngineUnavailableError, UsageError
 from ..models.components import Components
 from .attention import chosen_backends, restore_backends, set_autotune
 from .base import Engine, Stages, restore_weight_storages, weight_storages
@@ -92,7 +92,7 @@ class FastEngine(Engine):
 
     def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
         if device.type != "cuda" and not self.allow_cpu:
-            raise RuntimeError("the fast engine needs a CUDA GPU")
+            raise EngineUnavailableError("the fast engine needs a CUDA GPU")
         _use_persistent_triton_cache()
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # pick conv algorithms per shape during warm-up
