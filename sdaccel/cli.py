@@ -33,8 +33,6 @@ def _add_model_args(p: argparse.ArgumentParser, default_model: str | None = None
     p.add_argument("--fp32-ops", help="fast engine: comma-separated ops kept in fp32 (attention)")
 
 
-def _default_model(device) -> str:
-    return "synthetic:sd15" if device.type == "cuda" else "synthetic:sd15-tiny"
 
 
 def engine_options(engine: str, args) -> dict:
@@ -138,7 +136,9 @@ def cmd_generate(args) -> int:
         canonical(args.scheduler)
     device = resolve_device(args.device)
     get_engine(args.engine, device, **engine_options(args.engine, args))
-    model = args.model or _default_model(device)
+    from .models.registry import default_model
+
+    model = args.model or default_model(device.type)
     pipe = sdaccel.load(model, engine=args.engine, dtype=args.dtype, device=device, arch=args.arch,
                         seed=args.seed, **engine_options(args.engine, args))
     if pipe.components.synthetic:

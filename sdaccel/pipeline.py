@@ -52,6 +52,13 @@ def validate_request(steps, height, width, batch_size: int = 1, guidance: float 
         raise UsageError(f"guidance must be >= 0, got {guidance}")
 
 
+def initial_noise(spec, height: int, width: int, seed: int, batch: int = 1) -> torch.Tensor:
+    """The starting latents for `seed`: drawn on the CPU, so the same seed gives the same start on every device."""
+    scale = spec.vae_scale
+    shape = (batch, spec.latent_channels, height // scale, width // scale)
+    return torch.randn(shape, generator=torch.Generator("cpu").manual_seed(seed), dtype=torch.float32)
+
+
 def _as_list(value: str | list[str] | None, n: int, what: str) -> list[str]:
     if value is None:
         return [""] * n
@@ -153,14 +160,12 @@ class Pipeline:
 
         timer = StageTimer(self.device)
         n = len(prompts)
-        scale = spec.vae_scale
-        shape = (n, spec.latent_channels, height // scale, width // scale)
         if latents is None:
-            # Initial noise drawn on the CPU: the same seed gives the same start on every device.
-            gen = torch.Generator("cpu").manual_seed(seed)
-            latents = torch.randn(shape, generator=gen, dtype=torch.float32)
-        elif tuple(latents.shape) != shape:
-            raise UsageError(f"latents must have shape {shape}, got {tuple(latents.shape)}")
+            latents = initial_noise(spec, height, width, seed, n)
+        else:
+            shape = (n, spec.latent_channels, height // spec.vae_scale, width // spec.vae_scale)
+            if tuple(latents.shape) != shape:
+                raise UsageError(f"latents must have shape {shape}, got {tuple(latents.shape)}")
         latents = latents.to(self.device, torch.float32)
         step_gen = torch.Generator(self.device).manual_seed(seed + 1)  # ancestral samplers' per-step noise
 

@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UsageError
+from ..models.registry import default_model
 
 DEFAULT_PROMPT = "an astronaut riding a horse on mars"
 
 # (model, steps, batch sizes, timed runs, warm-up runs); height/width default to the model's own size.
-GPU_DEFAULTS = dict(model="synthetic:sd15", steps=50, batch_sizes=(1,), runs=10, warmup=3)
-CPU_DEFAULTS = dict(model="synthetic:sd15-tiny", steps=4, batch_sizes=(1,), runs=3, warmup=2)
+GPU_DEFAULTS = dict(model=default_model("cuda"), steps=50, batch_sizes=(1,), runs=10, warmup=3)
+CPU_DEFAULTS = dict(model=default_model("cpu"), steps=4, batch_sizes=(1,), runs=3, warmup=2)
 
 
 def parse_int_list(text: str, what: str) -> tuple[int, ...]:

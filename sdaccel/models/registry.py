@@ -194,6 +194,11 @@ _SPECS: tuple[ModelSpec, ...] = (
 )
 
 
+def default_model(device_type: str) -> str:
+    """What commands run when no model is named: SD1.5's exact architecture on a GPU, its tiny twin on a CPU."""
+    return "synthetic:sd15" if device_type == "cuda" else "synthetic:sd15-tiny"
+
+
 def list_specs() -> tuple[ModelSpec, ...]:
     return _SPECS
 

@@ -76,13 +76,14 @@ class CompareConfig:
         """A copy with the machine-dependent defaults filled in, and `notes` saying what was picked."""
         from ..device import resolve_device
         from ..engines import available_engines
+        from ..models.registry import default_model
 
         device = resolve_device(self.device)
         on_gpu = device.type == "cuda"
         notes = list(self.notes)
         changes = {"device": str(device)}
         if self.model is None:
-            changes["model"] = "synthetic:sd15" if on_gpu else "synthetic:sd15-tiny"
+            changes["model"] = default_model(device.type)
             why = "a CUDA GPU is visible" if on_gpu else "no CUDA GPU: a tiny model on the CPU"
             notes.append(f"model: {changes['model']} ({why}); pass --model to override")
         if self.engines is None:

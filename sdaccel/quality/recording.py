@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..pipeline import initial_noise  # noqa: F401 - the shared start; re-exported for quality users
+
 
 
 @dataclass
@@ -23,13 +25,6 @@ class RecordedRun:
     @property
     def finite(self) -> bool:
         return self.latents_finite and self.image_finite
-
-
-def initial_noise(spec, height: int, width: int, seed: int, batch: int = 1) -> torch.Tensor:
-    """The starting latents every candidate shares: drawn once, on the CPU, from `seed` (the pipeline's recipe)."""
-    scale = spec.vae_scale
-    shape = (batch, spec.latent_channels, height // scale, width // scale)
-    return torch.randn(shape, generator=torch.Generator("cpu").manual_seed(seed), dtype=torch.float32)
 
 
 def record_generation(pipe, prompt: str, noise: torch.Tensor, *, steps: int | None, seed: int,
