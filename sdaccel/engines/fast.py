@@ -72,15 +72,18 @@ class FastEngine(Engine):
     def refresh_weights(self, components: Components) -> dict[str, int]:
         """Weights replaced after prepare (e.g. `param.data = merged` by a LoRA fuse) are copied back into the
         storage the captured CUDA graphs read, and packed QKV/KV weights are rebuilt in place: no recapture."""
-        from .fused_modules import FusedAttention
+        from .fused_modules import FusedAttention, FusedResnetBlock, TimeEmbeddingProjections
 
         copied = restore_weight_storages(self._weights)
-        packed = 0
-        for module in components.unet.modules():
+        packed = rebuilt = 0
+        for module in [*components.unet.modules(), *components.vae.modules()]:
             if isinstance(module, FusedAttention):
                 module.refresh()
                 packed += 1
-        return {"copied": copied, "packed_attention": packed}
+            elif isinstance(module, (FusedResnetBlock, TimeEmbeddingProjections)):
+                module.refresh()  # combined biases, packed time projections
+                rebuilt += 1
+        return {"copied": copied, "packed_attention": packed, "rebuilt_resnet_parts": rebuilt}
 
     def save_cache(self) -> None:
         if self.cache is not None:

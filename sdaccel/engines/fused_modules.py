@@ -24,12 +24,34 @@ def _silu(module: nn.Module) -> bool:
     return isinstance(module, nn.SiLU) or getattr(module, "__name__", "") == "silu"
 
 
+def _plain_conv(conv: nn.Module) -> bool:
+    """A conv whose weight and bias can be applied separately (no adapter wrapped around it)."""
+    return type(conv) is nn.Conv2d and conv.padding_mode == "zeros"
+
+
+def _conv_without_bias(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    # cuDNN adds a conv's bias in a separate broadcast kernel: the fused blocks add it inside a kernel they
+    # launch anyway (the next GroupNorm, or the residual add).
+    return F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
+
+
 class FusedResnetBlock(nn.Module):
-    """GN+SiLU -> conv1 -> (+temb) GN+SiLU -> conv2 -> + shortcut, with the norms, SiLUs and the time add fused."""
+    """GN+SiLU -> conv1 -> (+temb) GN+SiLU -> conv2 -> + shortcut, with the norms, SiLUs, biases and adds fused.
+
+    conv1's bias joins the time-embedding add inside the second norm (GroupNorm of h + bias + temb[n] is what
+    the block computes); conv2's and the shortcut conv's biases join the residual add, one kernel. When the
+    UNet's blocks share a TimeEmbeddingProjections, every block's time projection comes from one GEMM.
+    """
 
     def __init__(self, block: nn.Module):
         super().__init__()
         self.block = block  # keeps the parameters registered under the same names
+        self.time_projections: TimeEmbeddingProjections | None = None  # set by fuse_modules
+        convs = [block.conv1, block.conv2] + ([block.conv_shortcut] if block.conv_shortcut is not None else [])
+        self.split_biases = all(_plain_conv(c) for c in convs)
+        if self.split_biases:
+            # conv2's bias plus the shortcut conv's: one buffer, rebuilt in place by refresh().
+            self.register_buffer("out_bias", self._out_bias(), persistent=False)
 
     @staticmethod
     def supports(block: nn.Module) -> bool:
@@ -43,17 +65,105 @@ class FusedResnetBlock(nn.Module):
                 and isinstance(block.norm1, nn.GroupNorm) and isinstance(block.norm2, nn.GroupNorm)
                 and _silu(block.nonlinearity) and not block.skip_time_act)
 
+    def _out_bias(self) -> torch.Tensor:
+        b = self.block
+        bias = b.conv2.bias if b.conv2.bias is not None else torch.zeros_like(b.conv2.weight[:, 0, 0, 0])
+        if b.conv_shortcut is not None and b.conv_shortcut.bias is not None:
+            bias = bias + b.conv_shortcut.bias
+        return bias.detach().clone()
+
+    def refresh(self) -> None:
+        """Rebuild the combined bias in place (captured CUDA graphs read its address)."""
+        if self.split_biases:
+            with torch.no_grad():
+                self.out_bias.copy_(self._out_bias())
+
     def forward(self, x: torch.Tensor, temb: torch.Tensor | None = None, *args, **kwargs) -> torch.Tensor:
         b = self.block
         h = group_norm(x, b.norm1.num_groups, b.norm1.weight, b.norm1.bias, b.norm1.eps, silu=True)
-        h = b.conv1(h)
-        add = None
-        if temb is not None and b.time_emb_proj is not None:
-            add = b.time_emb_proj(F.silu(temb))  # (N, C), broadcast over H, W inside the norm kernel
+        has_temb = temb is not None and b.time_emb_proj is not None
+        if not self.split_biases:
+            h = b.conv1(h)
+            add = b.time_emb_proj(F.silu(temb)) if has_temb else None
+        else:
+            h = _conv_without_bias(b.conv1, h)
+            if has_temb and self.time_projections is not None:
+                add = self.time_projections(temb, self)  # conv1's bias already added
+            elif has_temb:
+                add = b.time_emb_proj(F.silu(temb))
+                add = add + b.conv1.bias if b.conv1.bias is not None else add
+            else:
+                add = b.conv1.bias  # (C,): broadcast over samples and positions by the kernel
         h = group_norm(h, b.norm2.num_groups, b.norm2.weight, b.norm2.bias, b.norm2.eps, silu=True, add=add)
-        h = b.conv2(h)
-        shortcut = b.conv_shortcut(x) if b.conv_shortcut is not None else x
-        return shortcut + h
+        if not self.split_biases:
+            h = b.conv2(h)
+            shortcut = b.conv_shortcut(x) if b.conv_shortcut is not None else x
+            return shortcut + h
+        h = _conv_without_bias(b.conv2, h)
+        shortcut = _conv_without_bias(b.conv_shortcut, x) if b.conv_shortcut is not None else x
+        return bias_add(h, self.out_bias, shortcut.contiguous(memory_format=torch.channels_last))
+
+
+class TimeEmbeddingProjections(nn.Module):
+    """Every fused ResNet block's SiLU(temb) @ W_t + b_t (+ its conv1 bias), as one SiLU and one GEMM per call.
+
+    A UNet hands the same time embedding to each block; the first block to ask computes all blocks'
+    projections, the others slice theirs out. The blocks' time_emb_proj weights become views of one packed
+    weight (no copy kept); the bias column holds b_t + conv1's bias. refresh() rebuilds both in place.
+    """
+
+    def __init__(self, blocks: list[FusedResnetBlock]):
+        super().__init__()
+        self.blocks = blocks  # a plain list: the blocks are registered where they live in the model
+        self.offsets: dict[int, tuple[int, int]] = {}
+        start = 0
+        for block in blocks:
+            rows = block.block.time_emb_proj.out_features
+            self.offsets[id(block)] = (start, start + rows)
+            start += rows
+        packed = torch.cat([blk.block.time_emb_proj.weight for blk in blocks], 0)
+        self.register_buffer("packed_weight", packed, persistent=False)
+        self.register_buffer("packed_bias", self._bias(), persistent=False)
+        self._views()
+        self._temb: torch.Tensor | None = None
+        self._out: torch.Tensor | None = None
+
+    @staticmethod
+    def eligible(block: FusedResnetBlock) -> bool:
+        proj = block.block.time_emb_proj
+        return block.split_biases and type(proj) is nn.Linear
+
+    def _views(self) -> None:
+        for block in self.blocks:
+            lo, hi = self.offsets[id(block)]
+            block.block.time_emb_proj.weight.data = self.packed_weight[lo:hi]
+
+    def _bias(self) -> torch.Tensor:
+        parts = []
+        for block in self.blocks:
+            proj, conv1 = block.block.time_emb_proj, block.block.conv1
+            bias = proj.bias if proj.bias is not None else torch.zeros_like(proj.weight[:, 0])
+            parts.append(bias + conv1.bias if conv1.bias is not None else bias)
+        return torch.cat(parts).detach()
+
+    def refresh(self) -> None:
+        for block in self.blocks:
+            proj = block.block.time_emb_proj
+            base = getattr(proj, "base_layer", None)
+            if base is not None:
+                raise UsageError("LoRA adapters on time_emb_proj must be fused (pipe.fuse_lora()) before "
+                                 "refresh_weights()")
+        with torch.no_grad():
+            self.packed_weight.copy_(torch.cat([b.block.time_emb_proj.weight for b in self.blocks], 0))
+            self.packed_bias.copy_(self._bias())
+        self._views()
+
+    def forward(self, temb: torch.Tensor, block: FusedResnetBlock) -> torch.Tensor:
+        if self._temb is not temb:  # the first block of this UNet call
+            self._out = F.linear(F.silu(temb), self.packed_weight, self.packed_bias)
+            self._temb = temb
+        lo, hi = self.offsets[id(block)]
+        return self._out[:, lo:hi]
 
 
 class FusedAttention(nn.Module):
@@ -141,7 +251,7 @@ class FusedTransformerBlock(nn.Module):
     """LN -> self-attn -> (+res) LN -> cross-attn -> (+res) LN -> GEGLU FF -> +res.
 
     The residual adds, output-projection biases and the following LayerNorm run as one SkipLayerNorm kernel; the
-    feed-forward's bias and GELU gate as one BiasSplitGelu kernel.
+    feed-forward's bias and GELU gate as one BiasSplitGelu kernel; its output GEMM adds onto the residual in place.
     """
 
     def __init__(self, block: nn.Module, fp32_attention: bool = False):
@@ -166,12 +276,15 @@ class FusedTransformerBlock(nn.Module):
         a = F.linear(self.attn1(n), b.attn1.to_out[0].weight)
         n, h = layer_norm(a, b.norm2.weight, b.norm2.bias, b.norm2.eps, skip=h, input_bias=b.attn1.to_out[0].bias,
                           return_sum=True)
-        a = F.linear(self.attn2(n, context), b.attn2.to_out[0].weight)
-        n, h = layer_norm(a, b.norm3.weight, b.norm3.bias, b.norm3.eps, skip=h, input_bias=b.attn2.to_out[0].bias,
-                          return_sum=True)
         proj_in, proj_out = b.ff.net[0].proj, b.ff.net[2]
+        a = F.linear(self.attn2(n, context), b.attn2.to_out[0].weight)
+        # The residual stream h comes back with the feed-forward's output bias already in it, so the last GEMM
+        # accumulates onto h in place (cuBLAS's beta = 1): no separate bias + residual kernel.
+        n, h = layer_norm(a, b.norm3.weight, b.norm3.bias, b.norm3.eps, skip=h, input_bias=b.attn2.to_out[0].bias,
+                          return_sum=True, sum_bias=proj_out.bias)
         f = geglu(F.linear(n, proj_in.weight), proj_in.bias)
-        return bias_add(F.linear(f, proj_out.weight), proj_out.bias, h)
+        h.view(-1, h.shape[-1]).addmm_(f.view(-1, f.shape[-1]), proj_out.weight.t())
+        return h
 
 
 class FusedTransformer2D(nn.Module):
@@ -216,6 +329,20 @@ def fuse_modules(root: nn.Module, fp32_attention: bool = False) -> dict[str, int
 
     fp32_attention: run attention (q, k, v, softmax) in fp32 inside fp16/bf16 models, the seeds'
     `--force_fp32_ops unet:MultiHeadAttention`; the fused SDPA kernels already keep the softmax in fp32."""
+    counts = _fuse_children(root, fp32_attention)
+    # One packed time-embedding projection for all of the model's fused ResNet blocks (they share temb).
+    blocks = [m for m in root.modules() if isinstance(m, FusedResnetBlock) and m.block.time_emb_proj is not None]
+    counts["time_projections"] = 0
+    if blocks and all(TimeEmbeddingProjections.eligible(b) for b in blocks):
+        shared = TimeEmbeddingProjections(blocks)
+        root.sdaccel_time_projections = shared  # registered once, so .to() and buffers() see it
+        for block in blocks:
+            object.__setattr__(block, "time_projections", shared)  # a reference, not another submodule
+        counts["time_projections"] = len(blocks)
+    return counts
+
+
+def _fuse_children(root: nn.Module, fp32_attention: bool) -> dict[str, int]:
     counts = {"resnet": 0, "transformer": 0, "transformer_block": 0, "group_norm_silu": 0}
     for name, child in list(root.named_children()):
         if FusedResnetBlock.supports(child):
@@ -227,7 +354,7 @@ def fuse_modules(root: nn.Module, fp32_attention: bool = False) -> dict[str, int
             counts["transformer"] += 1
             counts["transformer_block"] += len(fused.blocks)
         else:
-            for key, value in fuse_modules(child, fp32_attention).items():
+            for key, value in _fuse_children(child, fp32_attention).items():
                 counts[key] += value
     # The final norm + SiLU of a UNet or VAE decoder.
     norm_out, act = getattr(root, "conv_norm_out", None), getattr(root, "conv_act", None)

@@ -21,6 +21,10 @@ far too few programs for an H100, so:
       each program merges the partials of its groups over all chunks and then
       normalizes its (rows x channels) tile; pass 1 has just pulled x through
       L2, so at UNet sizes this second read mostly hits L2.
+Small groups (the UNet's 8x8 to 32x32 levels, every group's tile fitting in one
+program's registers) take one kernel instead (_group_norm_single_kernel, grid
+(G, N)): load the group once, mean, then the variance of the loaded values
+about it, normalize and store; one launch and one read instead of two of each.
 No step forms E[x^2] - mean^2 over a whole group (that cancels badly in fp32
 when |mean| >> std): a chunk sums d = x - K with K one of its own samples, and
 partials merge with Chan et al.'s parallel-variance formula,
@@ -243,6 +247,47 @@ if triton is not None:
                 y = y * tl.sigmoid(y)
             tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
+    @triton.jit
+    def _group_norm_single_kernel(
+        x_ptr, skip_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr,
+        HW, C, eps,
+        stride_n, stride_c, stride_hw, stride_add_n, stride_add_c,
+        GROUP_SIZE: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_C: tl.constexpr,
+        HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, WRITE_SUM: tl.constexpr,
+        HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, APPLY_SILU: tl.constexpr,
+    ):
+        g = tl.program_id(0)
+        n = tl.program_id(1)
+        j = tl.arange(0, BLOCK_C)
+        c = g * GROUP_SIZE + j
+        c_ok = j < GROUP_SIZE
+        rows = tl.arange(0, BLOCK_HW)
+        mask = (rows < HW)[:, None] & c_ok[None, :]
+        offs = n.to(tl.int64) * stride_n + rows[:, None] * stride_hw + c[None, :] * stride_c
+        v = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_SKIP:
+            v += tl.load(skip_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_ADD:
+            add = tl.load(add_ptr + n * stride_add_n + c * stride_add_c, mask=c_ok, other=0.0).to(tl.float32)
+            v += add[None, :]
+        if WRITE_SUM:
+            s = v.to(sum_ptr.dtype.element_ty)  # normalize the rounded sum the caller gets back
+            tl.store(sum_ptr + offs, s, mask=mask)
+            v = s.to(tl.float32)
+        count = (HW * GROUP_SIZE).to(tl.float32)
+        mean = tl.sum(tl.sum(tl.where(mask, v, 0.0), axis=1), axis=0) / count
+        d = tl.where(mask, v - mean, 0.0)
+        var = tl.sum(tl.sum(d * d, axis=1), axis=0) / count
+        scale = tl.zeros([BLOCK_C], dtype=tl.float32) + tl.rsqrt(var + eps)
+        if HAS_WEIGHT:
+            scale *= tl.load(weight_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+        y = d * scale[None, :]
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+        if APPLY_SILU:
+            y = y * tl.sigmoid(y)
+        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
 
 # ----------------------------------------------------------------- launcher
 
@@ -279,6 +324,16 @@ def pick_channel_block(num_channels: int, num_groups: int) -> tuple[int, int]:
     return best
 
 
+# Largest padded group tile (rows x lanes, powers of two) the single-pass kernel holds in registers: 16K fp32
+# values are 64 per thread at 8 warps. SD1.5's UNet at 512x512 sends every norm at 8x8 and most at 16x16 here;
+# the 32x32 and 64x64 levels and the VAE go through the split kernels.
+SINGLE_PASS_MAX_TILE = 16384
+
+
+def single_pass_fits(hw: int, group_size: int) -> bool:
+    return _next_pow2(hw) * _next_pow2(group_size) <= SINGLE_PASS_MAX_TILE
+
+
 def _hw_stride(x: torch.Tensor) -> Optional[int]:
     """Stride of the merged H*W axis, or None when H and W don't merge."""
     _, _, H, W = x.shape
@@ -310,13 +365,17 @@ def launch_group_norm(
     tile_elems: int = 8192,
     rows_per_chunk: Optional[int] = None,
     num_warps: int = 4,
+    single_pass: Optional[bool] = None,
     traceable: bool = False,
 ):
-    """Run both passes; returns (y, s) with s None unless ``write_sum``.
+    """Run the kernels; returns (y, s) with s None unless ``write_sum``.
 
+    ``single_pass``: one kernel per (sample, group) when True, the split
+    two-pass kernels when False; None picks by size (``single_pass_fits``).
     ``tile_elems`` (elements per loop iteration), ``rows_per_chunk`` and
-    ``num_warps`` are tuning knobs; the defaults pick them from the shape.
-    ``traceable``: called from the registered op (see ``launchable``).
+    ``num_warps`` are the two-pass kernels' tuning knobs; the defaults pick
+    them from the shape. ``traceable``: called from the registered op (see
+    ``launchable``).
     """
     if x.dim() != 4:
         raise ValueError(f"group_norm expects (N, C, H, W), got {tuple(x.shape)}")
@@ -339,6 +398,28 @@ def launch_group_norm(
     HW = H * W
     stride_hw = _hw_stride(x)
     group_size = C // num_groups
+    dummy = x  # stands in for absent optional pointers (never dereferenced)
+    add_strides = (add.stride(0), add.stride(1)) if add is not None else (0, 0)
+    out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+    s = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device) if write_sum else None
+
+    if single_pass is None:
+        single_pass = single_pass_fits(HW, group_size)
+    if single_pass:
+        block_hw, block_c = _next_pow2(HW), _next_pow2(group_size)
+        if block_hw * block_c > SINGLE_PASS_MAX_TILE:
+            raise ValueError(f"a group of {HW} x {group_size} values is too large for the single-pass kernel")
+        launchable(_group_norm_single_kernel, traceable)[(num_groups, N)](
+            x, skip if skip is not None else dummy, add if add is not None else dummy,
+            s if s is not None else dummy,
+            weight if weight is not None else dummy, bias if bias is not None else dummy, out,
+            HW, C, eps, x.stride(0), x.stride(1), stride_hw, *add_strides,
+            GROUP_SIZE=group_size, BLOCK_HW=block_hw, BLOCK_C=block_c,
+            HAS_SKIP=skip is not None, HAS_ADD=add is not None, WRITE_SUM=write_sum,
+            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, APPLY_SILU=silu,
+            num_warps=8 if block_hw * block_c > 4096 else 4,
+        )
+        return out, s
 
     block_c, groups_per_block = pick_channel_block(C, num_groups)
     num_cblocks = _cdiv(num_groups, groups_per_block)
@@ -360,12 +441,8 @@ def launch_group_norm(
     if num_chunks > max(1, 4096 // block_g):
         raise ValueError(f"rows_per_chunk={rows_per_chunk} gives too many chunks ({num_chunks})")
 
-    out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
-    s = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device) if write_sum else None
     part_mean = torch.empty((N, num_chunks, num_groups), dtype=torch.float32, device=x.device)
     part_m2 = torch.empty_like(part_mean)
-    dummy = x  # stands in for absent optional pointers (never dereferenced)
-    add_strides = (add.stride(0), add.stride(1)) if add is not None else (0, 0)
     grid = (num_chunks, num_cblocks, N)
     common = dict(
         GROUP_SIZE=group_size, GROUPS_PER_BLOCK=groups_per_block,

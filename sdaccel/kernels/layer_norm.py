@@ -2,6 +2,7 @@
 
     s = x + skip + input_bias                 (skip and input_bias optional)
     y = (s - mean) * rstd * weight + bias     mean, var over the last dim D
+    returned sum (optional): s + sum_bias     (sum_bias: the next layer's bias, added ahead)
 
 rstd = 1 / sqrt(var + eps). Each program normalizes BLOCK_ROWS whole rows held
 in registers (BLOCK_D = next power of two >= D), so mean and variance are
@@ -34,6 +35,7 @@ def layer_norm_reference(
     skip: Optional[torch.Tensor] = None,
     input_bias: Optional[torch.Tensor] = None,
     return_sum: bool = False,
+    sum_bias: Optional[torch.Tensor] = None,
 ):
     """Plain-torch LayerNorm of x + skip + input_bias; what the tests trust.
 
@@ -55,6 +57,8 @@ def layer_norm_reference(
         y = y + bias.to(v.dtype)
     y = y.to(x.dtype)
     if return_sum:
+        if sum_bias is not None:
+            s = (s.to(v.dtype) + sum_bias.to(v.dtype)).to(x.dtype)
         return y, s.contiguous()
     return y
 
@@ -65,11 +69,12 @@ if triton is not None:
 
     @triton.jit
     def _layer_norm_kernel(
-        x_ptr, skip_ptr, input_bias_ptr, weight_ptr, bias_ptr, out_ptr, sum_ptr,
+        x_ptr, skip_ptr, input_bias_ptr, weight_ptr, bias_ptr, out_ptr, sum_ptr, sum_bias_ptr,
         M, D, eps,
         BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
         HAS_SKIP: tl.constexpr, HAS_INPUT_BIAS: tl.constexpr,
         HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_SUM: tl.constexpr,
+        HAS_SUM_BIAS: tl.constexpr,
     ):
         rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         cols = tl.arange(0, BLOCK_D)
@@ -85,7 +90,11 @@ if triton is not None:
         if WRITE_SUM:
             # Normalize the rounded sum the caller gets back: y == LN(s).
             s = v.to(sum_ptr.dtype.element_ty)
-            tl.store(sum_ptr + offs, s, mask=mask)
+            if HAS_SUM_BIAS:  # the caller's residual stream, with the next layer's bias already in it
+                sb = tl.load(sum_bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+                tl.store(sum_ptr + offs, (v + sb).to(sum_ptr.dtype.element_ty), mask=mask)
+            else:
+                tl.store(sum_ptr + offs, s, mask=mask)
             v = s.to(tl.float32)
 
         mean = tl.sum(tl.where(mask, v, 0.0), axis=1) / D
@@ -113,6 +122,7 @@ def launch_layer_norm(
     skip: Optional[torch.Tensor],
     input_bias: Optional[torch.Tensor],
     write_sum: bool,
+    sum_bias: Optional[torch.Tensor] = None,
     *,
     tile_elems: int = 4096,
     num_warps: Optional[int] = None,
@@ -146,24 +156,25 @@ def launch_layer_norm(
         bias.contiguous() if bias is not None else dummy,
         out,
         s if s is not None else dummy,
+        sum_bias.contiguous() if sum_bias is not None else dummy,
         M, D, eps,
         BLOCK_ROWS=block_rows, BLOCK_D=block_d,
         HAS_SKIP=skip is not None, HAS_INPUT_BIAS=input_bias is not None,
         HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, WRITE_SUM=write_sum,
-        num_warps=num_warps,
+        HAS_SUM_BIAS=write_sum and sum_bias is not None, num_warps=num_warps,
     )
     return out, s
 
 
 # ---------------------------------------------------------------- public op
 
-def _layer_norm_run(x, weight, bias, eps, skip, input_bias, write_sum, traceable):
+def _layer_norm_run(x, weight, bias, eps, skip, input_bias, write_sum, traceable, sum_bias=None):
     """The reference where Triton cannot run, else the kernel: y, or (y, s)."""
     if not use_triton(x):
         return layer_norm_reference(
-            x, weight, bias, eps, skip=skip, input_bias=input_bias, return_sum=write_sum
+            x, weight, bias, eps, skip=skip, input_bias=input_bias, return_sum=write_sum, sum_bias=sum_bias
         )
-    y, s = launch_layer_norm(x, weight, bias, eps, skip, input_bias, write_sum, traceable=traceable)
+    y, s = launch_layer_norm(x, weight, bias, eps, skip, input_bias, write_sum, sum_bias, traceable=traceable)
     return (y, s) if write_sum else y
 
 
@@ -186,8 +197,9 @@ def _layer_norm_with_sum_op_body(
     eps: float,
     skip: Optional[torch.Tensor],
     input_bias: Optional[torch.Tensor],
+    sum_bias: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _layer_norm_run(x, weight, bias, eps, skip, input_bias, True, True)
+    return _layer_norm_run(x, weight, bias, eps, skip, input_bias, True, True, sum_bias)
 
 
 _layer_norm_op = register_triton_op("layer_norm", _layer_norm_op_body)
@@ -203,6 +215,7 @@ def layer_norm(
     skip: Optional[torch.Tensor] = None,
     input_bias: Optional[torch.Tensor] = None,
     return_sum: bool = False,
+    sum_bias: Optional[torch.Tensor] = None,
 ):
     """LayerNorm over the last dim of ``x + skip + input_bias`` (SkipLayerNorm).
 
@@ -211,12 +224,18 @@ def layer_norm(
         linear layer whose matmul ran without it.
     return_sum: also return s = x + skip + input_bias (x itself when there is
         nothing to add), the residual stream for the next block.
+    sum_bias: (D,) added to the returned sum only (not to what is normalized):
+        the bias of a later layer that adds into the residual stream in place
+        (a GEMM accumulating onto it), folded in here for free.
     """
-    if return_sum and skip is None and input_bias is None:
+    if sum_bias is not None and not return_sum:
+        raise ValueError("sum_bias only applies to the returned sum (return_sum=True)")
+    if return_sum and skip is None and input_bias is None and sum_bias is None:
         # An op may not return its own input, so the trivial sum stays out here.
         return layer_norm(x, weight, bias, eps), x
     if compiling():  # torch.compile must see one registered op
-        op = _layer_norm_with_sum_op if return_sum else _layer_norm_op
-        return op(x, weight, bias, eps, skip, input_bias)
+        if return_sum:
+            return _layer_norm_with_sum_op(x, weight, bias, eps, skip, input_bias, sum_bias)
+        return _layer_norm_op(x, weight, bias, eps, skip, input_bias)
     # Eager: launch directly, skipping the dispatcher.
-    return _layer_norm_run(x, weight, bias, eps, skip, input_bias, return_sum, False)
+    return _layer_norm_run(x, weight, bias, eps, skip, input_bias, return_sum, False, sum_bias)

@@ -47,9 +47,18 @@ CASES = [
 ]
 
 
+@pytest.fixture(params=["single-pass", "split"])
+def kernel_path(request, monkeypatch):
+    """Run a test through each kernel path: these shapes are small enough for the single-pass kernel, so the
+    split two-pass kernels are forced by making no tile fit."""
+    if request.param == "split":
+        monkeypatch.setattr(gn_module, "SINGLE_PASS_MAX_TILE", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape,groups", CASES, ids=lambda v: str(v))
-def test_plain_and_silu_add(shape, groups, dtype, device, check_against_reference):
+def test_plain_and_silu_add(shape, groups, dtype, device, check_against_reference, kernel_path):
     x, w, b, add, _ = _inputs(shape, groups, dtype, device)
     y = group_norm(x, groups, w, b)
     check_against_reference(y, *_references(x, groups, w, b), what="plain")
@@ -59,7 +68,7 @@ def test_plain_and_silu_add(shape, groups, dtype, device, check_against_referenc
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("shape,groups", [((2, 320, 5, 7), 32), ((3, 96, 8, 8), 32)], ids=str)
-def test_skip_return_sum(shape, groups, dtype, device, check_against_reference):
+def test_skip_return_sum(shape, groups, dtype, device, check_against_reference, kernel_path):
     x, w, b, add, skip = _inputs(shape, groups, dtype, device)
     y, s = group_norm(x, groups, w, b, silu=True, add=add, skip=skip, return_sum=True)
     y_ref, s_ref = group_norm_reference(x, groups, w, b, silu=True, add=add, skip=skip, return_sum=True)
@@ -93,17 +102,20 @@ def test_larger_sd_like_shape(device, check_against_reference):
 def test_many_chunks_and_channel_blocks(rows_per_chunk, channels_last, device):
     """Force several (ragged) HW chunks so pass 2 has to merge partials."""
     x, w, b, add, skip = _inputs((2, 320, 5, 7), 32, torch.float32, device, channels_last=channels_last)
-    y, s = launch_group_norm(x, 32, w, b, 1e-5, True, add, skip, True, rows_per_chunk=rows_per_chunk)
+    y, s = launch_group_norm(x, 32, w, b, 1e-5, True, add, skip, True, rows_per_chunk=rows_per_chunk,
+                             single_pass=False)
     y_ref, s_ref = group_norm_reference(x, 32, w, b, silu=True, add=add, skip=skip, return_sum=True)
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=1e-6)
 
 
-def test_variance_is_stable_with_large_mean(device):
+@pytest.mark.parametrize("single_pass", [True, False])
+def test_variance_is_stable_with_large_mean(single_pass, device):
     """mean 300, std 0.5: E[x^2] - mean^2 in fp32 would lose all digits."""
     g = torch.Generator().manual_seed(1)
     x = (300.0 + 0.5 * torch.randn(2, 64, 12, 12, generator=g)).to(device).contiguous(memory_format=CL)
-    y = launch_group_norm(x, 8, None, None, 1e-6, False, None, None, False, rows_per_chunk=16)[0]
+    y = launch_group_norm(x, 8, None, None, 1e-6, False, None, None, False, rows_per_chunk=16,
+                          single_pass=single_pass)[0]
     y64 = group_norm_reference(x.double(), 8, eps=1e-6)
     # |y| ~ 3 and x carries fp32 rounding of ~300 (1.5e-5 relative to std): 2e-4 is tight.
     assert (y.double() - y64).abs().max().item() < 2e-4
@@ -168,3 +180,12 @@ def test_registered_torch_ops_match_reference(device):
     y_ref, s_ref = group_norm_reference(x, 32, w, b, add=add, skip=skip, return_sum=True)
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=1e-6)
+
+
+def test_single_pass_is_picked_for_small_groups_only(device):
+    # SD1.5 at 512x512: 16x16 latents with 40-channel groups fit one program; 32x32 with 20 channels do not.
+    assert gn_module.single_pass_fits(16 * 16, 40) and gn_module.single_pass_fits(8 * 8, 80)
+    assert not gn_module.single_pass_fits(32 * 32, 20) and not gn_module.single_pass_fits(64 * 64, 10)
+    x, w, b, _, _ = _inputs((1, 64, 33, 33), 2, torch.float32, device)
+    with pytest.raises(ValueError, match="too large for the single-pass kernel"):
+        launch_group_norm(x, 2, w, b, 1e-5, False, None, None, False, single_pass=True)

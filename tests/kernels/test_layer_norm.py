@@ -89,7 +89,28 @@ def test_registered_torch_ops_match_reference(device):
     x, skip, ib, w, b = _inputs((2, 33, 96), torch.float32, device)
     torch.testing.assert_close(torch.ops.sdaccel.layer_norm(x, w, b, 1e-5, skip, None),
                                layer_norm_reference(x, w, b, skip=skip), rtol=1e-5, atol=1e-5)
-    y, s = torch.ops.sdaccel.layer_norm_with_sum(x, w, b, 1e-5, skip, ib)
+    y, s = torch.ops.sdaccel.layer_norm_with_sum(x, w, b, 1e-5, skip, ib, None)
     y_ref, s_ref = layer_norm_reference(x, w, b, skip=skip, input_bias=ib, return_sum=True)
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=1e-6)
+    y, s = torch.ops.sdaccel.layer_norm_with_sum(x, w, b, 1e-5, skip, ib, b)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(s, s_ref + b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_sum_bias_goes_into_the_returned_sum_only(dtype, device, check_against_reference):
+    """The FF output bias folded into the residual stream ahead of the in-place GEMM that adds onto it."""
+    x, skip, ib, w, b = _inputs((2, 77, 320), dtype, device, seed=2)
+    sum_bias = torch.randn(320, generator=torch.Generator().manual_seed(3)).to(device=device, dtype=dtype)
+    y, s = layer_norm(x, w, b, skip=skip, input_bias=ib, return_sum=True, sum_bias=sum_bias)
+    y_plain, s_plain = layer_norm(x, w, b, skip=skip, input_bias=ib, return_sum=True)
+    assert torch.equal(y, y_plain)  # the norm does not see it
+    s32 = x.float() + skip.float() + ib.float() + sum_bias.float()
+    _, s_ref = layer_norm_reference(x, w, b, skip=skip, input_bias=ib, return_sum=True, sum_bias=sum_bias)
+    check_against_reference(s, s_ref, s32, what="sum + sum_bias")
+    # Alone, too (no skip, no input bias): the sum is then x + sum_bias, never x itself.
+    y, s = layer_norm(x, w, b, return_sum=True, sum_bias=sum_bias)
+    check_against_reference(s, (x + sum_bias), x.float() + sum_bias.float(), what="x + sum_bias")
+    with pytest.raises(ValueError, match="only applies to the returned sum"):
+        layer_norm(x, w, b, sum_bias=sum_bias)
