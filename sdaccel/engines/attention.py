@@ -1,7 +1,8 @@
 """Attention through the fastest correct kernel for each shape, chosen on this machine.
 
-Candidates: PyTorch's fused SDPA backends (cuDNN, FlashAttention-2, memory-efficient/CUTLASS) and, when the
-`flash_attn` package is installed, its kernel. Which is fastest depends on head dim (SD1.5 uses 40/80/160,
+Candidates: PyTorch's fused SDPA backends (cuDNN, FlashAttention-2, memory-efficient/CUTLASS), sdaccel's own
+one-tile kernel for short key sequences (cross-attention), and, when the `flash_attn` package is installed, its
+kernel. Which is fastest depends on head dim (SD1.5 uses 40/80/160,
 SD2/SDXL 64), sequence lengths and the GPU. The first call with a new shape times each candidate that accepts it,
 checks it against the others' result (one that disagrees is dropped: correctness first), and remembers the winner
 by name, so the engine cache can store it. All of them keep the softmax in fp32, which is what SD2.1's "attention
@@ -61,6 +62,12 @@ def candidates() -> dict[str, Kernel]:
     package = _flash_attn_package()
     if package is not None:
         found["FLASH_ATTN_PACKAGE"] = package
+    from ..kernels import triton_available
+
+    if triton_available():  # sdaccel's own one-tile kernel for <= 128 keys (cross-attention on 77 text tokens)
+        from ..kernels.short_kv_attention import short_kv_attention
+
+        found["SDACCEL_SHORT_KV"] = short_kv_attention
     return found
 
 
@@ -89,7 +96,7 @@ def pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernels: dict[str, K
         try:
             out = kernel(q, k, v)
             ms = time_ms(lambda: kernel(q, k, v))
-        except (RuntimeError, ValueError):  # this kernel does not accept the shape/dtype/GPU
+        except Exception:  # noqa: BLE001 - refused shape/dtype/GPU, or a Triton kernel that fails to compile here
             continue
         if torch.isfinite(out).all():
             results[name] = (ms, out)

@@ -40,3 +40,25 @@ def test_packed_views_match_contiguous_inputs():
     qkv = torch.randn(2, 77, 3, 4, 40, generator=g)
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
     torch.testing.assert_close(_sdpa(q, k, v), _sdpa(q.contiguous(), k.contiguous(), v.contiguous()))
+
+
+def test_short_kv_kernel_is_a_candidate_that_the_pick_checks():
+    """sdaccel's cross-attention kernel competes per shape; it is kept only where it agrees and is faster, and a
+    shape it refuses (too many keys) goes to the others."""
+    import sdaccel.kernels as kernels
+    from sdaccel.engines.attention import candidates
+
+    if not kernels.triton_available():
+        import pytest
+
+        pytest.skip("triton is not installed")
+    from sdaccel.kernels.short_kv_attention import short_kv_attention
+
+    assert "SDACCEL_SHORT_KV" in candidates()
+    q, k, v = _inputs()  # 77 keys, head dim 40: SD1.5 cross-attention
+    pool = {"sdpa": _sdpa, "SDACCEL_SHORT_KV": short_kv_attention}
+    speeds = iter([2.0, 1.0])
+    assert pick(q, k, v, pool, time_ms=lambda fn: next(speeds)) == "SDACCEL_SHORT_KV"
+    g = torch.Generator().manual_seed(2)
+    long_q, long_k, long_v = (torch.randn(1, 2, 300, 40, generator=g) for _ in range(3))
+    assert pick(long_q, long_k, long_v, pool, time_ms=lambda fn: 1.0) == "sdpa"
