@@ -16,7 +16,8 @@ def register(subparsers) -> None:
     p.add_argument("--model", help="diffusers folder, checkpoint, HF repo id or synthetic:<arch> "
                                    "(default: synthetic:sd15 on a GPU, synthetic:sd15-tiny on a CPU)")
     p.add_argument("--arch", help="force the architecture (sd15, sd21, sd21-base, sdxl, *-tiny)")
-    p.add_argument("--engines", help="comma-separated engine names (default: eager plus every engine available)")
+    p.add_argument("--engines", help="comma-separated engine names, each optionally pinned to one dtype as "
+                   "ENGINE:DTYPE, e.g. eager,compile:fp16 (default: eager plus every engine available)")
     p.add_argument("--dtypes", help="comma-separated, from fp32,fp16,bf16 (default: all three on a GPU, "
                                     "fp32,bf16 on a CPU); pairs this machine cannot run are skipped with a note")
     p.add_argument("--steps", type=int, help="default: the model's own")

@@ -56,7 +56,10 @@ class CompareConfig:
 
         engines = parse_names(self.engines, "engines")
         if engines is not None:
-            unknown = [e for e in engines if e not in ENGINES]
+            # "engine:dtype" pins an engine to one dtype (e.g. compile:fp16: one compilation, not three).
+            engines = tuple(dict.fromkeys(e if ":" not in e else f"{e.split(':', 1)[0]}:"
+                                          f"{_canonical_dtype(e.split(':', 1)[1])}" for e in engines))
+            unknown = [e for e in engines if e.split(":", 1)[0] not in ENGINES]
             if unknown:
                 raise UsageError(f"unknown engine {unknown[0]!r}; available: {', '.join(sorted(ENGINES))}")
         dtypes = parse_names(self.dtypes, "dtypes")
@@ -97,8 +100,12 @@ class CompareConfig:
         return dataclasses.replace(self, **changes, notes=tuple(notes))
 
     def candidates(self) -> list[tuple[str, str]]:
-        """Every (engine, dtype) pair asked for, engines outer."""
-        return [(e, d) for e in self.engines or () for d in self.dtypes or ()]
+        """Every (engine, dtype) pair asked for, engines outer; an "engine:dtype" entry gives just that pair."""
+        pairs = []
+        for entry in self.engines or ():
+            engine, _, pinned = entry.partition(":")
+            pairs += [(engine, pinned)] if pinned else [(engine, d) for d in self.dtypes or ()]
+        return list(dict.fromkeys(pairs))
 
 
 def _canonical_dtype(name: str) -> str:

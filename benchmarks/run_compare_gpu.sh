@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The committed precision/quality run (issue 6), on the GPU machine: `sdaccel compare` of synthetic SD1.5 at
+# 512x512 and synthetic SD2.1 (v-prediction, attention upcast) at 768x768, against eager fp32: eager at
+# fp32/fp16/bf16 and every other engine at the dtypes it is used at (compile at fp16 only: one compilation).
+#
+#   benchmarks/run_compare_gpu.sh            # then commit benchmarks/results/<card>-<date>/compare/
+#   STEPS=50 ENGINES=eager,fast:fp16 OUT_DIR=/tmp/cmp benchmarks/run_compare_gpu.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "run_compare_gpu.sh: no NVIDIA GPU here (nvidia-smi); on a CPU run: $PY -m sdaccel compare" >&2
+  exit 2
+fi
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 | tr '[:upper:]' '[:lower:]' \
+       | tr -cs 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')
+out=${OUT_DIR:-"benchmarks/results/${card}-$(date -u +%Y-%m-%d)/compare"}
+engines=${ENGINES:-$("$PY" - <<'PY'
+import torch
+from sdaccel.engines import available_engines
+usable = [n for n, reason in available_engines(torch.device("cuda")).items() if reason is None and n != "eager"]
+pins = {"compile": ["fp16"], "fast": ["fp16", "bf16"], "onnxruntime": ["fp16"]}
+print(",".join(["eager"] + [f"{n}:{d}" for n in usable for d in pins.get(n, ["fp16"])]))
+PY
+)}
+steps=${STEPS:-30}
+echo "engines: $engines, $steps steps -> $out"
+status=0
+"$PY" -m sdaccel compare --model synthetic:sd15 --engines "$engines" --dtypes fp32,fp16,bf16 --steps "$steps" \
+  --out "$out/sd15-512" || status=$?
+"$PY" -m sdaccel compare --model synthetic:sd21 --height 768 --width 768 --engines "$engines" \
+  --dtypes fp32,fp16,bf16 --steps "$steps" --out "$out/sd21-768" || status=$?
+exit $status
