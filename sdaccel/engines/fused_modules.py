@@ -101,7 +101,7 @@ class FusedResnetBlock(nn.Module):
             return shortcut + h
         h = _conv_without_bias(b.conv2, h)
         shortcut = _conv_without_bias(b.conv_shortcut, x) if b.conv_shortcut is not None else x
-        return bias_add(h, self.out_bias, shortcut.contiguous(memory_format=torch.channels_last))
+        return bias_add(h, self.out_bias, shortcut)  # the kernel matches the shortcut to h's layout
 
 
 class TimeEmbeddingProjections(nn.Module):
