@@ -30,6 +30,10 @@ def register(subparsers) -> None:
                    help="double the batch from the smallest --batch-sizes until out of memory or <3%% gain")
     p.add_argument("--compile-mode", help="torch.compile mode for the compile engine (default: reduce-overhead on "
                                           "GPU, default on CPU)")
+    p.add_argument("--engine-opt", action="append", default=[], metavar="ENGINE.KEY=VALUE",
+                   help="an option for one engine's constructor, repeatable, e.g. --engine-opt "
+                        "onnxruntime.folder=/tmp/sd15-onnx --engine-opt onnxruntime.cuda_graph=1 (values typed by the "
+                        "option: booleans 1/0/true/false, integers, comma-separated lists, text)")
     p.add_argument("--restart", action="store_true",
                    help="also time each engine's start in a second fresh process, with its on-disk caches warm")
     p.add_argument("--quality", action="store_true",
@@ -38,7 +42,7 @@ def register(subparsers) -> None:
 
 
 def config_from_args(args: argparse.Namespace):
-    from .config import BenchConfig, parse_int_list, parse_name_list
+    from .config import BenchConfig, parse_engine_opts, parse_int_list, parse_name_list
 
     return BenchConfig(
         engines=None if args.engines is None else parse_name_list(args.engines, "--engines"),
@@ -46,7 +50,8 @@ def config_from_args(args: argparse.Namespace):
         batch_sizes=None if args.batch_sizes is None else parse_int_list(args.batch_sizes, "--batch-sizes"),
         runs=args.runs, warmup=args.warmup, scheduler=args.scheduler, dtype=args.dtype, device=args.device,
         baseline=args.baseline.strip().lower(), out=args.out, throughput=args.throughput,
-        quality=args.quality, restart=args.restart, compile_mode=args.compile_mode)
+        quality=args.quality, restart=args.restart, compile_mode=args.compile_mode,
+        engine_opts=parse_engine_opts(getattr(args, "engine_opt", None) or [], "--engine-opt"))
 
 
 def cmd_bench(args) -> int:

@@ -31,6 +31,80 @@ def parse_int_list(text: str, what: str) -> tuple[int, ...]:
     return values
 
 
+ENGINE_OPT_SYNTAX = "ENGINE.KEY=VALUE (e.g. onnxruntime.folder=/tmp/sd15-onnx)"
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def parse_engine_opts(items, what: str = "--engine-opt") -> dict[str, dict[str, Any]]:
+    """["onnxruntime.folder=/x", "onnxruntime.cuda_graph=1"] -> {"onnxruntime": {"folder": "/x", "cuda_graph": True}}.
+
+    Values are coerced by the engine's own default for that option (a bool option takes 1/0, true/false, yes/no,
+    on/off; a tuple option takes comma-separated items); options without a typed default get bool/int/float/str by
+    the look of the value ("none" is None). Bad syntax, an unknown engine or option: a one-line UsageError."""
+    options: dict[str, dict[str, Any]] = {}
+    for item in items or ():
+        text = str(item).strip()
+        target, sep, raw = text.partition("=")
+        engine, dot, key = target.strip().partition(".")
+        engine, key = engine.strip().lower(), key.strip()
+        if not sep or not dot or not engine or not key or not key.isidentifier():
+            raise UsageError(f"{what} {text!r}: expected {ENGINE_OPT_SYNTAX}")
+        params = _engine_parameters(engine, f"{what} {text!r}")
+        if key not in params:
+            raise UsageError(f"{what} {text!r}: engine {engine!r} has no option {key!r}; its options: "
+                             f"{', '.join(params) or 'none'}")
+        if key in options.get(engine, {}):
+            raise UsageError(f"{what} {text!r}: {engine}.{key} is given twice")
+        options.setdefault(engine, {})[key] = coerce_option(raw.strip(), params[key], f"{what} {text!r}")
+    return options
+
+
+def _engine_parameters(engine: str, what: str) -> dict[str, Any]:
+    """Option name -> default (inspect.Parameter.empty when none) of an engine's constructor."""
+    import inspect
+
+    from ..engines import ENGINES
+
+    if engine not in ENGINES:
+        raise UsageError(f"{what}: unknown engine {engine!r}; available: {', '.join(sorted(ENGINES))}")
+    signature = inspect.signature(ENGINES[engine].__init__)
+    return {name: p.default for name, p in signature.parameters.items()
+            if name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def coerce_option(raw: str, default: Any, what: str) -> Any:
+    """An option value from its text, typed after the option's default (see parse_engine_opts)."""
+    low = raw.lower()
+    if isinstance(default, bool):
+        if low in _TRUE or low in _FALSE:
+            return low in _TRUE
+        raise UsageError(f"{what}: expected a boolean (1/0, true/false, yes/no, on/off), got {raw!r}")
+    if isinstance(default, int):
+        try:
+            return int(raw)
+        except ValueError:
+            raise UsageError(f"{what}: expected an integer, got {raw!r}") from None
+    if isinstance(default, float):
+        try:
+            return float(raw)
+        except ValueError:
+            raise UsageError(f"{what}: expected a number, got {raw!r}") from None
+    if isinstance(default, (tuple, list)):
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
+    if isinstance(default, str):
+        return raw
+    if low in ("none", "null"):
+        return None
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
 def parse_name_list(text: str, what: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(part.strip().lower() for part in str(text).split(",") if part.strip()))
     if not names:
@@ -59,6 +133,9 @@ class BenchConfig:
     restart: bool = False  # time a second process start per engine (compile/Triton/ORT caches now warm)
     cold_only: bool = False  # worker: stop after the first image (how --restart measures)
     compile_mode: str | None = None
+    # per-engine constructor options, {"onnxruntime": {"folder": "...", "cuda_graph": True}} (--engine-opt); also
+    # accepted as a list of "ENGINE.KEY=VALUE" strings
+    engine_opts: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
     prompt: str = DEFAULT_PROMPT
     simulate_oom_at_batch: int | None = None  # test hook: batches >= this raise a simulated CUDA OOM in the worker
     notes: tuple[str, ...] = field(default=(), compare=False)  # what resolved() picked, and why
@@ -98,8 +175,52 @@ class BenchConfig:
 
             if self.compile_mode not in MODES:
                 raise UsageError(f"unknown compile mode {self.compile_mode!r}; use one of {', '.join(MODES)}")
+        object.__setattr__(self, "engine_opts", self._checked_engine_opts(self.engine_opts))
         if self.simulate_oom_at_batch is not None and self.simulate_oom_at_batch < 1:
             raise UsageError("simulate_oom_at_batch must be >= 1")
+
+    def _checked_engine_opts(self, given) -> dict[str, dict[str, Any]]:
+        """Engine options as {engine: {key: value}}, every engine and option name checked against the engine's
+        constructor, text values coerced (strings or a list of "ENGINE.KEY=VALUE" items are parsed)."""
+        if not given:
+            return {}
+        if isinstance(given, str):
+            given = [given]
+        if not isinstance(given, dict):
+            return self._no_mode_clash(parse_engine_opts(given, "engine option"))
+        checked: dict[str, dict[str, Any]] = {}
+        for engine, options in given.items():
+            engine = str(engine).strip().lower()
+            if not isinstance(options, dict):
+                raise UsageError(f"engine options for {engine!r} must be a mapping of option names to values")
+            params = _engine_parameters(engine, "engine options")
+            for key, value in options.items():
+                if key not in params:
+                    raise UsageError(f"engine {engine!r} has no option {key!r}; its options: "
+                                     f"{', '.join(params) or 'none'}")
+                if isinstance(value, str):
+                    value = coerce_option(value, params[key], f"engine option {engine}.{key}={value}")
+                elif isinstance(value, list):
+                    value = tuple(value)  # as JSON brings a tuple back
+                checked.setdefault(engine, {})[key] = value
+        return self._no_mode_clash(checked)
+
+    def _no_mode_clash(self, options: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Options that agree with --compile-mode and that each engine's constructor accepts (engines check their
+        own values, e.g. an unknown onnxruntime provider): refused now, not in a worker minutes later."""
+        from ..engines import ENGINES
+
+        mode = options.get("compile", {}).get("mode")
+        if self.compile_mode and mode is not None and mode != self.compile_mode:
+            raise UsageError(f"--compile-mode {self.compile_mode} and engine option compile.mode={mode} disagree")
+        for engine, kwargs in options.items():
+            try:
+                ENGINES[engine](**kwargs)  # constructors only record and check their options: cheap, no side effects
+            except UsageError as exc:
+                raise UsageError(f"engine option for {engine}: {exc}") from None
+            except (TypeError, ValueError) as exc:
+                raise UsageError(f"engine option for {engine}: {exc}") from None
+        return options
 
     # ------------------------------------------------------------------------------------------------ defaults
 
@@ -133,19 +254,30 @@ class BenchConfig:
             engines = self.engines
         if self.baseline not in engines:
             notes.append(f"baseline engine {self.baseline!r} is not in this run: no speed-up column")
+        for engine in self.engine_opts:
+            if engine not in engines:
+                notes.append(f"options for engine {engine!r} are given but it is not in this run: unused")
         return dataclasses.replace(self, **picked, engines=engines, device=str(device), dtype=dtype,
                                    notes=tuple(self.notes) + tuple(notes))
 
     def engine_options(self, engine: str) -> dict[str, Any]:
-        if engine == "compile" and self.compile_mode:
-            return {"mode": self.compile_mode}
-        return {}
+        """The keyword arguments `engine` is built with in this run: --compile-mode, then --engine-opt."""
+        options = {"mode": self.compile_mode} if engine == "compile" and self.compile_mode else {}
+        options.update(self.engine_opts.get(engine, {}))
+        return options
 
     # ------------------------------------------------------------------------------------------------ transport
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
-                for f in dataclasses.fields(self)}
+        """JSON-ready: the worker's request and the bench JSON's settings."""
+        def plain(value):
+            if isinstance(value, tuple):
+                return [plain(v) for v in value]
+            if isinstance(value, dict):
+                return {k: plain(v) for k, v in value.items()}
+            return value
+
+        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "BenchConfig":

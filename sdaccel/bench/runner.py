@@ -3,6 +3,10 @@
 A fresh process per engine keeps one engine's caches, allocator pools and compiled graphs out of the next one's
 memory and cold-start figures. Ratios between engines are only meaningful within one invocation (same machine,
 same settings), which is what `run_id` marks in the appended CSV.
+
+While engines are measured, `bench-<run_id>.partial.json` in the output folder holds the rows of every engine done so
+far (rewritten after each one), so a run stopped from outside (a time limit) still leaves its finished measurements;
+the complete `bench-<run_id>.json` replaces it at the end.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ def failure_result(cfg: BenchConfig, engine: str, status: str, error: str) -> di
                   mode="throughput" if cfg.throughput else "latency",
                   engine_options=json.dumps(cfg.engine_options(engine), sort_keys=True),
                   timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    return dict(engine=engine, status=status, error=error, rows=[row], throughput=None)
+    return dict(engine=engine, status=status, error=error, rows=[row], throughput=None, engine_info={})
 
 
 def measure_in_subprocess(cfg: BenchConfig, engine: str) -> dict:
@@ -82,12 +86,16 @@ def run_bench(config: BenchConfig, *, isolate: bool = True, log: Callable[[str],
     availability = available_engines(torch.device(cfg.device))
     measure = measure_in_subprocess if isolate else measure_in_process
     results = []
+    partial = out / f"bench-{run_id}.partial.json"
     for engine in cfg.engines:
         if availability.get(engine):
             log(f"== {engine}: skipped, not available here: {availability[engine]}")
             results.append(failure_result(cfg, engine, "unavailable", availability[engine]))
             continue
-        log(f"== {engine}: measuring in a {'fresh process' if isolate else 'shared process (no isolation)'}")
+        options = cfg.engine_options(engine)
+        log(f"== {engine}: measuring in a {'fresh process' if isolate else 'shared process (no isolation)'}"
+            + (f" with {json.dumps(options, sort_keys=True)}" if options else "")
+            + f" ({datetime.now(timezone.utc).strftime('%H:%M:%S')} UTC)")
         result = measure(cfg, engine)
         if cfg.restart and result["status"] == "ok":
             log(f"== {engine}: second start in a fresh process (on-disk caches warm)")
@@ -95,6 +103,10 @@ def run_bench(config: BenchConfig, *, isolate: bool = True, log: Callable[[str],
             for row in result["rows"]:
                 row["restart_start_s"] = again["cold_start_s"]
         results.append(result)
+        write_json(partial, {"run_id": run_id, "started": started.isoformat(timespec="seconds"), "partial": True,
+                             "engines_done": [r["engine"] for r in results], "settings": cfg.to_dict(),
+                             "engine_info": {r["engine"]: r.get("engine_info", {}) for r in results},
+                             "rows": [row for r in results for row in r["rows"]]})
 
     rows = [row for result in results for row in result["rows"]]
     commit = git_commit()
@@ -121,10 +133,13 @@ def run_bench(config: BenchConfig, *, isolate: bool = True, log: Callable[[str],
         "run_id": run_id, "started": started.isoformat(timespec="seconds"),
         "wall_s": (datetime.now(timezone.utc) - started).total_seconds(),
         "environment": env, "settings": cfg.to_dict(),
+        "engine_options": {engine: cfg.engine_options(engine) for engine in cfg.engines},
+        "engine_info": {r["engine"]: r.get("engine_info", {}) for r in results},
         "throughput": [r["throughput"] for r in results if r.get("throughput")],
         "files": [p.name for p in written], "rows": rows,
     })
     written.append(json_path)
+    partial.unlink(missing_ok=True)
 
     log(f"\n{report}")
     for summary in (r["throughput"] for r in results if r.get("throughput")):

@@ -3,8 +3,9 @@
     python -m sdaccel.bench.worker REQUEST.json RESULT.json
 
 REQUEST holds {"config": BenchConfig.to_dict(), "engine": name}; RESULT receives {"engine", "status", "error",
-"rows", "throughput"}. Failures of the engine are results (status/error in its rows), not crashes: the parent goes on
-with the next engine either way. Progress goes to stderr.
+"rows", "throughput", "engine_info"} (engine_info: what the engine reported doing, Stages.info, JSON-safe). Failures
+of the engine are results (status/error in its rows), not crashes: the parent goes on with the next engine either way.
+Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -49,6 +50,28 @@ def one_line(exc: BaseException) -> str:
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def json_safe(value: Any, depth: int = 0) -> Any:
+    """`value` with everything JSON can't hold turned into text (Stages.info holds paths, dtypes, ...)."""
+    if depth > 8:
+        return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): json_safe(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [json_safe(v, depth + 1) for v in value]
+    return str(value)
+
+
+def engine_info(pipe) -> dict:
+    return json_safe(dict(getattr(pipe.stages, "info", {}) or {}))
+
+
+def info_notes(info: dict) -> list[str]:
+    notes = info.get("notes")
+    return [str(n) for n in notes] if isinstance(notes, list) else []
 
 
 def run_once(pipe, cfg: BenchConfig, batch: int, seed: int, probe: MemoryProbe) -> Run:
@@ -150,10 +173,12 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
     first_batch = min(cfg.batch_sizes) if cfg.throughput else cfg.batch_sizes[0]
     failure = None
     try:
-        log(f"[{engine}] loading {cfg.model} ({cfg.dtype}, {device})")
+        options = cfg.engine_options(engine)
+        log(f"[{engine}] loading {cfg.model} ({cfg.dtype}, {device})"
+            + (f", engine options {json.dumps(options, sort_keys=True)}" if options else ""))
         start = time.perf_counter()
         components = load_components(cfg.model, arch=cfg.arch, device=device, dtype=resolve_dtype(cfg.dtype, device))
-        pipe = Pipeline(components, engine=engine, dtype=cfg.dtype, device=device, **cfg.engine_options(engine))
+        pipe = Pipeline(components, engine=engine, dtype=cfg.dtype, device=device, **options)
         synchronize(device)
         load_s = time.perf_counter() - start
         first = run_once(pipe, cfg, first_batch, seed=0, probe=probe)
@@ -169,18 +194,24 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
         release_memory(device)
         log(f"[{engine}] failed before its first image: {failure[1]}")
         row = new_row(**base, status=failure[0], error=failure[1], timestamp=now_iso())
-        return dict(engine=engine, status=failure[0], error=failure[1], rows=[row], throughput=None)
+        return dict(engine=engine, status=failure[0], error=failure[1], rows=[row], throughput=None, engine_info={})
 
     params = first.params
+    # What was asked for (--engine-opt), overlaid by what the engine says it used (resolved defaults, the provider
+    # it picked, ...): every requested option is in the row even when the engine's options() leaves it out.
+    used = {**json_safe(cfg.engine_options(engine)), **json_safe(pipe.engine.options())}
     base.update(arch=pipe.spec.name, height=params["height"], width=params["width"], scheduler=params["scheduler"],
-                guidance=params["guidance"], engine_options=json.dumps(pipe.engine.options(), sort_keys=True),
+                guidance=params["guidance"], engine_options=json.dumps(used, sort_keys=True),
                 cold_start_s=load_s + first.wall_s, cold_load_s=load_s, cold_first_image_s=first.wall_s,
                 cold_start_batch=first_batch)
     log(f"[{engine}] cold start {load_s + first.wall_s:.2f} s (load + prepare {load_s:.2f} s, "
         f"first image {first.wall_s:.2f} s at batch {first_batch})")
+    logged = info_notes(engine_info(pipe))
+    for note in logged:
+        log(f"[{engine}] note: {note}")
     if cfg.cold_only:
         return dict(engine=engine, status="ok", error=None, rows=[new_row(**base, status="ok", timestamp=now_iso())],
-                    throughput=None)
+                    throughput=None, engine_info=engine_info(pipe))
     summary = None
     if cfg.throughput:
         rows, summary = throughput_rows(pipe, cfg, probe, base, first, first_batch)
@@ -193,8 +224,11 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
         for row in rows:
             row["psnr_vs_fp32_db"] = quality
         log(f"[{engine}] PSNR against eager fp32: {quality:.2f} dB")
+    info = engine_info(pipe)  # after the runs: engines record what happened on first use (graphs, fallbacks)
+    for note in info_notes(info)[len(logged):]:
+        log(f"[{engine}] note: {note}")
     return dict(engine=engine, status="ok" if ok else rows[-1]["status"], error=None if ok else rows[-1]["error"],
-                rows=rows, throughput=summary)
+                rows=rows, throughput=summary, engine_info=info)
 
 
 def psnr_after_timing(pipe, cfg: BenchConfig, batch: int) -> float:
