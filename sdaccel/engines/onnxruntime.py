@@ -7,9 +7,17 @@ Options:
               rebuilt whenever the manifest no longer matches
   cuda_graph  CUDA EP only: one session per input shape with ORT's CUDA graph capture (enable_cuda_graph); a stage
               whose graph cannot be captured falls back to plain runs, which Stages.info records
+  stream      CUDA EP only: "auto" runs each session on a torch stream handed to ORT (user_compute_stream) and orders
+              it with torch's current stream by stream waits, without host synchronisation; a session that does not
+              take the stream falls back to "sync": the host waits for torch's queued work before each run and ORT
+              synchronises its stream at the end of it
 
 Inputs and outputs are bound to torch tensors (IO binding): on CUDA the session reads the pipeline's tensors and writes
 into tensors preallocated by torch, with no host copies. The same binding path runs on the CPU.
+
+CUDA sessions come from sdaccel.onnx.capabilities.create_session: a CUDA provider that cannot be created is an error
+that says why, never a CPU session in its place. What each session ended up doing (stream ordering, CUDA graph or
+not, and why) is in Stages.info["sessions"] and ["notes"].
 """
 
 from __future__ import annotations
@@ -17,18 +25,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from ..errors import ModelLoadError, UsageError
+from ..errors import EngineUnavailableError, ModelLoadError, UsageError
 from ..models.components import Components
 from .base import Engine, Stages
 
 PROVIDER_CHOICES = ("auto", "cuda", "cpu")
+STREAM_CHOICES = ("auto", "sync")
 _PRECISIONS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 # ONNX element type (TensorProto enum) <-> torch dtype, for the types these graphs take and give.
 _TORCH_TYPES = {1: torch.float32, 10: torch.float16, 16: torch.bfloat16, 7: torch.int64, 6: torch.int32}
 _ORT_TYPE_NAMES = {"tensor(float)": 1, "tensor(float16)": 10, "tensor(bfloat16)": 16, "tensor(int64)": 7,
                    "tensor(int32)": 6}
+# What IO binding is given as the element type: numpy types where numpy has one (the documented form), the ONNX
+# enum for bfloat16 (onnxruntime takes either).
+_BIND_TYPES = {1: np.float32, 10: np.float16, 16: 16, 7: np.int64, 6: np.int32}
+# CUDA EP options every session gets: arena growth by what is asked (ORT's own Stable Diffusion demo does the same;
+# the default doubling over-reserves device memory, which the benchmark reports).
+CUDA_OPTIONS = {"arena_extend_strategy": "kSameAsRequested"}
+NO_SYNC_AT_RUN_END = "disable_synchronize_execution_providers"  # run option: ORT leaves its stream unsynchronised
 
 
 def resolve_provider(provider: str, device: torch.device) -> str:
@@ -39,42 +56,94 @@ def resolve_provider(provider: str, device: torch.device) -> str:
     return provider
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:300]
+
+
+def _stream_taken(session, stream) -> bool:
+    """Whether ORT's CUDA provider of `session` computes on `stream` (its provider options echo the handle)."""
+    options = session.get_provider_options().get("CUDAExecutionProvider", {})
+    value = str(options.get("user_compute_stream", "0") or "0").strip()
+    try:
+        handle = int(value, 16) if value.lower().startswith("0x") else int(value)
+    except ValueError:
+        return False
+    return handle != 0 and handle == int(stream.cuda_stream)
+
+
 class SessionRunner:
-    """One ORT session with inputs and outputs bound to torch tensors on the session's device."""
+    """One ORT session with inputs and outputs bound to torch tensors on the session's device.
+
+    On CUDA, ORT's work is ordered with torch's current stream: either ORT computes on a torch stream of its own
+    (`stream` mode "auto" and ORT took it), which waits for torch's queued work and which torch's stream waits for in
+    turn, all on the GPU; or ("sync") the host waits for torch's queued work before the run and ORT synchronises its
+    stream before returning. `describe()` says which."""
 
     def __init__(self, path: Path, provider: str, device: torch.device, options: dict | None = None,
-                 dim_overrides: dict[str, int] | None = None):
+                 dim_overrides: dict[str, int] | None = None, stream: str = "auto", notes: list[str] | None = None,
+                 label: str = ""):
         import onnxruntime as ort
 
-        self.provider = provider
-        self.device = device if provider == "cuda" else torch.device("cpu")
+        from ..onnx.capabilities import create_session
+
+        self.provider, self.label = provider, label or Path(path).stem
         self.ort_device = "cuda" if provider == "cuda" else "cpu"
-        self.device_id = (self.device.index or 0) if provider == "cuda" else 0
+        self.device_id = (device.index if device.index is not None else torch.cuda.current_device()) \
+            if provider == "cuda" else 0
+        self.device = torch.device("cuda", self.device_id) if provider == "cuda" else torch.device("cpu")
         session_options = ort.SessionOptions()
         session_options.log_severity_level = 3
         for dim, value in (dim_overrides or {}).items():
             session_options.add_free_dimension_override_by_name(dim, value)
-        if provider == "cuda":
-            providers = [("CUDAExecutionProvider", {"device_id": str(self.device_id), **(options or {})}),
-                         "CPUExecutionProvider"]
+        self.stream = None  # the torch stream ORT computes on (CUDA, mode "auto", when ORT took it)
+        self.run_options = None
+        self.ordering = "host" if provider == "cpu" else "sync"
+        if provider != "cuda":
+            self.session = create_session(str(path), session_options, provider)
         else:
-            providers = ["CPUExecutionProvider"]
-        try:
-            self.session = ort.InferenceSession(str(path), session_options, providers=providers)
-        except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types for every load failure
-            first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
-            raise ModelLoadError(f"{path}: onnxruntime could not load it ({first[:300]})") from None
+            base = {"device_id": str(self.device_id), **CUDA_OPTIONS, **(options or {})}
+            self.session = None
+            if stream == "auto":
+                side = self._side = torch.cuda.Stream(device=self.device)  # kept alive with the session
+                try:
+                    session = create_session(str(path), session_options, "cuda",
+                                             {**base, "user_compute_stream": str(side.cuda_stream)})
+                except ModelLoadError as exc:
+                    if "stream" not in str(exc).lower():
+                        raise  # refused for another reason (a graph it can't capture, ...): the caller decides
+                    # The option itself was refused: the same session without it, host-synchronised.
+                    if notes is not None:
+                        notes.append(f"{self.label}: session with user_compute_stream refused ({exc}); "
+                                     f"host-synchronised runs instead")
+                else:
+                    if _stream_taken(session, side):
+                        self.session, self.stream, self.ordering = session, side, "stream"
+                        self.run_options = ort.RunOptions()
+                        self.run_options.add_run_config_entry(NO_SYNC_AT_RUN_END, "1")
+                    else:
+                        if notes is not None:
+                            notes.append(f"{self.label}: onnxruntime did not confirm user_compute_stream in its "
+                                         f"provider options; host-synchronised runs instead")
+                        self.session = session  # runs on ORT's own stream: "sync" ordering is correct for it
+            if self.session is None:
+                self.session = create_session(str(path), session_options, "cuda", base)
         self.input_types = {i.name: _ORT_TYPE_NAMES[i.type] for i in self.session.get_inputs()}
         self.output_types = {o.name: _ORT_TYPE_NAMES[o.type] for o in self.session.get_outputs()}
+
+    def describe(self) -> str:
+        return {"stream": "on a torch side stream (user_compute_stream), GPU-side waits, no host sync",
+                "sync": "host sync before each run, ORT syncs its stream after",
+                "host": "CPU"}[self.ordering]
 
     def bind(self, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]):
         binding = self.session.io_binding()
         for name, t in inputs.items():
-            binding.bind_input(name, self.ort_device, self.device_id, self.input_types[name], tuple(t.shape),
-                               t.data_ptr())
+            assert t.is_contiguous() and t.device.type == self.device.type, name
+            binding.bind_input(name, self.ort_device, self.device_id, _BIND_TYPES[self.input_types[name]],
+                               tuple(t.shape), t.data_ptr())
         for name, t in outputs.items():
-            binding.bind_output(name, self.ort_device, self.device_id, self.output_types[name], tuple(t.shape),
-                                t.data_ptr())
+            binding.bind_output(name, self.ort_device, self.device_id, _BIND_TYPES[self.output_types[name]],
+                                tuple(t.shape), t.data_ptr())
         return binding
 
     def as_input(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -84,49 +153,78 @@ class SessionRunner:
         return {name: torch.empty(shape, dtype=_TORCH_TYPES[self.output_types[name]], device=self.device)
                 for name, shape in shapes.items()}
 
-    def run(self, feeds: dict[str, torch.Tensor], shapes: dict[str, tuple]) -> list[torch.Tensor]:
+    def run_bound(self, binding) -> None:
+        """Run with `binding`, ordered with torch's current stream (see the class docstring)."""
+        if self.provider != "cuda":
+            self.session.run_with_iobinding(binding)
+            return
+        current = torch.cuda.current_stream(self.device)
+        if self.stream is not None:
+            # ORT's kernels go to self.stream: it waits for what torch queued (the inputs), torch's stream waits for
+            # ORT's work (the outputs). Memory the inputs used is only reused by later work on torch's stream, which
+            # is ordered after ORT's reads by that second wait.
+            self.stream.wait_stream(current)
+            self.session.run_with_iobinding(binding, self.run_options)
+            current.wait_stream(self.stream)
+        else:
+            # ORT runs on a stream of its own: what torch queued must be done first, and ORT synchronises its stream
+            # before run_with_iobinding returns, so the outputs are complete afterwards.
+            current.synchronize()
+            self.session.run_with_iobinding(binding)
+
+    def run(self, feeds: dict[str, torch.Tensor], shapes: dict[str, tuple],
+            out_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+        """Outputs in the order of `shapes`, converted to `out_dtype` when given."""
         inputs = {name: self.as_input(name, t) for name, t in feeds.items()}  # kept alive through the run
         outputs = self.empty_outputs(shapes)
-        binding = self.bind(inputs, outputs)
-        if self.provider == "cuda":
-            # ORT runs on its own stream: what torch queued (the inputs) must be done first. ORT synchronizes its
-            # stream before run_with_iobinding returns, so the outputs are complete afterwards.
-            torch.cuda.current_stream(self.device).synchronize()
-        self.session.run_with_iobinding(binding)
-        return list(outputs.values())
+        self.run_bound(self.bind(inputs, outputs))
+        return [t if out_dtype is None else t.to(out_dtype) for t in outputs.values()]
 
 
 class GraphedRunner:
     """CUDA graphs through ORT: one session per input-shape signature (free dimensions fixed, so shape subgraphs
     fold away and every node lands on the CUDA EP), inputs copied into static tensors the graph was captured with,
-    outputs cloned because the next replay overwrites them."""
+    outputs copied out because the next replay overwrites them. (One session per shape rather than ORT's
+    `gpu_graph_id` run option over one dynamic-shape session: with fixed dimensions no shape computation is left
+    to run on the CPU during capture; the price is a session, weights included, per shape.)
+
+    ORT captures on the first run of a session (a warm-up run, then the captured one, inside that one call) and
+    replays afterwards. A session or capture that fails sends this stage to plain runs (SessionRunner), with the
+    reason in the notes."""
 
     def __init__(self, path: Path, device: torch.device, notes: list[str], label: str,
-                 input_dims: dict[str, list]):
-        self.path, self.device, self.notes, self.label = path, device, notes, label
+                 input_dims: dict[str, list], stream: str = "auto", state: dict | None = None):
+        self.path, self.device, self.notes, self.label, self.stream_mode = path, device, notes, label, stream
         self.input_dims = input_dims  # input name -> dims as the manifest lists them (names for dynamic ones)
         self.entries: dict[tuple, Any] = {}
         self.fallback: SessionRunner | None = None
+        self.state = state if state is not None else {}  # Stages.info["sessions"][label], kept up to date
+        self.state.update(cuda_graph=True, shapes=[])
 
-    def run(self, feeds: dict[str, torch.Tensor], shapes: dict[str, tuple]) -> list[torch.Tensor]:
+    def run(self, feeds: dict[str, torch.Tensor], shapes: dict[str, tuple],
+            out_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
         if self.fallback is not None:
-            return self.fallback.run(feeds, shapes)
+            return self.fallback.run(feeds, shapes, out_dtype)
         key = tuple((name, tuple(t.shape)) for name, t in feeds.items())
         try:
             entry = self.entries.get(key) or self._capture(key, feeds, shapes)
             for name, t in feeds.items():
                 entry["inputs"][name].copy_(t)
-            torch.cuda.current_stream(self.device).synchronize()
-            entry["runner"].session.run_with_iobinding(entry["binding"])
+            entry["runner"].run_bound(entry["binding"])
+        except EngineUnavailableError:
+            raise  # no CUDA provider at all: plain runs would not have one either
         except Exception as exc:  # noqa: BLE001 - graph session or capture refused: run this stage without graphs
-            # (ORT refuses CUDA graphs when any node lands off the CUDA EP; a file that does not load at all fails
-            # again just below, in the plain session, with its own error.)
-            first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
-            self.notes.append(f"{self.label}: CUDA graph unavailable ({first[:200]}); running without")
-            self.entries.clear()
-            self.fallback = SessionRunner(self.path, "cuda", self.device)
-            return self.fallback.run(feeds, shapes)
-        return [t.clone() for t in entry["outputs"].values()]
+            # (ORT refuses CUDA graphs when any compute node lands off the CUDA EP; a file that does not load at all
+            # fails again just below, in the plain session, with its own error.)
+            self.notes.append(f"{self.label}: CUDA graph unavailable ({_first_line(exc)[:200]}); running without")
+            self.entries.clear()  # a stream left capturing by a failed capture is dropped with its session
+            self.fallback = SessionRunner(self.path, "cuda", self.device, stream=self.stream_mode, notes=self.notes,
+                                          label=self.label)
+            self.state.update(cuda_graph=False, ordering=self.fallback.describe(),
+                              graph_error=_first_line(exc)[:300])
+            return self.fallback.run(feeds, shapes, out_dtype)
+        # Copies, as the next replay overwrites the static outputs (`to` with copy=True even when the dtype matches).
+        return [t.to(dtype=out_dtype or t.dtype, copy=True) for t in entry["outputs"].values()]
 
     def _capture(self, key, feeds, shapes) -> dict:
         overrides = {}
@@ -134,12 +232,15 @@ class GraphedRunner:
             for dim, value in zip(dims, feeds[name].shape):
                 if isinstance(dim, str):
                     overrides[dim] = int(value)
-        runner = SessionRunner(self.path, "cuda", self.device, {"enable_cuda_graph": "1"}, overrides)
+        runner = SessionRunner(self.path, "cuda", self.device, {"enable_cuda_graph": "1"}, overrides,
+                               stream=self.stream_mode, notes=self.notes, label=self.label)
         with torch.inference_mode(False):  # static buffers must accept copies outside inference mode too
             inputs = {name: runner.as_input(name, t).clone() for name, t in feeds.items()}
             outputs = runner.empty_outputs(shapes)
         entry = {"runner": runner, "inputs": inputs, "outputs": outputs, "binding": runner.bind(inputs, outputs)}
         self.entries[key] = entry
+        self.state.update(ordering=runner.describe())
+        self.state["shapes"].append({name: list(shape) for name, shape in key})
         return entry
 
 
@@ -148,12 +249,16 @@ class OnnxRuntimeEngine(Engine):
     description = ("ONNX Runtime over `sdaccel optimize` graphs: MultiHeadAttention (packed QKV/KV), GroupNorm, "
                    "SkipLayerNorm, BiasSplitGelu, NhwcConv fusions; CUDA EP with IO binding, optional CUDA graphs")
 
-    def __init__(self, provider: str = "auto", folder: str | Path | None = None, cuda_graph: bool = False):
+    def __init__(self, provider: str = "auto", folder: str | Path | None = None, cuda_graph: bool = False,
+                 stream: str = "auto"):
         if provider not in PROVIDER_CHOICES:
             raise UsageError(f"unknown onnxruntime provider {provider!r}; use one of {', '.join(PROVIDER_CHOICES)}")
+        if stream not in STREAM_CHOICES:
+            raise UsageError(f"unknown onnxruntime stream mode {stream!r}; use one of {', '.join(STREAM_CHOICES)}")
         self.provider = provider
         self.folder = Path(folder).expanduser() if folder else None
         self.cuda_graph = bool(cuda_graph)
+        self.stream = stream
         self._provider_used: str | None = None
 
     @classmethod
@@ -177,7 +282,8 @@ class OnnxRuntimeEngine(Engine):
 
     def options(self) -> dict[str, Any]:
         return {"provider": self._provider_used or self.provider,
-                "folder": str(self.folder) if self.folder else None, "cuda_graph": self.cuda_graph}
+                "folder": str(self.folder) if self.folder else None, "cuda_graph": self.cuda_graph,
+                "stream": self.stream}
 
     def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
         from ..onnx.optimize import OptimizeSettings, ensure_optimized
@@ -188,24 +294,34 @@ class OnnxRuntimeEngine(Engine):
         reason = self.dtype_unsupported_reason(torch.device("cpu") if provider == "cpu" else device, dtype)
         if reason:
             raise UsageError(reason)
+        if provider == "cuda":
+            from ..onnx.capabilities import provider_load_error
+
+            error = provider_load_error("cuda")  # before minutes of optimizing for a provider that isn't there
+            if error:
+                raise EngineUnavailableError(error)
         notes: list[str] = []
         settings = OptimizeSettings(provider=provider, precision=precision)
         folder, manifest, built = ensure_optimized(components, settings, self.folder, log=notes.append)
         graphs = self.cuda_graph and provider == "cuda"
         if self.cuda_graph and not graphs:
             notes.append("cuda_graph needs the CUDA provider: ignored")
+        sessions: dict[str, dict] = {}
 
         def runner(name: str):
             entry = manifest["components"][name]
             path = folder / entry["file"]
+            sessions[name] = {}
             if graphs:
                 dims = {k: v["shape"] for k, v in entry["inputs"].items()}
-                return GraphedRunner(path, device, notes, name, dims)
-            return SessionRunner(path, provider, device)
+                return GraphedRunner(path, device, notes, name, dims, stream=self.stream, state=sessions[name])
+            run = SessionRunner(path, provider, device, stream=self.stream, notes=notes, label=name)
+            sessions[name].update(cuda_graph=False, ordering=run.describe())
+            return run
 
         stages = _stages(components, manifest, runner, device)
         stages.info.update(provider=provider, precision=precision, folder=str(folder), built=built,
-                           cuda_graph=graphs, io_binding=True, notes=notes,
+                           cuda_graph=graphs, io_binding=True, stream=self.stream, sessions=sessions, notes=notes,
                            fused_ops={n: c["fused_ops"] for n, c in manifest["components"].items()})
         return stages
 
@@ -227,13 +343,14 @@ def _stages(components: Components, manifest: dict, runner, device: torch.device
         feeds = {"sample": sample, "timestep": torch.as_tensor(timestep).reshape(()), "context": context}
         if text_embeds is not None:
             feeds.update(text_embeds=text_embeds, time_ids=time_ids)
-        (out,) = unet_runner.run(feeds, {"out_sample": (b, out_channels, h, w)})
-        return out.to(device=device, dtype=torch.float32)
+        (out,) = unet_runner.run(feeds, {"out_sample": (b, out_channels, h, w)}, torch.float32)
+        return out.to(device)  # no-op on the session's device; the CPU provider's output for a GPU pipeline
 
     def decode(latents):
         b, _, h, w = latents.shape
-        (image,) = vae_runner.run({"latents": latents}, {"image": (b, image_channels, h * scale, w * scale)})
-        return image.to(device=device, dtype=torch.float32)
+        (image,) = vae_runner.run({"latents": latents}, {"image": (b, image_channels, h * scale, w * scale)},
+                                  torch.float32)
+        return image.to(device)
 
     return Stages(text_encoders=encoders, unet=unet, decode=decode, info={})
 
@@ -244,7 +361,8 @@ def _text_stage(run, te, device: torch.device):
 
     def encode(ids: torch.Tensor):
         b, s = ids.shape
-        hidden, pooled = run.run({"input_ids": ids}, {"hidden_states": (b, s, width), "pooled": (b, pooled_width)})
-        return hidden.to(device=device, dtype=torch.float32), pooled.to(device=device, dtype=torch.float32)
+        hidden, pooled = run.run({"input_ids": ids}, {"hidden_states": (b, s, width), "pooled": (b, pooled_width)},
+                                 torch.float32)
+        return hidden.to(device), pooled.to(device)
 
     return encode

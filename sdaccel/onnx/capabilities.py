@@ -7,16 +7,25 @@ building a one-node model and *running* it once on the provider with CPU fallbac
 
 When the provider is not installed here (optimizing for CUDA on a CPU-only machine), nothing can be probed: the CUDA
 EP's documented kernels are assumed for fp32/fp16, and none for bf16; the manifest records `probed: false`.
+
+Sessions are created through `create_session`, never `onnxruntime.InferenceSession` directly: when the CUDA EP cannot
+be created (CUDA/cuDNN libraries missing, out of memory, ...) onnxruntime quietly runs on the CPU instead (a logged
+warning, or a printed "EP Error ... Falling back"). Here that is an error that says why, for a benchmark must never
+time a CPU session under the name of the CUDA provider, and a probe must never read "CUDA can't run this op" from a
+CUDA provider that is not there at all.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 from dataclasses import dataclass, field
 
 import numpy as np
 from onnx import TensorProto, helper
 
+from ..errors import EngineUnavailableError, ModelLoadError
 from .graph import MS_DOMAIN
 
 EXECUTION_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -91,10 +100,16 @@ def provider_installed(provider: str) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def capabilities(provider: str, precision: str) -> Capabilities:
-    """Forms runnable on `provider` with float tensors of `precision` (probed when the provider is installed)."""
+    """Forms runnable on `provider` with float tensors of `precision` (probed when the provider is installed).
+
+    An installed provider that does not load (onnxruntime-gpu without its CUDA libraries) is an error, not a
+    provider that runs nothing: every probe would fail and every fusion would be switched off without a word."""
     if not provider_installed(provider):
         assumed = CUDA_DOCUMENTED if provider == "cuda" and precision != "bf16" else frozenset()
         return Capabilities(provider, precision, assumed, probed=False)
+    error = provider_load_error(provider)
+    if error:
+        raise EngineUnavailableError(error)
     supported, failures = set(), {}
     for form in FORMS:
         error = _run_one(form, provider, ELEM_TYPES[precision])
@@ -134,17 +149,22 @@ def first_line(exc: BaseException) -> str:
 
 def smoke_run(path, provider: str, feeds: dict[str, np.ndarray]) -> str | None:
     """Create a session for a built model on `provider` (as the engine will) and run it once on `feeds` (cast to
-    the types the model declares). None when it ran and gave finite outputs, else what went wrong."""
+    the types the model declares). None when it ran and gave finite outputs, else what went wrong (the answer that
+    leaves a fusion out). A provider that is not there at all raises EngineUnavailableError instead: leaving fusions
+    out would not help, and would hide the cause."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 4
-    providers = [EXECUTION_PROVIDERS[provider]] + (["CPUExecutionProvider"] if provider != "cpu" else [])
     try:
-        session = ort.InferenceSession(str(path), options, providers=providers)
+        session = create_session(str(path), options, provider)
         types = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
         cast = {i.name: feeds[i.name].astype(types.get(i.type, feeds[i.name].dtype)) for i in session.get_inputs()}
         outputs = session.run(None, cast)
+    except EngineUnavailableError:
+        raise
+    except ModelLoadError as exc:
+        return str(exc)
     except Exception as exc:  # noqa: BLE001 - any failure is the answer
         return first_line(exc)
     if not all(np.isfinite(np.asarray(o, dtype=np.float32)).all() for o in outputs):
@@ -169,3 +189,109 @@ def _run_one(form: str, provider: str, elem: int) -> str | None:
     if not all(np.isfinite(o).all() for o in outputs):
         return "produced non-finite values"
     return None
+
+
+# ------------------------------------------------------------------------------------------------ sessions
+
+
+def _tiny_model() -> bytes:
+    """y = x + x, float32: enough for a provider to be created (or not)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "provider_probe", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def cuda_library_diagnosis() -> str:
+    """Why onnxruntime's CUDA provider library may not load: its CUDA build against torch's, and the loader's own
+    error for the library when it names a missing dependency."""
+    import ctypes
+    import os
+
+    import onnxruntime as ort
+
+    facts = []
+    try:
+        from onnxruntime.capi import build_and_package_info as info
+
+        facts.append(f"{getattr(info, 'package_name', 'onnxruntime')} {ort.__version__} is built for CUDA "
+                     f"{getattr(info, 'cuda_version', '?') or '?'}")
+    except ImportError:
+        facts.append(f"onnxruntime {ort.__version__}")
+    try:
+        import torch
+
+        facts.append(f"torch {torch.__version__} uses CUDA {torch.version.cuda}"
+                     + ("" if torch.cuda.is_available() else " and sees no GPU"))
+    except ImportError:
+        pass
+    lib = os.path.join(os.path.dirname(ort.__file__), "capi", "libonnxruntime_providers_cuda.so")
+    if not os.path.isfile(lib):
+        facts.append(f"{lib} does not exist (a CPU-only onnxruntime shadows onnxruntime-gpu?)")
+    else:
+        try:
+            ctypes.CDLL(lib)
+        except OSError as exc:
+            if "cannot open shared object" in str(exc):  # a missing dependency (other errors say nothing useful)
+                facts.append(f"loading {os.path.basename(lib)}: {str(exc).strip()[:300]}")
+    return "; ".join(facts)
+
+
+def _created_without(ep: str, printed: str) -> str:
+    """The reason a session came back without `ep`: onnxruntime's own printed fallback message when there is one."""
+    lines = [line.strip() for line in printed.splitlines() if line.strip() and "*****" not in line]
+    said = next((line for line in lines if line.startswith("EP Error")), None)
+    if said:
+        return said[:400]
+    detail = cuda_library_diagnosis() if ep == "CUDAExecutionProvider" else "see onnxruntime's log"
+    return f"onnxruntime could not create the provider ({detail})"
+
+
+def create_session(source, options, provider: str, provider_options: dict | None = None):
+    """An onnxruntime InferenceSession on `provider` (with the CPU provider behind it for the nodes it lacks), or an
+    error saying why not: ModelLoadError when onnxruntime refuses the model or an option, EngineUnavailableError when
+    the session would have run without `provider` (onnxruntime's silent CPU fallback)."""
+    import onnxruntime as ort
+
+    ep = EXECUTION_PROVIDERS[provider]
+    providers = [(ep, dict(provider_options or {}))] + (["CPUExecutionProvider"] if provider != "cpu" else [])
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):  # onnxruntime prints its fallback ("EP Error ...") to stdout
+            session = ort.InferenceSession(source, options, providers=providers)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types for every load failure
+        what = source if isinstance(source, str) else "model"
+        raise ModelLoadError(f"{what}: onnxruntime could not create a {ep} session ({first_line(exc)})") from None
+    if ep not in session.get_providers():
+        raise EngineUnavailableError(f"onnxruntime created no {ep} session: {_created_without(ep, printed.getvalue())}")
+    session.disable_fallback()  # a run that fails on the provider raises rather than retrying on the CPU
+    return session
+
+
+@functools.lru_cache(maxsize=None)
+def provider_load_error(provider: str) -> str | None:
+    """None when a session on `provider` really gets that execution provider here, else why not (one line).
+
+    For CUDA a failed first try is retried once after onnxruntime.preload_dlls(), which loads CUDA and cuDNN from
+    the nvidia-* pip packages when they are installed but not on the loader's path."""
+    import onnxruntime as ort
+
+    ep = EXECUTION_PROVIDERS[provider]
+    if ep not in ort.get_available_providers():
+        return f"this onnxruntime ({ort.__version__}) has no {ep} (available: {', '.join(ort.get_available_providers())})"
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    error = None
+    for attempt in range(2):
+        try:
+            create_session(_tiny_model(), options, provider)
+            return None
+        except (EngineUnavailableError, ModelLoadError) as exc:
+            error = str(exc)
+        if attempt or provider == "cpu" or not hasattr(ort, "preload_dlls"):
+            break
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(Exception):
+            ort.preload_dlls()
+    return error

@@ -110,7 +110,7 @@ def test_engine_uses_a_given_folder(built):
     engine = OnnxRuntimeEngine(provider="cpu", folder=folder)
     pipe = Pipeline(components, engine=engine)
     assert pipe.stages.info["folder"] == str(folder) and not pipe.stages.info["built"]
-    assert engine.options() == {"provider": "cpu", "folder": str(folder), "cuda_graph": False}
+    assert engine.options() == {"provider": "cpu", "folder": str(folder), "cuda_graph": False, "stream": "auto"}
     out = pipe("a cat", steps=2, output="latent")
     assert torch.isfinite(out.latents).all()
 
