@@ -117,24 +117,67 @@ def component_graphs(components: Components) -> list[ComponentGraph]:
 def fp32_on_cpu(module: nn.Module) -> nn.Module:
     """The module itself when it already is fp32 on the CPU, else an fp32 CPU copy: graphs are exported in fp32 and
     converted afterwards (precision.py), so the conversion, not the exporter, decides what stays fp32."""
+    return fp32_copy(module, torch.device("cpu"))
+
+
+def fp32_copy(module: nn.Module, device: torch.device) -> nn.Module:
+    """The module itself when it already is fp32 on `device`, else an fp32 copy there."""
     params = list(module.parameters())
-    if all(p.dtype == torch.float32 and p.device.type == "cpu" for p in params):
+    if all(p.dtype == torch.float32 and p.device == device for p in params):
         return module
     clone = copy.deepcopy(module)
-    nn.Module.to(clone, device="cpu", dtype=torch.float32)
+    nn.Module.to(clone, device=device, dtype=torch.float32)
     return clone
 
 
-def export_graph(graph: ComponentGraph, path: Path) -> float:
+def export_device(module: nn.Module) -> torch.device:
+    """Where to trace: on the GPU when the weights are there (`sdaccel optimize --provider cuda` loads them there):
+    the exporter's forward pass and constant folding run on the GPU, and no CPU copy of the weights is made."""
+    for p in module.parameters():
+        if p.device.type == "cuda":
+            return torch.device("cuda", p.device.index if p.device.index is not None else torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def export_graph(graph: ComponentGraph, path: Path, log=None) -> float:
     """Export to `path` (weights beside it when over 2 GB, as the exporter does). Returns seconds taken."""
+    return export_graph_where(graph, path, log)[0]
+
+
+def export_graph_where(graph: ComponentGraph, path: Path, log=None) -> tuple[float, str]:
+    """export_graph, returning (seconds, the device it traced on).
+
+    Traces where the weights are (export_device); a GPU export that fails is retried on the CPU, with a note to
+    `log`, as the graph is the same either way."""
     start = time.perf_counter()
-    module = fp32_on_cpu(graph.module).eval()
-    inputs = tuple(t.to("cpu") for t in graph.inputs)
-    with torch.no_grad(), warnings.catch_warnings():
-        # TracerWarnings about shape-dependent Python branches are expected (see unet_size_multiple), and the
-        # legacy exporter's deprecation notice is the reason this module exists.
-        warnings.simplefilter("ignore")
-        torch.onnx.export(module, inputs, os.fspath(path), dynamo=False, opset_version=OPSET,
-                          input_names=graph.input_names, output_names=graph.output_names,
-                          dynamic_axes=graph.dynamic_axes, do_constant_folding=True)
-    return time.perf_counter() - start
+    device = export_device(graph.module)
+    if device.type != "cpu":
+        try:
+            _export(graph, path, device)
+            return time.perf_counter() - start, str(device)
+        except Exception as exc:  # noqa: BLE001 - the CPU export below is the established path
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            if log:
+                log(f"{graph.name}: export on {device} failed ({type(exc).__name__}: {first}); exporting on the CPU")
+            for leftover in path.parent.iterdir():  # this export's own folder: a partial graph and weights
+                if leftover.is_file():
+                    leftover.unlink()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    _export(graph, path, torch.device("cpu"))
+    return time.perf_counter() - start, "cpu"
+
+
+def _export(graph: ComponentGraph, path: Path, device: torch.device) -> None:
+    module = fp32_copy(graph.module, device).eval()
+    inputs = tuple(t.to(device) for t in graph.inputs)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            # TracerWarnings about shape-dependent Python branches are expected (see unet_size_multiple), and the
+            # legacy exporter's deprecation notice is the reason this module exists.
+            warnings.simplefilter("ignore")
+            torch.onnx.export(module, inputs, os.fspath(path), dynamo=False, opset_version=OPSET,
+                              input_names=graph.input_names, output_names=graph.output_names,
+                              dynamic_axes=graph.dynamic_axes, do_constant_folding=True)
+    finally:
+        del module, inputs

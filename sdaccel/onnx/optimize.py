@@ -23,7 +23,7 @@ import onnx
 from ..errors import ModelLoadError, UsageError
 from . import COMPONENT_MODEL_TYPES, FUSION_NAMES, PRECISIONS, PROVIDERS
 from .capabilities import capabilities, form_op, provider_installed, smoke_run
-from .export import PROTOBUF_LIMIT, component_graphs, export_graph, unet_size_multiple
+from .export import PROTOBUF_LIMIT, component_graphs, export_graph_where, unet_size_multiple
 from .fusions import apply_fusions, check_fusion_names, fusion_for_error
 from .manifest import (FORMAT_VERSION, MANIFEST_NAME, check_folder, file_facts, model_digest, tool_versions,
                        write_manifest)
@@ -130,18 +130,18 @@ def build_component(graph, folder: Path, components, settings: OptimizeSettings,
     name = graph.name
     raw = folder / "_export" / name / "model.onnx"
     raw.parent.mkdir(parents=True)
-    export_s = export_graph(graph, raw)
+    export_s, export_on = export_graph_where(graph, raw, log=log)
     start = time.perf_counter()
     precision = component_precision(components.spec, name, settings.precision)
     forced = settings.fp32_ops_for(name)
     compute = capabilities(settings.provider, precision)
-    fp32 = capabilities(settings.provider, "fp32")
 
     def can_run(form: str) -> bool:
-        return (fp32 if form_op(form) in forced else compute).can(form)
+        # fp32 probes only when an op is forced to fp32 (each probe is a session on the provider)
+        return (capabilities(settings.provider, "fp32") if form_op(form) in forced else compute).can(form)
 
     feeds = {n: t.detach().cpu().numpy() for n, t in zip(graph.input_names, graph.inputs)}
-    off, refused = set(settings.disabled), []
+    off, refused, smoke_s = set(settings.disabled), [], 0.0
     for _ in range(len(FUSION_NAMES) + 1):
         fused = apply_fusions(lambda: onnx.load(os.fspath(raw)), COMPONENT_MODEL_TYPES[name], can_run,
                               settings.provider, off, workdir=os.fspath(raw.parent))
@@ -152,7 +152,9 @@ def build_component(graph, folder: Path, components, settings: OptimizeSettings,
         if not provider_installed(settings.provider):
             smoke = f"skipped: no {settings.provider} provider in this onnxruntime"
             break
+        smoke_start = time.perf_counter()
         error = smoke_run(files[0], settings.provider, feeds)
+        smoke_s += time.perf_counter() - smoke_start
         if error is None:
             smoke = "ok"
             break
@@ -167,14 +169,15 @@ def build_component(graph, folder: Path, components, settings: OptimizeSettings,
     shutil.rmtree(raw.parent)
     inputs, outputs = _io(fused.model)
     counts = ", ".join(f"{op} {n}" for op, n in fused.counts.items()) or "none"
-    log(f"{name}: export {export_s:.1f} s, optimize {optimize_s:.1f} s, {precision}; fused: {counts}")
+    log(f"{name}: export {export_s:.1f} s ({export_on}), optimize {optimize_s:.1f} s (smoke run {smoke_s:.1f} s), "
+        f"{precision}; fused: {counts}")
     return {
         "file": files[0].name, "external_data": files[1].name if len(files) > 1 else None,
         "files": {f.name: file_facts(f) for f in files}, "precision": precision, "inputs": inputs,
         "outputs": outputs, "fused_ops": fused.counts, "attention_forms": fused.attention_forms,
         "disabled_fusions": fused.disabled, "fusion_notes": fused.notes + refused, "fp32_ops": report.fp32_ops,
         "casts_inserted": report.casts_inserted, "smoke_run": smoke, "export_s": round(export_s, 3),
-        "optimize_s": round(optimize_s, 3),
+        "export_device": export_on, "optimize_s": round(optimize_s, 3), "smoke_s": round(smoke_s, 3),
     }
 
 
