@@ -10,8 +10,15 @@ Variants (the ablation ladder):
   fast-noattn    fast engine with PyTorch's own SDPA dispatch instead of the per-shape pick
   fast           sdaccel fast engine: fused kernels + attention pick + CUDA graph
   compile-ro     torch.compile(mode="reduce-overhead"), compile time reported separately
+  onnxruntime    ONNX Runtime CUDA EP over an `sdaccel optimize --provider cuda --fp16` folder (--onnx-folder; without
+                 it the engine builds one in its cache first), IO binding, CUDA graph per shape
+  onnxruntime-nograph   the same without CUDA graphs
 Each variant gets its own model instance (same seed, same weights). Numerics: relative error of the output against
-an fp32 eager reference on the same inputs, next to fp16 eager's (the target: at most 1.25x eager's error).
+an fp32 eager reference on the same inputs, next to fp16 eager's (the target: at most 1.25x eager's error). A variant
+that fails is a row with `error`; the others still run, and --out is rewritten after each one.
+
+`--device cpu --dtype fp32` runs the same code on the CPU (host clock instead of CUDA events, no memory columns): a
+check of the script itself, e.g. `--arch sd15-tiny --device cpu --dtype fp32 --variants eager,onnxruntime`.
 """
 
 from __future__ import annotations
@@ -27,20 +34,31 @@ import torch
 from sdaccel.engines import get_engine
 from sdaccel.models import build_synthetic, get_spec
 
+DEVICE = torch.device("cuda")  # --device
+
+
+def on_gpu() -> bool:
+    return DEVICE.type == "cuda"
+
+
+def synchronize() -> None:
+    if on_gpu():
+        torch.cuda.synchronize()
+
 
 def make_inputs(spec, batch: int, n: int = 3):
     size = spec.unet["sample_size"]
     ctx = spec.unet["cross_attention_dim"]
     out = []
     for i in range(n):
-        g = torch.Generator("cuda").manual_seed(100 + i)
-        x = torch.randn(batch, 4, size, size, device="cuda", generator=g)
-        c = torch.randn(batch, 77, ctx, device="cuda", generator=g)
-        t = torch.tensor(900 - 300 * i, device="cuda")
+        g = torch.Generator(DEVICE).manual_seed(100 + i)
+        x = torch.randn(batch, 4, size, size, device=DEVICE, generator=g)
+        c = torch.randn(batch, 77, ctx, device=DEVICE, generator=g)
+        t = torch.tensor(900 - 300 * i, device=DEVICE)
         emb = ids = None
         if spec.is_xl:
-            emb = torch.randn(batch, spec.text_encoders[1].config["projection_dim"], device="cuda", generator=g)
-            ids = torch.tensor([[size * 8, size * 8, 0, 0, size * 8, size * 8]] * batch, device="cuda",
+            emb = torch.randn(batch, spec.text_encoders[1].config["projection_dim"], device=DEVICE, generator=g)
+            ids = torch.tensor([[size * 8, size * 8, 0, 0, size * 8, size * 8]] * batch, device=DEVICE,
                                dtype=torch.float32)
         out.append((x, t, c, emb, ids))
     return out
@@ -49,9 +67,14 @@ def make_inputs(spec, batch: int, n: int = 3):
 def time_call(fn, inputs, iters: int, warmup: int = 3):
     for i in range(warmup):
         fn(*inputs[i % len(inputs)])
-    torch.cuda.synchronize()
+    synchronize()
     samples = []
     for i in range(iters):
+        if not on_gpu():
+            start = time.perf_counter()
+            fn(*inputs[i % len(inputs)])
+            samples.append((time.perf_counter() - start) * 1e3)
+            continue
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         fn(*inputs[i % len(inputs)])
@@ -67,8 +90,8 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref).norm() / ref.norm()).item()
 
 
-def build_variant(name: str, spec, dtype):
-    comps = build_synthetic(spec, seed=0, device="cuda", dtype=dtype)
+def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
+    comps = build_synthetic(spec, seed=0, device=DEVICE, dtype=dtype)
     engine = {
         "eager": lambda: get_engine("eager"),
         "eager-graph": lambda: get_engine("fast", fused=False, attention="sdpa"),
@@ -77,9 +100,49 @@ def build_variant(name: str, spec, dtype):
         "fast-nograph": lambda: get_engine("fast", cuda_graphs=False),
         "fast": lambda: get_engine("fast"),
         "compile-ro": lambda: get_engine("compile", mode="reduce-overhead"),
+        "onnxruntime": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=True),
+        "onnxruntime-nograph": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=False),
     }[name]()
-    stages = engine.prepare(comps, dtype, torch.device("cuda"))
+    stages = engine.prepare(comps, dtype, DEVICE)
     return comps, engine, stages
+
+
+def measure_variant(name: str, spec, dtype, inputs, refs, args) -> dict:
+    synchronize()
+    # device-wide: sees ONNX Runtime's memory, which torch's counters don't
+    free_before = torch.cuda.mem_get_info()[0] if on_gpu() else None
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        comps, engine, stages = build_variant(name, spec, dtype, args.onnx_folder)
+        prepared = time.perf_counter() - t0
+        # Peak above the resident weights, from here on: what calling the UNet costs (building the synthetic
+        # model in fp32 before casting would otherwise dominate every variant's peak).
+        synchronize()
+        base = torch.cuda.memory_allocated() if on_gpu() else None
+        if on_gpu():
+            torch.cuda.reset_peak_memory_stats()
+        first = time.perf_counter()
+        out0 = stages.unet(*inputs[0]).float().clone()
+        synchronize()
+        first_call = time.perf_counter() - first
+        errs = [rel_err(out0, refs[0])] + [rel_err(stages.unet(*inp).float(), ref)
+                                           for inp, ref in zip(inputs[1:], refs[1:])]
+        timing = time_call(stages.unet, inputs, args.iters)
+    synchronize()
+    mb = lambda n: None if n is None else round(n / 2**20)  # noqa: E731
+    row = dict(variant=name, **timing, prepare_s=round(prepared, 2), first_call_s=round(first_call, 2),
+               rel_err=max(errs), finite=bool(torch.isfinite(out0).all()),
+               weights_MB=mb(base),
+               call_peak_MB=mb(torch.cuda.max_memory_allocated() - base) if on_gpu() else None,
+               device_used_MB=mb(free_before - torch.cuda.mem_get_info()[0]) if on_gpu() else None,
+               fusions=getattr(engine, "fusion_counts", {}) or stages.info.get("fused_ops", {}).get("unet", {}))
+    if name.startswith("onnxruntime"):  # how its sessions ran: stream ordering, CUDA graph or why not
+        row["engine_info"] = {k: stages.info.get(k) for k in ("sessions", "notes", "folder", "built")}
+    print(f"{name:12s} {timing['median_ms']:8.3f} ms (p20 {timing['p20_ms']:.3f} p80 {timing['p80_ms']:.3f})"
+          f"  prepare {prepared:6.1f} s  first call {first_call:6.1f} s  rel err {row['rel_err']:.2e}"
+          f"  above weights {row['call_peak_MB']} MB  device {row['device_used_MB']} MB", flush=True)
+    del comps, engine, stages
+    return row
 
 
 def main():
@@ -88,56 +151,45 @@ def main():
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--variants", default="eager,eager-graph,fast")
     ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("--dtype", default="fp16")
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
+    ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (a check of the script, not a benchmark)")
     ap.add_argument("--out")
+    ap.add_argument("--onnx-folder", help="onnxruntime variants: an `sdaccel optimize` folder for this arch and dtype")
     args = ap.parse_args()
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     spec = get_spec(args.arch)
     inputs = make_inputs(spec, args.batch)
-    result = {"arch": args.arch, "batch": args.batch, "dtype": args.dtype, "gpu": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "rows": []}
+    result = {"arch": args.arch, "batch": args.batch, "dtype": args.dtype, "device": str(DEVICE),
+              "gpu": torch.cuda.get_device_name() if on_gpu() else None, "torch": torch.__version__, "rows": []}
 
     # fp32 eager reference outputs on the same inputs, for the numerics column.
     with torch.inference_mode():
-        comps32 = build_synthetic(spec, seed=0, device="cuda", dtype=torch.float32)
-        ref_stages = get_engine("eager").prepare(comps32, torch.float32, torch.device("cuda"))
+        comps32 = build_synthetic(spec, seed=0, device=DEVICE, dtype=torch.float32)
+        ref_stages = get_engine("eager").prepare(comps32, torch.float32, DEVICE)
         refs = [ref_stages.unet(*inp).float() for inp in inputs]
     del comps32, ref_stages
     gc.collect()
-    torch.cuda.empty_cache()
+    if on_gpu():
+        torch.cuda.empty_cache()
 
     for name in args.variants.split(","):
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            comps, engine, stages = build_variant(name, spec, dtype)
-            prepared = time.perf_counter() - t0
-            # Peak above the resident weights, from here on: what calling the UNet costs (building the synthetic
-            # model in fp32 before casting would otherwise dominate every variant's peak).
-            torch.cuda.synchronize()
-            base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            first = time.perf_counter()
-            out0 = stages.unet(*inputs[0]).float().clone()
-            torch.cuda.synchronize()
-            first_call = time.perf_counter() - first
-            errs = [rel_err(out0, refs[0])] + [rel_err(stages.unet(*inp).float(), ref)
-                                               for inp, ref in zip(inputs[1:], refs[1:])]
-            timing = time_call(stages.unet, inputs, args.iters)
-        row = dict(variant=name, **timing, prepare_s=round(prepared, 2), first_call_s=round(first_call, 2),
-                   rel_err=max(errs), finite=bool(torch.isfinite(out0).all()),
-                   weights_MB=round(base / 2**20),
-                   call_peak_MB=round((torch.cuda.max_memory_allocated() - base) / 2**20),
-                   fusions=getattr(engine, "fusion_counts", {}))
+        try:
+            row = measure_variant(name, spec, dtype, inputs, refs, args)
+        except Exception as exc:  # noqa: BLE001 - one variant failing must not lose the others
+            import traceback
+
+            traceback.print_exc()
+            row = dict(variant=name, error=f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}")
+            print(f"{name:12s} FAILED: {row['error']}", flush=True)
         result["rows"].append(row)
-        print(f"{name:12s} {timing['median_ms']:8.3f} ms (p20 {timing['p20_ms']:.3f} p80 {timing['p80_ms']:.3f})"
-              f"  first call {first_call:6.1f} s  rel err {row['rel_err']:.2e}"
-              f"  above weights {row['call_peak_MB']} MB", flush=True)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)
-        del comps, engine, stages
         gc.collect()
-        torch.cuda.empty_cache()
+        if on_gpu():
+            torch.cuda.empty_cache()
         torch._dynamo.reset()
     from sdaccel.engines.attention import chosen_backends
 
