@@ -19,15 +19,20 @@
 #   TINY=1 benchmarks/run_onnx_gpu.sh                        # the same flow on a CPU: sd15-tiny, CPU EP, fp32
 #
 # Environment: OUT_DIR (results), DIR (the optimized ONNX folder; reused when its manifest is current), TAR (archive
-# of OUT_DIR), DEADLINE_S (default 570), ENGINES (default eager,onnxruntime,fast,compile: ORT is measured before
-# compile's minute-long cold start), UNET_VARIANTS (default onnxruntime,fast,eager; add compile-ro when there is
-# time), RUNS (3), WARMUP (1), STEPS (50), GRAPH (1: onnxruntime.cuda_graph), PYTHON (python3), TINY (0).
+# of OUT_DIR, outside it), DEADLINE_S (default 570) or DEADLINE_AT (epoch seconds, e.g. set first thing in a device
+# command that installs wheels before calling this), ENGINES (default eager,onnxruntime,fast,compile: ORT is
+# measured before compile's minute-long cold start), UNET_VARIANTS (default onnxruntime,fast,eager; add compile-ro
+# when there is time), RUNS (3), WARMUP (1), STEPS (50), GRAPH (1: onnxruntime.cuda_graph), PYTHON (python3),
+# TINY (0); BENCH_MIN_S / UNET_MIN_S / OPTIMIZE_MIN_S: the seconds a stage needs left to start.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's sdaccel first; the caller's packages after it
 START=$(date +%s)
+# DEADLINE_AT (epoch seconds) counts setup done before this script in the same command (unpacking wheels, ...);
+# DEADLINE_S counts from here.
+if [ -n "${DEADLINE_AT:-}" ]; then DEADLINE_S=$(( DEADLINE_AT - START )); fi
 DEADLINE_S=${DEADLINE_S:-570}
 
 if [ "${TINY:-0}" = 1 ]; then
@@ -40,7 +45,10 @@ else
   SIZE_ARGS=(--height 512 --width 512); STEPS=${STEPS:-50}; ENGINES=${ENGINES:-eager,onnxruntime,fast,compile}
   COMPILE_ARGS=(--compile-mode reduce-overhead)
   UNET_VARIANTS=${UNET_VARIANTS:-onnxruntime,fast,eager}; UNET_ITERS=${UNET_ITERS:-30}
-  out=${OUT_DIR:-"benchmarks/results/onnx-$(date -u +%Y-%m-%d)"}
+  # "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3", as run_bench_gpu.sh names its folders
+  card=$( (nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo gpu) | head -n 1 \
+         | tr '[:upper:]' '[:lower:]' | tr -cs 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')
+  out=${OUT_DIR:-"benchmarks/results/${card:-gpu}-$(date -u +%Y-%m-%d)-onnx"}
 fi
 DIR=${DIR:-"/tmp/sdaccel-onnx/${ARCH}-${PROVIDER}-${DTYPE}"}
 mkdir -p "$out"

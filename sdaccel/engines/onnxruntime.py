@@ -211,11 +211,9 @@ class GraphedRunner:
             for name, t in feeds.items():
                 entry["inputs"][name].copy_(t)
             entry["runner"].run_bound(entry["binding"])
-        except EngineUnavailableError:
-            raise  # no CUDA provider at all: plain runs would not have one either
         except Exception as exc:  # noqa: BLE001 - graph session or capture refused: run this stage without graphs
-            # (ORT refuses CUDA graphs when any compute node lands off the CUDA EP; a file that does not load at all
-            # fails again just below, in the plain session, with its own error.)
+            # (ORT refuses CUDA graphs when any compute node lands off the CUDA EP; a file that does not load at all,
+            # or a CUDA provider that is not there, fails again just below, in the plain session, with its own error.)
             self.notes.append(f"{self.label}: CUDA graph unavailable ({_first_line(exc)[:200]}); running without")
             self.entries.clear()  # a stream left capturing by a failed capture is dropped with its session
             self.fallback = SessionRunner(self.path, "cuda", self.device, stream=self.stream_mode, notes=self.notes,

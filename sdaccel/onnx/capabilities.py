@@ -121,12 +121,22 @@ def capabilities(provider: str, precision: str) -> Capabilities:
 
 
 def _probe_model(form: str, elem: int):
-    """Float32 graph inputs cast to `elem` inside the graph (numpy has no bfloat16), the op, outputs cast back."""
+    """Float32 graph inputs cast to `elem` inside the graph (numpy has no bfloat16), the op, outputs cast back.
+
+    Inputs the built models keep in fp32 whatever the precision (precision.FP32_INPUTS: GroupNorm's and
+    SkipGroupNorm's gamma/beta, which ORT's CUDA kernels only take as float) stay fp32 here too: probed in fp16,
+    CUDA's GroupNorm refuses and both GroupNorm fusions would be dropped from every fp16 build on the GPU."""
+    from .precision import FP32_INPUTS
+
     op, attrs, shapes, n_out = FORMS[form]
+    keep_fp32 = set(FP32_INPUTS.get(op, ()))
     nodes, inputs, op_inputs = [], [], []
     for k, shape in enumerate(shapes):
         name = f"x{k}"
         inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
+        if k in keep_fp32:
+            op_inputs.append(name)
+            continue
         nodes.append(helper.make_node("Cast", [name], [f"c{k}"], to=elem))
         op_inputs.append(f"c{k}")
     op_outputs = [f"o{k}" for k in range(n_out)]

@@ -331,3 +331,20 @@ def test_stream_option_is_checked():
 def test_printed_fallback_lines_are_found():
     printed = io.StringIO("*************** EP Error ***************\nEP Error boom when using [x]\nFalling back\n")
     assert caps._created_without("CUDAExecutionProvider", printed.getvalue()).startswith("EP Error boom")
+
+
+def test_group_norm_probes_feed_gamma_and_beta_as_float():
+    """ORT's CUDA GroupNorm/SkipGroupNorm take gamma/beta only as float (the built models keep them fp32): a probe
+    that cast them to fp16 would make the GPU drop both GroupNorm fusions from every fp16 build."""
+    from onnx import TensorProto
+
+    for form in ("GroupNorm", "SkipGroupNorm"):
+        model, feeds = caps._probe_model(form, TensorProto.FLOAT16)
+        node = next(n for n in model.graph.node if n.op_type == form)
+        graph_inputs = {i.name for i in model.graph.input}
+        assert node.input[1] in graph_inputs and node.input[2] in graph_inputs  # straight from float inputs
+        assert node.input[0] not in graph_inputs  # X is cast to the probed type
+        assert set(feeds) == graph_inputs
+    model, _ = caps._probe_model("BiasAdd", TensorProto.FLOAT16)
+    node = next(n for n in model.graph.node if n.op_type == "BiasAdd")
+    assert not {i.name for i in model.graph.input} & set(node.input)  # everything else is cast
