@@ -38,15 +38,15 @@ def _form(op, attrs, inputs, outputs=1):
 
 
 # One small instance of every form a fusion may emit, with SD's own widths where CUDA kernels only take those
-# (BiasSplitGelu: hidden 2560/5120/10240; GroupNorm: 32 groups of SD's channel counts), so a probe failing means
-# "this provider can't run it for SD", not "this toy shape is unusual".
+# (BiasSplitGelu: hidden 2560/5120/10240; BiasAdd: 320/640/1280 channels; GroupNorm: 32 groups of SD's channel
+# counts), so a probe failing means "this provider can't run it for SD", not "this toy shape is unusual".
 FORMS = {
     "GroupNorm": _form("GroupNorm", dict(activation=1, epsilon=1e-5, groups=32, channels_last=1),
                        [(1, 2, 2, 320), (320,), (320,)]),
     "SkipGroupNorm": _form("SkipGroupNorm", dict(activation=1, epsilon=1e-5, groups=32, channels_last=1),
                            [(1, 2, 2, 320), (320,), (320,), (1, 2, 2, 320)], outputs=2),
     "BiasSplitGelu": _form("BiasSplitGelu", {}, [(1, 2, 2560), (2560,)]),
-    "BiasAdd": _form("BiasAdd", {}, [(1, 4, 8), (8,), (1, 4, 8)]),
+    "BiasAdd": _form("BiasAdd", {}, [(1, 4, 320), (320,), (1, 4, 320)]),  # CUDA: 320, 640 or 1280 channels only
     "NhwcConv": _form("NhwcConv", dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]), [(1, 4, 4, 8), (8, 3, 3, 8), (8,)]),
     "SkipLayerNormalization": _form("SkipLayerNormalization", dict(epsilon=1e-5),
                                     [(1, 4, 8), (1, 4, 8), (8,), (8,)]),

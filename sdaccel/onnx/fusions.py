@@ -55,6 +55,7 @@ ALL_FUSIONS = FUSION_NAMES
 
 # Kernel limits that capability probes can't see because they depend on the model's shapes.
 BIAS_SPLIT_GELU_CUDA_SIZES = (2560, 5120, 10240)
+BIAS_ADD_CUDA_SIZES = (320, 640, 1280)  # contrib_ops/cuda/diffusion/bias_add.cc: "Number of channels should be ..."
 
 # Op types the manifest reports as fused (everything com.microsoft, plus the ONNX LayerNormalization ORT builds).
 FUSED_STANDARD_OPS = ("LayerNormalization",)
@@ -151,6 +152,11 @@ def _unrunnable_fusion(model: onnx.ModelProto, can_run, provider: str) -> tuple[
             if bias is None or bias.shape[0] not in BIAS_SPLIT_GELU_CUDA_SIZES:
                 size = "unknown" if bias is None else bias.shape[0]
                 return "bias_split_gelu", f"CUDA's BiasSplitGelu takes hidden sizes 2560/5120/10240, not {size}"
+        if node.op_type == "BiasAdd" and provider == "cuda":
+            bias = index.constant(node.input[1])
+            if bias is None or bias.shape[0] not in BIAS_ADD_CUDA_SIZES:
+                size = "unknown" if bias is None else bias.shape[0]
+                return "bias_add", f"CUDA's BiasAdd takes 320/640/1280 channels, not {size}"
     return None
 
 

@@ -55,6 +55,7 @@ def test_cuda_unet_fusion_counts(built, arch):
     # BiasSplitGelu's CUDA kernel only takes SD's widths: left out for this tiny one, and the manifest says why.
     assert "BiasSplitGelu" not in counts and "bias_split_gelu" in unet["disabled_fusions"]
     assert any("2560/5120/10240" in note for note in unet["fusion_notes"])
+    assert "BiasAdd" not in counts
     assert not [n for n in load_unet(folder, manifest).graph.node if n.op_type == "Softmax"]
     assert manifest["capabilities"]["fp16"]["probed"] is False  # no CUDA EP on this machine: documented kernels
 
@@ -152,3 +153,21 @@ def test_force_fp32_ops_runs_attention_in_fp32(built):
         assert users and all(u.op_type == "Cast" for u in users)
     onnx.checker.check_model(model, full_check=True)
     check_against_eager(model, components, atol=1e-2)
+
+
+def test_cuda_bias_add_outside_sd_widths_is_left_out():
+    """CUDA's BiasAdd takes 320/640/1280 channels only (contrib_ops/cuda/diffusion/bias_add.cc)."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    from sdaccel.onnx.fusions import _unrunnable_fusion
+
+    def model(width):
+        node = helper.make_node("BiasAdd", ["x", "b", "s"], ["y"], domain="com.microsoft")
+        graph = helper.make_graph([node], "g", [], [], [numpy_helper.from_array(np.zeros(width, np.float32), "b")])
+        return helper.make_model(graph)
+
+    assert _unrunnable_fusion(model(320), lambda form: True, "cuda") is None
+    name, reason = _unrunnable_fusion(model(32), lambda form: True, "cuda")
+    assert name == "bias_add" and "320/640/1280" in reason and "32" in reason
+    assert _unrunnable_fusion(model(32), lambda form: True, "cpu") is None  # the CPU has no such limit to check
