@@ -77,12 +77,31 @@ def _key(q: torch.Tensor, k: torch.Tensor) -> str:
     return f"q{list(q.shape)} k{list(k.shape)} {str(q.dtype).removeprefix('torch.')}{'' if dense else ' strided'}"
 
 
-def cuda_time_ms(fn, iters: int = 10) -> float:
+def cuda_time_ms(fn, iters: int = 20) -> float:
+    """GPU time of one call. The calls are replayed from a CUDA graph, as the engine runs them: timed from
+    Python, a 20-50 us attention kernel measures the launch path (the SDPA backend switch is Python-side) more
+    than the kernel, and picked the wrong one. A candidate that cannot be captured is timed by launching it."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     fn()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            fn()  # warm-up on the capturing stream (lazy workspaces are allocated outside the capture)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(iters):
+                fn()
+    except RuntimeError:
+        torch.cuda.synchronize()
+        graph = None
     start.record()
-    for _ in range(iters):
-        fn()
+    if graph is not None:
+        graph.replay()
+    else:
+        for _ in range(iters):
+            fn()
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / iters

@@ -28,15 +28,18 @@ def _signature(args) -> tuple:
 
 class GraphedCallable:
     def __init__(self, fn: Callable, pool=None, max_graphs: int = 16, warmup: int = 2,
-                 on_capture: Callable[[], None] | None = None):
+                 on_capture: Callable[[], None] | None = None, before_capture: Callable[[], None] | None = None):
         self.fn = fn
         self.on_capture = on_capture  # e.g. persist what the warm-up learned (attention picks)
+        self.before_capture = before_capture  # e.g. put replaced weights back where graphs read them
         self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
         self.max_graphs = max_graphs
         self.warmup = warmup
         self.graphs: dict[tuple, _Captured] = {}
 
     def _capture(self, args) -> _Captured:
+        if self.before_capture is not None:
+            self.before_capture()
         static = [a.clone() if torch.is_tensor(a) else a for a in args]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())

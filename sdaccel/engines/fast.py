@@ -121,12 +121,20 @@ class FastEngine(Engine):
         from .cudagraph import GraphedCallable
 
         pool = torch.cuda.graph_pool_handle()
+
+        def restore_replaced():
+            # Graphs must only ever read the recorded storages: a weight replaced before this capture (a LoRA
+            # fuse before the first image) is put back into its storage first. Otherwise the graph would read
+            # the replacement, whose memory a later refresh_weights lets go.
+            if any(param.data.data_ptr() != storage.data_ptr() for param, storage in self._weights):
+                self.refresh_weights(components)
+
         persist = self.save_cache
-        unet = GraphedCallable(stages.unet, pool, on_capture=persist)
-        decode = GraphedCallable(stages.decode, pool, on_capture=persist)
+        unet = GraphedCallable(stages.unet, pool, on_capture=persist, before_capture=restore_replaced)
+        decode = GraphedCallable(stages.decode, pool, on_capture=persist, before_capture=restore_replaced)
         encoders = []
         for encode in stages.text_encoders:
-            graphed = GraphedCallable(encode, pool)
+            graphed = GraphedCallable(encode, pool, before_capture=restore_replaced)
             # Text embeddings are read at every step, after other graphs have replayed: hand out copies.
             encoders.append(lambda ids, g=graphed: tuple(t.clone() for t in g(ids)))
         return Stages(encoders, unet, decode, info=dict(stages.info, fusions=self.fusion_counts,

@@ -1,5 +1,6 @@
 """The attention kernel pick: fastest among the candidates that agree with the others; never a wrong one."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -49,8 +50,6 @@ def test_short_kv_kernel_is_a_candidate_that_the_pick_checks():
     from sdaccel.engines.attention import candidates
 
     if not kernels.triton_available():
-        import pytest
-
         pytest.skip("triton is not installed")
     from sdaccel.kernels.short_kv_attention import short_kv_attention
 
@@ -62,3 +61,18 @@ def test_short_kv_kernel_is_a_candidate_that_the_pick_checks():
     g = torch.Generator().manual_seed(2)
     long_q, long_k, long_v = (torch.randn(1, 2, 300, 40, generator=g) for _ in range(3))
     assert pick(long_q, long_k, long_v, pool, time_ms=lambda fn: 1.0) == "sdpa"
+
+
+@pytest.mark.gpu
+def test_pick_on_the_gpu_times_graph_replays_and_returns_a_working_kernel():
+    from sdaccel.engines.attention import candidates, cuda_time_ms
+
+    g = torch.Generator("cuda").manual_seed(0)
+    q = torch.randn(2, 8, 1024, 80, device="cuda", dtype=torch.float16, generator=g)
+    ctx = torch.randn(2, 8, 77, 80, device="cuda", dtype=torch.float16, generator=g)
+    assert 0 < cuda_time_ms(lambda: _sdpa(q, q, q)) < 50
+    for k in (q, ctx):  # self- and cross-attention
+        name = pick(q, k, k, candidates())
+        assert name != DEFAULT
+        out = candidates()[name](q, k, k)
+        torch.testing.assert_close(out.float(), _sdpa(q, k, k).float(), rtol=2e-2, atol=2e-2)
