@@ -10,13 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "run_bench_gpu.sh: no NVIDIA GPU here (nvidia-smi); the CPU default is plain: $PY -m sdaccel bench" >&2
-  exit 2
-fi
-# "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"
-card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 | tr '[:upper:]' '[:lower:]' \
-       | tr -cs 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')
+. benchmarks/gpu_card.sh
+require_gpu run_bench_gpu.sh "the CPU default is plain: $PY -m sdaccel bench"
 # OUT_DIR overrides (on the lent GPU machine only files under $OUT come back: OUT_DIR=$OUT/<card>-<date>).
 out=${OUT_DIR:-"benchmarks/results/${card}-$(date -u +%Y-%m-%d)"}
 

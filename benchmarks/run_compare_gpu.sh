@@ -8,12 +8,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "run_compare_gpu.sh: no NVIDIA GPU here (nvidia-smi); on a CPU run: $PY -m sdaccel compare" >&2
-  exit 2
-fi
-card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 | tr '[:upper:]' '[:lower:]' \
-       | tr -cs 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')
+. benchmarks/gpu_card.sh
+require_gpu run_compare_gpu.sh "on a CPU run: $PY -m sdaccel compare"
 out=${OUT_DIR:-"benchmarks/results/${card}-$(date -u +%Y-%m-%d)/compare"}
 engines=${ENGINES:-$("$PY" - <<'PY'
 import torch

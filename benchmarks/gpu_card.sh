@@ -1,0 +1,11 @@
+# Sourced by the run_*_gpu.sh scripts: stop with exit 2 where no NVIDIA GPU answers, else set `card` to the GPU's
+# name as a folder-friendly slug ("NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3") for results/<card>-<date>/.
+#   require_gpu SCRIPT_NAME CPU_HINT
+require_gpu() {
+  if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "$1: no NVIDIA GPU here (nvidia-smi); $2" >&2
+    exit 2
+  fi
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 | tr '[:upper:]' '[:lower:]' \
+         | tr -cs 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')
+}
