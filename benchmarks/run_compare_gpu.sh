@@ -5,6 +5,8 @@
 #
 #   benchmarks/run_compare_gpu.sh            # then commit benchmarks/results/<card>-<date>/compare/
 #   STEPS=50 ENGINES=eager,fast:fp16 OUT_DIR=/tmp/cmp benchmarks/run_compare_gpu.sh
+#   EXTRA_ARGS / EXTRA_ARGS_768: more `sdaccel compare` options for the SD1.5 / SD2.1-768 run, e.g.
+#   EXTRA_ARGS="--engine-opt onnxruntime.folder=/tmp/sd15-onnx" (without a folder, onnxruntime optimizes on first use)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -23,7 +25,7 @@ steps=${STEPS:-30}
 echo "engines: $engines, $steps steps -> $out"
 status=0
 "$PY" -m sdaccel compare --model synthetic:sd15 --engines "$engines" --dtypes fp32,fp16,bf16 --steps "$steps" \
-  --out "$out/sd15-512" || status=$?
+  --out "$out/sd15-512" ${EXTRA_ARGS:-} || status=$?
 "$PY" -m sdaccel compare --model synthetic:sd21 --height 768 --width 768 --engines "$engines" \
-  --dtypes fp32,fp16,bf16 --steps "$steps" --out "$out/sd21-768" || status=$?
+  --dtypes fp32,fp16,bf16 --steps "$steps" --out "$out/sd21-768" ${EXTRA_ARGS_768:-} || status=$?
 exit $status

@@ -16,6 +16,9 @@ def register(subparsers) -> None:
     p.add_argument("--model", help="diffusers folder, checkpoint, HF repo id or synthetic:<arch> "
                                    "(default: synthetic:sd15 on a GPU, synthetic:sd15-tiny on a CPU)")
     p.add_argument("--arch", help="force the architecture (sd15, sd21, sd21-base, sdxl, *-tiny)")
+    p.add_argument("--engine-opt", action="append", default=[], metavar="ENGINE.KEY=VALUE",
+                   help="an option for one engine's constructor, repeatable, as in sdaccel bench (e.g. "
+                        "--engine-opt onnxruntime.folder=/tmp/sd15-onnx)")
     p.add_argument("--engines", help="comma-separated engine names, each optionally pinned to one dtype as "
                    "ENGINE:DTYPE, e.g. eager,compile:fp16 (default: eager plus every engine available)")
     p.add_argument("--dtypes", help="comma-separated, from fp32,fp16,bf16 (default: all three on a GPU, "
@@ -64,7 +67,8 @@ def cmd_compare(args) -> int:
     config = CompareConfig(model=args.model, arch=args.arch, engines=args.engines, dtypes=args.dtypes,
                            steps=args.steps, seed=args.seed, prompt=args.prompt or DEFAULT_PROMPT,
                            height=args.height, width=args.width, scheduler=args.scheduler, guidance=args.guidance,
-                           device=args.device, out=args.out, strict=args.strict, gif_frames=args.gif_frames)
+                           device=args.device, out=args.out, strict=args.strict, gif_frames=args.gif_frames,
+                           engine_opts=args.engine_opt)
     rows = compare(config, echo=print)
     print_table(rows)
     return 1 if any(r["status"] == "error" for r in rows) else 0

@@ -34,7 +34,7 @@ def _load(config: CompareConfig, engine: str, dtype: str):
     import sdaccel
 
     return sdaccel.load(config.model, engine=engine, dtype=dtype, device=config.device, arch=config.arch,
-                        seed=config.seed)
+                        seed=config.seed, **config.engine_opts.get(engine, {}))
 
 
 def _free(device: torch.device) -> None:

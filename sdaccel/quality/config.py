@@ -49,6 +49,9 @@ class CompareConfig:
     strict: bool = False  # non-finite or degenerate candidate output -> NonFiniteOutputError / DegenerateImageError
     gif_frames: int = GIF_FRAMES
     notes: tuple[str, ...] = field(default=(), compare=False)
+    # Per-engine constructor options, as `sdaccel bench --engine-opt` takes them: {"onnxruntime": {"folder": ...}}
+    # or ["onnxruntime.folder=/x", ...].
+    engine_opts: dict | list | tuple = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
         from ..engines import ENGINES
@@ -67,6 +70,10 @@ class CompareConfig:
             dtypes = tuple(_canonical_dtype(d) for d in dtypes)
         object.__setattr__(self, "engines", engines)
         object.__setattr__(self, "dtypes", dtypes)
+        if not isinstance(self.engine_opts, dict):
+            from ..bench.config import parse_engine_opts
+
+            object.__setattr__(self, "engine_opts", parse_engine_opts(self.engine_opts, "engine option"))
         validate_request(1 if self.steps is None else self.steps, self.height, self.width, 1, self.guidance)
         if self.scheduler:
             from ..schedulers import canonical

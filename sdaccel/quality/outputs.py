@@ -64,6 +64,7 @@ def write_outputs(out: Path, config: CompareConfig, reference: RecordedRun, runs
                       "recorded_steps": len(reference.timesteps), "timesteps": reference.timesteps},
         "settings": {"model": config.model, "arch": config.arch, "prompt": config.prompt, "seed": config.seed,
                      "device": config.device,
+                     "engine_opts": {e: {k: str(v) for k, v in o.items()} for e, o in config.engine_opts.items()},
                      **{k: reference.params.get(k) for k in ("steps", "height", "width", "scheduler", "guidance")}},
         "method": {
             "initial_noise": "drawn once on the CPU from the seed, passed to every candidate",

@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 
 from quality_fixtures import STEPS, TINY_MODEL
+import sdaccel
 from sdaccel.cli import main
 from sdaccel.quality import CompareConfig, compare, comparison
 from sdaccel.quality.bench_column import psnr_against_reference
@@ -175,3 +176,27 @@ def test_engines_can_be_pinned_to_one_dtype():
         CompareConfig(engines="compile:fp8", out=None)
     with pytest.raises(UsageError, match="unknown engine 'warp:fp16'"):
         CompareConfig(engines="warp:fp16", out=None)
+
+
+def test_engine_options_reach_the_engine_and_the_json(tmp_path, monkeypatch):
+    """--engine-opt as in bench: typed by the engine's own defaults, passed to its constructor, recorded."""
+    from sdaccel.errors import UsageError
+    from sdaccel.quality import comparison as comparison_module
+
+    seen = []
+    real_load = sdaccel.load
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("engine"), {k: kwargs[k] for k in ("channels_last",) if k in kwargs}))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(sdaccel, "load", spy)
+    config = CompareConfig(model=TINY_MODEL, engines="eager", dtypes="fp32", steps=STEPS, device="cpu",
+                           out=str(tmp_path), engine_opts=["eager.channels_last=0"])
+    assert config.engine_opts == {"eager": {"channels_last": False}}
+    comparison_module.compare(config, echo=lambda line: None)
+    assert seen and all(opts == {"channels_last": False} for _, opts in seen)
+    settings = json.loads((tmp_path / "compare.json").read_text())["settings"]
+    assert settings["engine_opts"] == {"eager": {"channels_last": "False"}}
+    with pytest.raises(UsageError, match="has no option 'warp'"):
+        CompareConfig(engines="eager", engine_opts=["eager.warp=1"], out=None)
