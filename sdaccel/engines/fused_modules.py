@@ -47,6 +47,7 @@ class FusedResnetBlock(nn.Module):
         super().__init__()
         self.block = block  # keeps the parameters registered under the same names
         self.time_projections: TimeEmbeddingProjections | None = None  # set by fuse_modules
+        self.time_slice: tuple[int, int] | None = None  # this block's columns of the shared projections
         convs = [block.conv1, block.conv2] + ([block.conv_shortcut] if block.conv_shortcut is not None else [])
         self.split_biases = all(_plain_conv(c) for c in convs)
         if self.split_biases:
@@ -115,11 +116,10 @@ class TimeEmbeddingProjections(nn.Module):
     def __init__(self, blocks: list[FusedResnetBlock]):
         super().__init__()
         self.blocks = blocks  # a plain list: the blocks are registered where they live in the model
-        self.offsets: dict[int, tuple[int, int]] = {}
         start = 0
         for block in blocks:
             rows = block.block.time_emb_proj.out_features
-            self.offsets[id(block)] = (start, start + rows)
+            block.time_slice = (start, start + rows)  # on the block, so a deepcopy keeps it right
             start += rows
         packed = torch.cat([blk.block.time_emb_proj.weight for blk in blocks], 0)
         self.register_buffer("packed_weight", packed, persistent=False)
@@ -133,28 +133,35 @@ class TimeEmbeddingProjections(nn.Module):
         proj = block.block.time_emb_proj
         return block.split_biases and type(proj) is nn.Linear
 
+    @staticmethod
+    def _linear(block: FusedResnetBlock) -> nn.Linear:
+        """The block's time projection; under a PEFT LoRA wrapper, its base layer (adapters merged into it)."""
+        proj = block.block.time_emb_proj
+        base = getattr(proj, "base_layer", None)
+        if base is None:
+            return proj
+        if not getattr(proj, "merged", False) and getattr(proj, "active_adapters", None):
+            raise UsageError("LoRA adapters must be fused into the weights (pipe.fuse_lora()) before "
+                             "refresh_weights(): the fast engine's packed time projections do not run unfused "
+                             "adapters")
+        return base
+
     def _views(self) -> None:
         for block in self.blocks:
-            lo, hi = self.offsets[id(block)]
-            block.block.time_emb_proj.weight.data = self.packed_weight[lo:hi]
+            lo, hi = block.time_slice
+            self._linear(block).weight.data = self.packed_weight[lo:hi]
 
     def _bias(self) -> torch.Tensor:
         parts = []
         for block in self.blocks:
-            proj, conv1 = block.block.time_emb_proj, block.block.conv1
+            proj, conv1 = self._linear(block), block.block.conv1
             bias = proj.bias if proj.bias is not None else torch.zeros_like(proj.weight[:, 0])
             parts.append(bias + conv1.bias if conv1.bias is not None else bias)
         return torch.cat(parts).detach()
 
     def refresh(self) -> None:
-        for block in self.blocks:
-            proj = block.block.time_emb_proj
-            base = getattr(proj, "base_layer", None)
-            if base is not None:
-                raise UsageError("LoRA adapters on time_emb_proj must be fused (pipe.fuse_lora()) before "
-                                 "refresh_weights()")
         with torch.no_grad():
-            self.packed_weight.copy_(torch.cat([b.block.time_emb_proj.weight for b in self.blocks], 0))
+            self.packed_weight.copy_(torch.cat([self._linear(b).weight for b in self.blocks], 0))
             self.packed_bias.copy_(self._bias())
         self._views()
 
@@ -162,7 +169,7 @@ class TimeEmbeddingProjections(nn.Module):
         if self._temb is not temb:  # the first block of this UNet call
             self._out = F.linear(F.silu(temb), self.packed_weight, self.packed_bias)
             self._temb = temb
-        lo, hi = self.offsets[id(block)]
+        lo, hi = block.time_slice
         return self._out[:, lo:hi]
 
 

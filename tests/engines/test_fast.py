@@ -231,3 +231,28 @@ def test_weights_replaced_before_the_first_capture_are_restored_into_place(exact
     again = fast("a cat", steps=2, scheduler="ddim", output="latent").latents
     for out in (first, again):
         torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_unet_survives_a_deepcopy_and_refuses_unfused_time_adapters():
+    import copy
+
+    comps = build_synthetic(get_spec("sd15-tiny"))
+    fuse_modules(comps.unet)
+    twin = copy.deepcopy(comps.unet)
+    x = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(0))
+    ctx = torch.randn(1, 77, comps.unet.config.cross_attention_dim, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x, 10, encoder_hidden_states=ctx).sample,
+                                   comps.unet(x, 10, encoder_hidden_states=ctx).sample)
+    resnet = comps.unet.down_blocks[0].resnets[0].block
+
+    class AdapterWrapper(torch.nn.Module):  # a PEFT LoRA layer with an unmerged adapter
+        def __init__(self, base):
+            super().__init__()
+            self.base_layer, self.merged, self.active_adapters = base, False, ["style"]
+
+    resnet.time_emb_proj = AdapterWrapper(resnet.time_emb_proj)
+    with pytest.raises(sdaccel.UsageError, match="must be fused into the weights"):
+        comps.unet.sdaccel_time_projections.refresh()
+    resnet.time_emb_proj.merged = True
+    comps.unet.sdaccel_time_projections.refresh()
