@@ -72,9 +72,15 @@ class FastEngine(Engine):
     def refresh_weights(self, components: Components) -> dict[str, int]:
         """Weights replaced after prepare (e.g. `param.data = merged` by a LoRA fuse) are copied back into the
         storage the captured CUDA graphs read, and packed QKV/KV weights are rebuilt in place: no recapture."""
+        copied = restore_weight_storages(self._weights)
+        return {"copied": copied, **self._rebuild_fused(components)}
+
+    @staticmethod
+    def _rebuild_fused(components: Components) -> dict[str, int]:
+        """Rebuild, in place, what the fused modules derive from the weights: packed QKV/KV, combined biases,
+        packed time projections."""
         from .fused_modules import FusedAttention, FusedResnetBlock, TimeEmbeddingProjections
 
-        copied = restore_weight_storages(self._weights)
         packed = rebuilt = 0
         for module in [*components.unet.modules(), *components.vae.modules()]:
             if isinstance(module, FusedAttention):
@@ -83,7 +89,7 @@ class FastEngine(Engine):
             elif isinstance(module, (FusedResnetBlock, TimeEmbeddingProjections)):
                 module.refresh()  # combined biases, packed time projections
                 rebuilt += 1
-        return {"copied": copied, "packed_attention": packed, "rebuilt_resnet_parts": rebuilt}
+        return {"packed_attention": packed, "rebuilt_resnet_parts": rebuilt}
 
     def save_cache(self) -> None:
         if self.cache is not None:
@@ -126,8 +132,8 @@ class FastEngine(Engine):
             # Graphs must only ever read the recorded storages: a weight replaced before this capture (a LoRA
             # fuse before the first image) is put back into its storage first. Otherwise the graph would read
             # the replacement, whose memory a later refresh_weights lets go.
-            if any(param.data.data_ptr() != storage.data_ptr() for param, storage in self._weights):
-                self.refresh_weights(components)
+            if restore_weight_storages(self._weights):
+                self._rebuild_fused(components)
 
         persist = self.save_cache
         unet = GraphedCallable(stages.unet, pool, on_capture=persist, before_capture=restore_replaced)

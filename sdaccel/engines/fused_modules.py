@@ -24,6 +24,18 @@ def _silu(module: nn.Module) -> bool:
     return isinstance(module, nn.SiLU) or getattr(module, "__name__", "") == "silu"
 
 
+def _merged_base(layer: nn.Module) -> nn.Module:
+    """The layer whose weight the packed buffers mirror: under a PEFT LoRA wrapper, its base layer, which holds
+    the weights once the adapters are merged (unmerged active adapters are refused: packed weights ignore them)."""
+    base = getattr(layer, "base_layer", None)
+    if base is None:
+        return layer
+    if not getattr(layer, "merged", False) and getattr(layer, "active_adapters", None):
+        raise UsageError("LoRA adapters must be fused into the weights (pipe.fuse_lora()) before "
+                         "refresh_weights(): the fast engine's packed projections do not run unfused adapters")
+    return base
+
+
 def _plain_conv(conv: nn.Module) -> bool:
     """A conv whose weight and bias can be applied separately (no adapter wrapped around it)."""
     return type(conv) is nn.Conv2d and conv.padding_mode == "zeros"
@@ -135,16 +147,7 @@ class TimeEmbeddingProjections(nn.Module):
 
     @staticmethod
     def _linear(block: FusedResnetBlock) -> nn.Linear:
-        """The block's time projection; under a PEFT LoRA wrapper, its base layer (adapters merged into it)."""
-        proj = block.block.time_emb_proj
-        base = getattr(proj, "base_layer", None)
-        if base is None:
-            return proj
-        if not getattr(proj, "merged", False) and getattr(proj, "active_adapters", None):
-            raise UsageError("LoRA adapters must be fused into the weights (pipe.fuse_lora()) before "
-                             "refresh_weights(): the fast engine's packed time projections do not run unfused "
-                             "adapters")
-        return base
+        return _merged_base(block.block.time_emb_proj)
 
     def _views(self) -> None:
         for block in self.blocks:
@@ -197,18 +200,7 @@ class FusedAttention(nn.Module):
 
     def _projections(self) -> list[nn.Linear]:
         names = ("to_k", "to_v") if self.is_cross else ("to_q", "to_k", "to_v")
-        layers = []
-        for name in names:
-            layer = getattr(self.attn, name)
-            base = getattr(layer, "base_layer", None)  # a PEFT LoRA wrapper around the original Linear
-            if base is not None:
-                if not getattr(layer, "merged", False) and getattr(layer, "active_adapters", None):
-                    raise UsageError("LoRA adapters must be fused into the weights (pipe.fuse_lora()) before "
-                                     "refresh_weights(): the fast engine's packed projections do not run "
-                                     "unfused adapters")
-                layer = base
-            layers.append(layer)
-        return layers
+        return [_merged_base(getattr(self.attn, name)) for name in names]
 
     def refresh(self) -> None:
         """Copy the current q/k/v weights into the packed weight, in place (its address, which captured CUDA

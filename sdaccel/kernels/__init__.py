@@ -94,6 +94,11 @@ def register_triton_op(name: str, fn):
         return fn
 
 
+def next_pow2(v: int) -> int:
+    """The smallest power of two >= v (1 for v <= 1): Triton block sizes."""
+    return 1 << max(0, int(v) - 1).bit_length()
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count

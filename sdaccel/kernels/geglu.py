@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import compiling, launchable, register_triton_op, use_triton
+from . import compiling, launchable, next_pow2, register_triton_op, use_triton
 
 try:
     import triton
@@ -76,10 +76,6 @@ if triton is not None:
 
 # ----------------------------------------------------------------- launcher
 
-def _next_pow2(v: int) -> int:
-    return 1 << max(0, int(v) - 1).bit_length()
-
-
 def pick_feature_block(D: int, largest: int = 256) -> int:
     """Largest power of two <= ``largest`` dividing D (no masked lanes), else next_pow2(D) capped."""
     block = largest
@@ -87,7 +83,7 @@ def pick_feature_block(D: int, largest: int = 256) -> int:
         if D % block == 0:
             return block
         block //= 2
-    return min(largest, _next_pow2(D))
+    return min(largest, next_pow2(D))
 
 
 def launch_geglu(
@@ -110,7 +106,7 @@ def launch_geglu(
     M = h.numel() // two_d if two_d else 0
     out = h.new_empty((*h.shape[:-1], D))
     block_d = pick_feature_block(D)
-    block_m = max(1, min(tile_elems // block_d, _next_pow2(M)))
+    block_m = max(1, min(tile_elems // block_d, next_pow2(M)))
     grid = (triton.cdiv(M, block_m), triton.cdiv(D, block_d))
     launchable(_geglu_kernel, traceable)[grid](
         h, bias.contiguous() if bias is not None else h, out,

@@ -39,7 +39,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import compiling, launchable, parallel_target, register_triton_op, use_triton
+from . import compiling, launchable, next_pow2, parallel_target, register_triton_op, use_triton
 
 try:
     import triton
@@ -291,10 +291,6 @@ if triton is not None:
 
 # ----------------------------------------------------------------- launcher
 
-def _next_pow2(v: int) -> int:
-    return 1 << max(0, int(v) - 1).bit_length()
-
-
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -307,7 +303,7 @@ def pick_channel_block(num_channels: int, num_groups: int) -> tuple[int, int]:
     (vector loads); larger blocks on ties.
     """
     group_size = num_channels // num_groups
-    smallest = max(16, _next_pow2(group_size))
+    smallest = max(16, next_pow2(group_size))
     best_key, best = None, None
     block_c = smallest
     while block_c <= max(256, smallest):
@@ -331,7 +327,7 @@ SINGLE_PASS_MAX_TILE = 16384
 
 
 def single_pass_fits(hw: int, group_size: int) -> bool:
-    return _next_pow2(hw) * _next_pow2(group_size) <= SINGLE_PASS_MAX_TILE
+    return next_pow2(hw) * next_pow2(group_size) <= SINGLE_PASS_MAX_TILE
 
 
 def _hw_stride(x: torch.Tensor) -> Optional[int]:
@@ -406,7 +402,7 @@ def launch_group_norm(
     if single_pass is None:
         single_pass = single_pass_fits(HW, group_size)
     if single_pass:
-        block_hw, block_c = _next_pow2(HW), _next_pow2(group_size)
+        block_hw, block_c = next_pow2(HW), next_pow2(group_size)
         if block_hw * block_c > SINGLE_PASS_MAX_TILE:
             raise ValueError(f"a group of {HW} x {group_size} values is too large for the single-pass kernel")
         launchable(_group_norm_single_kernel, traceable)[(num_groups, N)](
@@ -423,7 +419,7 @@ def launch_group_norm(
 
     block_c, groups_per_block = pick_channel_block(C, num_groups)
     num_cblocks = _cdiv(num_groups, groups_per_block)
-    block_g = _next_pow2(groups_per_block)
+    block_g = next_pow2(groups_per_block)
     # Rows per chunk (one program's share), the larger of:
     #  - enough programs to fill the GPU (~2 per SM: each loops over its rows,
     #    which amortizes the fixed per-program cost of merging statistics);
@@ -431,7 +427,7 @@ def launch_group_norm(
     #    stays under 1/8 of its data: (HW/rows) * block_g * 8 <= rows * block_c,
     #    and under 4K partials in all.
     rows_wanted = _cdiv(N * HW * num_cblocks, parallel_target(x))
-    block_hw = max(1, min(tile_elems // block_c, _next_pow2(rows_wanted), _next_pow2(HW)))
+    block_hw = max(1, min(tile_elems // block_c, next_pow2(rows_wanted), next_pow2(HW)))
     max_chunks = max(1, min(256, 4096 // block_g))
     if rows_per_chunk is None:
         rows_for_gather = math.isqrt(_cdiv(HW * block_g * 8, block_c)) + 1
@@ -463,7 +459,7 @@ def launch_group_norm(
         out, part_mean, part_m2,
         HW, C, num_groups, rows_per_chunk, num_chunks, eps,
         x.stride(0), x.stride(1), stride_hw, *add_strides,
-        BLOCK_CHUNKS=_next_pow2(num_chunks), READ_SUM=write_sum,
+        BLOCK_CHUNKS=next_pow2(num_chunks), READ_SUM=write_sum,
         HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, APPLY_SILU=silu,
         **common,
     )

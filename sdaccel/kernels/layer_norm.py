@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from . import compiling, launchable, register_triton_op, use_triton
+from . import compiling, launchable, next_pow2, register_triton_op, use_triton
 
 try:
     import triton
@@ -110,10 +110,6 @@ if triton is not None:
 
 # ----------------------------------------------------------------- launcher
 
-def _next_pow2(v: int) -> int:
-    return 1 << max(0, int(v) - 1).bit_length()
-
-
 def launch_layer_norm(
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
@@ -139,8 +135,8 @@ def launch_layer_norm(
             raise ValueError(f"skip shape {tuple(skip.shape)} != x shape {tuple(x.shape)}")
         skip = skip.contiguous()
     M = x.numel() // D if D else 0
-    block_d = _next_pow2(D)
-    block_rows = max(1, min(tile_elems // block_d, _next_pow2(M)))
+    block_d = next_pow2(D)
+    block_rows = max(1, min(tile_elems // block_d, next_pow2(M)))
     if num_warps is None:
         num_warps = 8 if block_rows * block_d >= 8192 else 4
 

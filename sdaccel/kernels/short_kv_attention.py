@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import use_triton
+from . import next_pow2, use_triton
 
 try:
     import triton
@@ -88,10 +88,6 @@ if triton is not None:
 
 # ----------------------------------------------------------------- launcher
 
-def _next_pow2(v: int) -> int:
-    return 1 << max(0, int(v) - 1).bit_length()
-
-
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
     """Why the kernel cannot take these inputs (None: it can)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -128,7 +124,7 @@ def short_kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
-        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=max(16, _next_pow2(Lk)), BLOCK_D=max(16, _next_pow2(d)),
+        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=max(16, next_pow2(Lk)), BLOCK_D=max(16, next_pow2(d)),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 inputs: no silent TF32 rounding
         num_warps=num_warps,
     )

@@ -60,8 +60,9 @@ class CompareConfig:
         engines = parse_names(self.engines, "engines")
         if engines is not None:
             # "engine:dtype" pins an engine to one dtype (e.g. compile:fp16: one compilation, not three).
-            engines = tuple(dict.fromkeys(e if ":" not in e else f"{e.split(':', 1)[0]}:"
-                                          f"{_canonical_dtype(e.split(':', 1)[1])}" for e in engines))
+            pinned = (e.partition(":") for e in engines)
+            engines = tuple(dict.fromkeys(f"{name}:{_canonical_dtype(dtype)}" if dtype else name
+                                          for name, _, dtype in pinned))
             unknown = [e for e in engines if e.split(":", 1)[0] not in ENGINES]
             if unknown:
                 raise UsageError(f"unknown engine {unknown[0]!r}; available: {', '.join(sorted(ENGINES))}")
