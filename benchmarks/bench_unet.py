@@ -9,6 +9,8 @@ Variants (the ablation ladder):
   fast-nofuse    sdaccel fast engine without the fused blocks (attention pick + CUDA graph)
   fast-noattn    fast engine with PyTorch's own SDPA dispatch instead of the per-shape pick
   fast           sdaccel fast engine: fused kernels + attention pick + CUDA graph
+  fast-nocap     fast without the cap on cuDNN's autotuning workspace (run it in its own process: cuDNN keeps
+                 its picks per process, so after `fast` nothing would be tuned again)
   compile-ro     torch.compile(mode="reduce-overhead"), compile time reported separately
   onnxruntime    ONNX Runtime CUDA EP over an `sdaccel optimize --provider cuda --fp16` folder (--onnx-folder; without
                  it the engine builds one in its cache first), IO binding, CUDA graph per shape
@@ -99,6 +101,7 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
         "fast-noattn": lambda: get_engine("fast", attention="sdpa"),
         "fast-nograph": lambda: get_engine("fast", cuda_graphs=False),
         "fast": lambda: get_engine("fast"),
+        "fast-nocap": lambda: get_engine("fast", workspace_mb=0),  # cuDNN autotunes with all free memory
         "compile-ro": lambda: get_engine("compile", mode="reduce-overhead"),
         "onnxruntime": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=True),
         "onnxruntime-nograph": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=False),

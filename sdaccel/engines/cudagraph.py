@@ -2,13 +2,21 @@
 
 A call with a new signature (shapes, dtypes, which optional inputs are given) runs twice eagerly on a side stream
 (cuDNN/Triton/attention autotuning happens there, outside capture), is captured once, and from then on only its
-inputs are copied into static buffers and the graph replayed. Every graph of one engine shares one memory pool.
+inputs are copied into static buffers and the graph replayed.
+
+cuDNN's autotuning (benchmark mode) sizes its trial workspace by the device's free memory: on an H200 the SDXL VAE's
+first decode reserved 130 GB for it, and SD1.5's first UNet call 600 MB above what any chosen algorithm needs. With a
+`workspace_budget`, the first warm-up runs on cuDNN's heuristics (small workspaces; it fills the allocator's cache
+with the call's activations), and the autotuning run goes under an allocator cap of what is reserved then plus the
+budget: PyTorch halves the trial workspace until it fits and skips the algorithms that need more. Every graph of one engine shares one memory pool.
 The returned tensor is the graph's static output: it is overwritten by the next replay, so consume it first
 (the pipeline does; text-encoder outputs, which live across the loop, are cloned).
 """
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -26,10 +34,49 @@ def _signature(args) -> tuple:
     return tuple((tuple(a.shape), a.dtype, a.device) if torch.is_tensor(a) else ("const", a) for a in args)
 
 
+@contextlib.contextmanager
+def allocator_cap(extra_bytes: int):
+    """Let the caching allocator reserve at most `extra_bytes` more than it holds now (then as before)."""
+    device = torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(device).total_memory
+    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.9
+    before = get_fraction(device) if get_fraction is not None else 1.0
+    cap = min(total, torch.cuda.memory_reserved(device) + extra_bytes)
+    torch.cuda.set_per_process_memory_fraction(min(before, cap / total), device)
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(before, device)
+
+
+def warm_up(fn: Callable, args, runs: int, workspace_budget: int | None) -> None:
+    """`runs` eager calls before capture; with a budget, cuDNN autotunes under a workspace cap (module doc)."""
+    if workspace_budget is None or runs < 2 or not torch.backends.cudnn.benchmark:
+        for _ in range(runs):
+            fn(*args)
+        return
+    torch.backends.cudnn.benchmark = False
+    try:
+        fn(*args)  # heuristic algorithms; the activations' blocks stay cached for the capped run
+    finally:
+        torch.backends.cudnn.benchmark = True
+    try:
+        with allocator_cap(workspace_budget):
+            fn(*args)
+    except torch.OutOfMemoryError:  # our own activations did not fit the cap (fragmentation): tune uncapped
+        warnings.warn("cuDNN autotuning ran without a workspace cap: the call's own memory did not fit under it",
+                      stacklevel=2)
+        fn(*args)
+    for _ in range(runs - 2):
+        fn(*args)
+
+
 class GraphedCallable:
     def __init__(self, fn: Callable, pool=None, max_graphs: int = 16, warmup: int = 2,
-                 on_capture: Callable[[], None] | None = None, before_capture: Callable[[], None] | None = None):
+                 on_capture: Callable[[], None] | None = None, before_capture: Callable[[], None] | None = None,
+                 workspace_budget: int | None = None):
         self.fn = fn
+        self.workspace_budget = workspace_budget  # bytes cuDNN may try algorithms in (module doc); None: no cap
         self.on_capture = on_capture  # e.g. persist what the warm-up learned (attention picks)
         self.before_capture = before_capture  # e.g. put replaced weights back where graphs read them
         self.pool = pool if pool is not None else torch.cuda.graph_pool_handle()
@@ -44,8 +91,7 @@ class GraphedCallable:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(self.warmup):
-                self.fn(*static)
+            warm_up(self.fn, static, self.warmup, self.workspace_budget)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):

@@ -10,6 +10,8 @@ Options (each can be switched off for ablations):
                activations kept resident per captured shape (shared pool)
   attention    "auto": time the SDPA backends per shape and keep the fastest correct one; "sdpa": PyTorch's pick
   fp32_ops     ("attention",): q, k, v and softmax in fp32 (slower; for models whose attention overflows fp16)
+  workspace_mb cuDNN autotunes each captured shape with at most this much trial workspace (cudagraph.py: without
+               a cap it takes as much as the GPU has free, which was the first run's memory peak); 0: no cap
 """
 
 from __future__ import annotations
@@ -43,13 +45,17 @@ class FastEngine(Engine):
                   "packed QKV, fastest SDPA backend per shape, whole-call CUDA graphs"
 
     def __init__(self, fused: bool = True, cuda_graphs: bool = True, attention: str = "auto",
-                 channels_last: bool = True, fp32_ops: tuple[str, ...] | list[str] = (), allow_cpu: bool = False):
+                 channels_last: bool = True, fp32_ops: tuple[str, ...] | list[str] = (), workspace_mb: int = 256,
+                 allow_cpu: bool = False):
         unknown = set(fp32_ops) - FP32_OPS
         if unknown:
             raise UsageError(f"unknown fp32 op(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(FP32_OPS))}")
         if attention not in ("auto", "sdpa"):
             raise UsageError(f"attention must be auto or sdpa, got {attention!r}")
+        if not isinstance(workspace_mb, int) or isinstance(workspace_mb, bool) or workspace_mb < 0:
+            raise UsageError(f"workspace_mb must be an integer >= 0 (0: no cap), got {workspace_mb!r}")
         self.fp32_ops = tuple(sorted(fp32_ops))
+        self.workspace_mb = workspace_mb
         self.fused = fused
         self.cuda_graphs = cuda_graphs
         self.attention = attention
@@ -97,7 +103,7 @@ class FastEngine(Engine):
 
     def options(self):
         return {"fused": self.fused, "cuda_graphs": self.cuda_graphs, "attention": self.attention,
-                "fp32_ops": list(self.fp32_ops)}
+                "fp32_ops": list(self.fp32_ops), "workspace_mb": self.workspace_mb}
 
     def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
         if device.type != "cuda" and not self.allow_cpu:
@@ -136,11 +142,13 @@ class FastEngine(Engine):
                 self._rebuild_fused(components)
 
         persist = self.save_cache
-        unet = GraphedCallable(stages.unet, pool, on_capture=persist, before_capture=restore_replaced)
-        decode = GraphedCallable(stages.decode, pool, on_capture=persist, before_capture=restore_replaced)
+        graph_opts = dict(before_capture=restore_replaced,
+                          workspace_budget=self.workspace_mb * 2**20 if self.workspace_mb else None)
+        unet = GraphedCallable(stages.unet, pool, on_capture=persist, **graph_opts)
+        decode = GraphedCallable(stages.decode, pool, on_capture=persist, **graph_opts)
         encoders = []
         for encode in stages.text_encoders:
-            graphed = GraphedCallable(encode, pool, before_capture=restore_replaced)
+            graphed = GraphedCallable(encode, pool, **graph_opts)
             # Text embeddings are read at every step, after other graphs have replayed: hand out copies.
             encoders.append(lambda ids, g=graphed: tuple(t.clone() for t in g(ids)))
         return Stages(encoders, unet, decode, info=dict(stages.info, fusions=self.fusion_counts,
