@@ -11,6 +11,8 @@ Variants (the ablation ladder):
   fast           sdaccel fast engine: fused kernels + attention pick + CUDA graph
   fast-nocap     fast without the cap on cuDNN's autotuning workspace (run it in its own process: cuDNN keeps
                  its picks per process, so after `fast` nothing would be tuned again)
+  fast-ffpick    fast with gemm_geglu="auto": the feed-forward's GEMM + GEGLU as one fused Triton kernel where
+                 that times faster for the shape than cuBLAS + the GEGLU kernel (the default)
   compile-ro     torch.compile(mode="reduce-overhead"), compile time reported separately
   onnxruntime    ONNX Runtime CUDA EP over an `sdaccel optimize --provider cuda --fp16` folder (--onnx-folder; without
                  it the engine builds one in its cache first), IO binding, CUDA graph per shape
@@ -102,6 +104,7 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
         "fast-nograph": lambda: get_engine("fast", cuda_graphs=False),
         "fast": lambda: get_engine("fast"),
         "fast-nocap": lambda: get_engine("fast", workspace_mb=0),  # cuDNN autotunes with all free memory
+        "fast-ffpick": lambda: get_engine("fast", gemm_geglu="auto"),
         "compile-ro": lambda: get_engine("compile", mode="reduce-overhead"),
         "onnxruntime": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=True),
         "onnxruntime-nograph": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=False),
@@ -196,7 +199,11 @@ def main():
         torch._dynamo.reset()
     from sdaccel.engines.attention import chosen_backends
 
+    from sdaccel.engines.feed_forward import chosen_paths
+
     result["attention_backends"] = chosen_backends()
+    result["feed_forward_paths"] = chosen_paths()
+    print(json.dumps(result["feed_forward_paths"], indent=1))
     print(json.dumps(result["attention_backends"], indent=1))
     if args.out:
         with open(args.out, "w") as f:

@@ -16,6 +16,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .kernel_pick import cuda_time_ms, pick_fastest
+
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (B, H, L, d) q, k, v -> (B, H, L, d)
 
 DEFAULT = "default"  # PyTorch's own SDPA dispatch
@@ -77,56 +79,10 @@ def _key(q: torch.Tensor, k: torch.Tensor) -> str:
     return f"q{list(q.shape)} k{list(k.shape)} {str(q.dtype).removeprefix('torch.')}{'' if dense else ' strided'}"
 
 
-def cuda_time_ms(fn, iters: int = 20) -> float:
-    """GPU time of one call. The calls are replayed from a CUDA graph, as the engine runs them: timed from
-    Python, a 20-50 us attention kernel measures the launch path (the SDPA backend switch is Python-side) more
-    than the kernel, and picked the wrong one. A candidate that cannot be captured is timed by launching it."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    fn()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    try:
-        with torch.cuda.stream(side):
-            fn()  # warm-up on the capturing stream (lazy workspaces are allocated outside the capture)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(iters):
-                fn()
-    except RuntimeError:
-        torch.cuda.synchronize()
-        graph = None
-    start.record()
-    if graph is not None:
-        graph.replay()
-    else:
-        for _ in range(iters):
-            fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
-
-
 def pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernels: dict[str, Kernel],
          time_ms: Callable[[Callable[[], torch.Tensor]], float] = cuda_time_ms) -> str:
     """The fastest kernel whose output matches the first working one's; DEFAULT when none works."""
-    results = {}
-    for name, kernel in kernels.items():
-        try:
-            out = kernel(q, k, v)
-            ms = time_ms(lambda: kernel(q, k, v))
-        except Exception:  # noqa: BLE001 - refused shape/dtype/GPU, or a Triton kernel that fails to compile here
-            continue
-        if torch.isfinite(out).all():
-            results[name] = (ms, out)
-    if not results:
-        return DEFAULT
-    reference = next(iter(results.values()))[1].float()
-    tol = 2e-2 if q.dtype in (torch.float16, torch.bfloat16) else 1e-4
-    scale = max(1.0, reference.abs().max().item())
-    good = {name: ms for name, (ms, out) in results.items()
-            if (out.float() - reference).abs().max().item() <= tol * scale}
-    return min(good, key=good.get) if good else DEFAULT
+    return pick_fastest((q, k, v), kernels, DEFAULT, time_ms)
 
 
 _KERNELS: dict[str, Kernel] = {}

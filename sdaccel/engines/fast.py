@@ -9,6 +9,9 @@ Options (each can be switched off for ablations):
   cuda_graphs  capture each stage per input shape; replay is one launch               cost: ~1 s and the graph's
                activations kept resident per captured shape (shared pool)
   attention    "auto": time the SDPA backends per shape and keep the fastest correct one; "sdpa": PyTorch's pick
+  gemm_geglu   "split": the feed-forward's GEMM + GEGLU as cuBLAS + a GEGLU kernel; "auto": or one fused Triton
+               GEMM-GEGLU kernel where it times faster for the shape (feed_forward.py). On an H100 it won only at
+               SD1.5's smallest shapes, 0.03 ms per UNet call at CFG batch 2, for a few seconds of JIT: opt-in
   fp32_ops     ("attention",): q, k, v and softmax in fp32 (slower; for models whose attention overflows fp16)
   workspace_mb cuDNN autotunes each captured shape with at most this much trial workspace (cudagraph.py: without
                a cap it takes as much as the GPU has free, which was the first run's memory peak); 0: no cap
@@ -22,6 +25,7 @@ import torch
 
 from ..errors import EngineUnavailableError, UsageError
 from ..models.components import Components
+from . import feed_forward
 from .attention import chosen_backends, restore_backends, set_autotune
 from .base import Engine, Stages, restore_weight_storages, weight_storages
 from .compile import cache_root
@@ -46,12 +50,15 @@ class FastEngine(Engine):
 
     def __init__(self, fused: bool = True, cuda_graphs: bool = True, attention: str = "auto",
                  channels_last: bool = True, fp32_ops: tuple[str, ...] | list[str] = (), workspace_mb: int = 256,
-                 allow_cpu: bool = False):
+                 gemm_geglu: str = "split", allow_cpu: bool = False):
         unknown = set(fp32_ops) - FP32_OPS
         if unknown:
             raise UsageError(f"unknown fp32 op(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(FP32_OPS))}")
         if attention not in ("auto", "sdpa"):
             raise UsageError(f"attention must be auto or sdpa, got {attention!r}")
+        if gemm_geglu not in ("auto", "split"):
+            raise UsageError(f"gemm_geglu must be auto or split, got {gemm_geglu!r}")
+        self.gemm_geglu = gemm_geglu
         if not isinstance(workspace_mb, int) or isinstance(workspace_mb, bool) or workspace_mb < 0:
             raise UsageError(f"workspace_mb must be an integer >= 0 (0: no cap), got {workspace_mb!r}")
         self.fp32_ops = tuple(sorted(fp32_ops))
@@ -99,11 +106,12 @@ class FastEngine(Engine):
 
     def save_cache(self) -> None:
         if self.cache is not None:
-            self.cache.save({"attention": chosen_backends(), "fusions": self.fusion_counts})
+            self.cache.save({"attention": chosen_backends(), "feed_forward": feed_forward.chosen_paths(),
+                             "fusions": self.fusion_counts})
 
     def options(self):
         return {"fused": self.fused, "cuda_graphs": self.cuda_graphs, "attention": self.attention,
-                "fp32_ops": list(self.fp32_ops), "workspace_mb": self.workspace_mb}
+                "gemm_geglu": self.gemm_geglu, "fp32_ops": list(self.fp32_ops), "workspace_mb": self.workspace_mb}
 
     def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
         if device.type != "cuda" and not self.allow_cpu:
@@ -116,7 +124,9 @@ class FastEngine(Engine):
         cache = EngineCache(os.path.join(cache_root(), "fast"), dict(
             environment(device), weights=weights_digest(components.modules()), dtype=str(dtype),
             options=repr(sorted(self.options().items()))))
-        restore_backends(cache.load().get("attention", {}))
+        learned = cache.load()
+        restore_backends(learned.get("attention", {}))
+        feed_forward.restore_paths(learned.get("feed_forward", {}))
         self.cache = cache
         if self.fused:
             counts = fuse_modules(components.unet, fp32_attention="attention" in self.fp32_ops)
@@ -124,6 +134,7 @@ class FastEngine(Engine):
                 counts[f"vae_{key}"] = value
             self.fusion_counts = counts
         set_autotune(self.attention == "auto")
+        feed_forward.set_autotune(self.gemm_geglu == "auto")
         # The tensors the stages (and graphs captured from them) read: refresh_weights copies new values into them.
         self._weights = weight_storages(components)
         stages = cast_stages(components, dtype)

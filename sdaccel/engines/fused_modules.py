@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UsageError
-from ..kernels import bias_add, geglu, group_norm, layer_norm
+from ..kernels import bias_add, group_norm, layer_norm
 from .attention import attention
+from .feed_forward import linear_geglu
 
 
 def _silu(module: nn.Module) -> bool:
@@ -250,7 +251,8 @@ class FusedTransformerBlock(nn.Module):
     """LN -> self-attn -> (+res) LN -> cross-attn -> (+res) LN -> GEGLU FF -> +res.
 
     The residual adds, output-projection biases and the following LayerNorm run as one SkipLayerNorm kernel; the
-    feed-forward's bias and GELU gate as one BiasSplitGelu kernel; its output GEMM adds onto the residual in place.
+    feed-forward's bias and GELU gate as one BiasSplitGelu kernel after its GEMM, or inside it (feed_forward.py,
+    per shape); its output GEMM adds onto the residual in place.
     """
 
     def __init__(self, block: nn.Module, fp32_attention: bool = False):
@@ -281,7 +283,7 @@ class FusedTransformerBlock(nn.Module):
         # accumulates onto h in place (cuBLAS's beta = 1): no separate bias + residual kernel.
         n, h = layer_norm(a, b.norm3.weight, b.norm3.bias, b.norm3.eps, skip=h, input_bias=b.attn2.to_out[0].bias,
                           return_sum=True, sum_bias=proj_out.bias)
-        f = geglu(F.linear(n, proj_in.weight), proj_in.bias)
+        f = linear_geglu(n, proj_in.weight, proj_in.bias)  # cuBLAS + GEGLU kernel, or one fused kernel
         h.view(-1, h.shape[-1]).addmm_(f.view(-1, f.shape[-1]), proj_out.weight.t())
         return h
 

@@ -1,0 +1,62 @@
+"""Choosing between interchangeable kernels on this GPU: time each from CUDA-graph replays, keep the fastest
+whose output agrees with the first working candidate's (correctness first). Used per shape by the attention
+dispatch and the feed-forward's GEMM + GEGLU."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def cuda_time_ms(fn, iters: int = 20) -> float:
+    """GPU time of one call. The calls are replayed from a CUDA graph, as the engine runs them: timed from
+    Python, a 20-50 us attention kernel measures the launch path (the SDPA backend switch is Python-side) more
+    than the kernel, and picked the wrong one. A candidate that cannot be captured is timed by launching it."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            fn()  # warm-up on the capturing stream (lazy workspaces are allocated outside the capture)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(iters):
+                fn()
+    except RuntimeError:
+        torch.cuda.synchronize()
+        graph = None
+    start.record()
+    if graph is not None:
+        graph.replay()
+    else:
+        for _ in range(iters):
+            fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def pick_fastest(args: tuple, kernels: dict[str, Callable[..., torch.Tensor]], default: str,
+                 time_ms: Callable[[Callable[[], torch.Tensor]], float] = cuda_time_ms) -> str:
+    """The name of the fastest `kernels[name](*args)` whose output matches the first working one's (within
+    fp16/bf16 rounding); `default` when none works. A candidate that raises or returns non-finite values is out."""
+    # Only the first working output is kept (the reference): at CFG batch 16 one candidate's output is 170 MB.
+    reference, scale, tol, timings = None, 1.0, 1e-4, {}
+    for name, kernel in kernels.items():
+        try:
+            out = kernel(*args)
+            ms = time_ms(lambda: kernel(*args))
+        except Exception:  # noqa: BLE001 - refused shape/dtype/GPU, or a Triton kernel that fails to compile here
+            continue
+        if not torch.isfinite(out).all():
+            continue
+        if reference is None:
+            reference, scale = out, max(1.0, out.abs().max().item())
+            tol = 2e-2 if out.dtype in (torch.float16, torch.bfloat16) else 1e-4
+        elif out.shape != reference.shape or (out - reference).abs().max().item() > tol * scale:
+            continue
+        timings[name] = ms
+    return min(timings, key=timings.get) if timings else default

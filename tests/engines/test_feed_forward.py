@@ -1,0 +1,75 @@
+"""The feed-forward's GEMM + GEGLU path: split (cuBLAS + GEGLU kernel) or one fused kernel, picked per shape."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sdaccel.engines import feed_forward
+from sdaccel.engines.kernel_pick import pick_fastest
+from sdaccel.kernels.geglu import geglu_reference
+
+
+@pytest.fixture
+def clean_choices():
+    feed_forward._CHOICE.clear()
+    feed_forward.set_autotune(True)  # gemm_geglu="auto"
+    yield
+    feed_forward._CHOICE.clear()
+    feed_forward.set_autotune(False)
+
+
+def _inputs(rows=24, k=32, d=16, dtype=torch.float32, device="cpu"):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, rows, k, generator=g)
+    w = torch.randn(2 * d, k, generator=g) / k ** 0.5
+    b = torch.randn(2 * d, generator=g)
+    return (t.to(device=device, dtype=dtype) for t in (x, w, b))
+
+
+def test_cpu_runs_the_split_path_and_records_nothing(clean_choices):
+    x, w, b = _inputs()
+    out = feed_forward.linear_geglu(x, w, b)
+    torch.testing.assert_close(out, geglu_reference(F.linear(x, w), b))
+    assert feed_forward.chosen_paths() == {}
+
+
+def test_every_fused_config_is_a_candidate_beside_split():
+    names = list(feed_forward.paths())
+    assert names[0] == feed_forward.SPLIT and len(names) == 1 + len(feed_forward.CONFIGS)
+    assert all(name.startswith("fused:") for name in names[1:])
+
+
+def test_picks_survive_a_restart_and_unknown_names_are_dropped(clean_choices):
+    fused_name = list(feed_forward.paths())[1]
+    feed_forward.restore_paths({"m8192 k320 d1280 float16": fused_name, "m512 k1280 d5120 float16": "split",
+                                "m1 k1 d1 float16": "fused:999x1x1w1s1"})
+    assert feed_forward.chosen_paths() == {"m8192 k320 d1280 float16": fused_name,
+                                           "m512 k1280 d5120 float16": "split"}
+
+
+def test_pick_keeps_only_candidates_that_agree_with_the_first():
+    x, w, b = _inputs()
+    split = feed_forward.split_path
+    kernels = {"split": split, "wrong": lambda x, w, b: split(x, w, b) + 0.5, "refuses": lambda x, w, b: 1 / 0,
+               "nan": lambda x, w, b: split(x, w, b) * float("nan"), "agrees": split}
+    timings = iter([2.0, 0.1, 0.2, 1.0])  # split, wrong, nan, agrees ("refuses" raises before it is timed)
+    assert pick_fastest((x, w, b), kernels, "split", time_ms=lambda fn: next(timings)) == "agrees"
+
+
+def test_the_engine_refuses_an_unknown_mode():
+    from sdaccel.engines.fast import FastEngine
+    from sdaccel.errors import UsageError
+
+    with pytest.raises(UsageError, match="gemm_geglu must be auto or split"):
+        FastEngine(gemm_geglu="always")
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_pick_is_recorded_and_the_result_matches(clean_choices):
+    x, w, b = _inputs(rows=1024, k=320, d=1280, dtype=torch.float16, device="cuda")
+    out = feed_forward.linear_geglu(x, w, b)
+    (key, name), = feed_forward.chosen_paths().items()
+    assert key == "m2048 k320 d1280 float16" and name in feed_forward.paths()
+    ref32 = geglu_reference(F.linear(x.float(), w.float()), b.float())
+    split_err = (feed_forward.split_path(x, w, b).float() - ref32).abs().max()
+    assert (out.float() - ref32).abs().max() <= 1.25 * split_err + 1e-3
