@@ -2,13 +2,14 @@
 
 A call with a new signature (shapes, dtypes, which optional inputs are given) runs twice eagerly on a side stream
 (cuDNN/Triton/attention autotuning happens there, outside capture), is captured once, and from then on only its
-inputs are copied into static buffers and the graph replayed.
+inputs are copied into static buffers and the graph replayed. Every graph of one engine shares one memory pool.
 
-cuDNN's autotuning (benchmark mode) sizes its trial workspace by the device's free memory: on an H200 the SDXL VAE's
-first decode reserved 130 GB for it, and SD1.5's first UNet call 600 MB above what any chosen algorithm needs. With a
-`workspace_budget`, the first warm-up runs on cuDNN's heuristics (small workspaces; it fills the allocator's cache
-with the call's activations), and the autotuning run goes under an allocator cap of what is reserved then plus the
-budget: PyTorch halves the trial workspace until it fits and skips the algorithms that need more. Every graph of one engine shares one memory pool.
+cuDNN's autotuning (benchmark mode) sizes its trial workspace by the device's free memory: on an H200 the first
+SDXL image peaked at 139.6 GB for it (7.1 GB from the second), and the first SD1.5 image 600 MB above the second.
+With a `workspace_budget`, the first warm-up runs on cuDNN's heuristics (small workspaces; it fills the allocator's
+cache with the call's activations), and the autotuning run goes under an allocator cap of what is reserved then
+plus the budget: PyTorch halves the trial workspace until it fits and skips the algorithms that need more. The
+algorithms it then picks were as fast (benchmarks/README.md, third H200 run).
 The returned tensor is the graph's static output: it is overwritten by the next replay, so consume it first
 (the pipeline does; text-encoder outputs, which live across the loop, are cloned).
 """

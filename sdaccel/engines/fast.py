@@ -58,11 +58,11 @@ class FastEngine(Engine):
             raise UsageError(f"attention must be auto or sdpa, got {attention!r}")
         if gemm_geglu not in ("auto", "split"):
             raise UsageError(f"gemm_geglu must be auto or split, got {gemm_geglu!r}")
-        self.gemm_geglu = gemm_geglu
         if not isinstance(workspace_mb, int) or isinstance(workspace_mb, bool) or workspace_mb < 0:
             raise UsageError(f"workspace_mb must be an integer >= 0 (0: no cap), got {workspace_mb!r}")
         self.fp32_ops = tuple(sorted(fp32_ops))
         self.workspace_mb = workspace_mb
+        self.gemm_geglu = gemm_geglu
         self.fused = fused
         self.cuda_graphs = cuda_graphs
         self.attention = attention
