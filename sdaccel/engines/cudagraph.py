@@ -35,6 +35,19 @@ def _signature(args) -> tuple:
     return tuple((tuple(a.shape), a.dtype, a.device) if torch.is_tensor(a) else ("const", a) for a in args)
 
 
+_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def side_stream() -> torch.cuda.Stream:
+    """One side stream per device for every warm-up, capture and timing graph: cuBLAS keeps a workspace (32 MB on
+    Hopper) for each stream that ever ran a GEMM, for the life of the process; a new stream per capture held three
+    of them at the first image's memory peak (benchmarks/memory_peak.py)."""
+    device = torch.cuda.current_device()
+    if device not in _STREAMS:
+        _STREAMS[device] = torch.cuda.Stream(device)
+    return _STREAMS[device]
+
+
 @contextlib.contextmanager
 def allocator_cap(extra_bytes: int):
     """Let the caching allocator reserve at most `extra_bytes` more than it holds now (then as before)."""
@@ -89,13 +102,13 @@ class GraphedCallable:
         if self.before_capture is not None:
             self.before_capture()
         static = [a.clone() if torch.is_tensor(a) else a for a in args]
-        stream = torch.cuda.Stream()
+        stream = side_stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             warm_up(self.fn, static, self.warmup, self.workspace_budget)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
             output = self.fn(*static)
         return _Captured(graph, static, output)
 

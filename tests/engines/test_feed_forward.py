@@ -52,8 +52,14 @@ def test_pick_keeps_only_candidates_that_agree_with_the_first():
     split = feed_forward.split_path
     kernels = {"split": split, "wrong": lambda x, w, b: split(x, w, b) + 0.5, "refuses": lambda x, w, b: 1 / 0,
                "nan": lambda x, w, b: split(x, w, b) * float("nan"), "agrees": split}
-    timings = iter([2.0, 0.1, 0.2, 1.0])  # split, wrong, nan, agrees ("refuses" raises before it is timed)
-    assert pick_fastest((x, w, b), kernels, "split", time_ms=lambda fn: next(timings)) == "agrees"
+    timed = []
+
+    def time_ms(fn):
+        timed.append(fn)
+        return 2.0 if len(timed) == 1 else 1.0
+
+    assert pick_fastest((x, w, b), kernels, "split", time_ms=time_ms) == "agrees"
+    assert len(timed) == 2  # only split and agrees: a wrong, refusing or non-finite candidate is never timed
 
 
 def test_the_engine_refuses_an_unknown_mode():
