@@ -17,13 +17,7 @@ require_gpu run_bench_gpu.sh "the CPU default is plain: $PY -m sdaccel bench"
 out=${OUT_DIR:-"benchmarks/results/${card}-$(date -u +%Y-%m-%d)"}
 
 # Every engine available on this GPU, eager first; ENGINES overrides.
-engines=${ENGINES:-$("$PY" - <<'PY'
-import torch
-from sdaccel.engines import available_engines
-names = [n for n, reason in available_engines(torch.device("cuda")).items() if reason is None]
-print(",".join(sorted(names, key=lambda n: (n != "eager", n != "compile"))))
-PY
-)}
+engines=${ENGINES:-$(gpu_engines)}
 echo "engines: $engines -> $out"
 
 # Latency at fixed batch sizes: the table committed with the results.

@@ -13,8 +13,8 @@ __version__ = "0.1.0"
 
 from .errors import EngineUnavailableError, ModelLoadError, SdaccelError, UsageError
 
-__all__ = ["__version__", "accelerate", "load", "refresh_weights", "Pipeline", "SdaccelError", "UsageError", "ModelLoadError",
-           "EngineUnavailableError"]
+__all__ = ["__version__", "accelerate", "load", "refresh_weights", "Pipeline", "SdaccelError", "UsageError",
+           "ModelLoadError", "EngineUnavailableError"]
 
 
 def load(model: str = "synthetic:sd15", engine="eager", dtype=None, device=None, *, arch: str | None = None,

@@ -33,8 +33,6 @@ def _add_model_args(p: argparse.ArgumentParser, default_model: str | None = None
     p.add_argument("--fp32-ops", help="fast engine: comma-separated ops kept in fp32 (attention)")
 
 
-
-
 def engine_options(engine: str, args) -> dict:
     if engine == "compile" and getattr(args, "compile_mode", None):
         return {"mode": args.compile_mode}

@@ -15,3 +15,9 @@ class ModelLoadError(SdaccelError):
 
 class EngineUnavailableError(SdaccelError):
     """The engine cannot run on this machine (no GPU, missing package, ...)."""
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line of text (its class name when it has none), at most 300 characters: what a
+    one-line error message or a note quotes of a library's multi-line error."""
+    return (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:300]

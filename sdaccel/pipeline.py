@@ -52,11 +52,14 @@ def validate_request(steps, height, width, batch_size: int = 1, guidance: float 
         raise UsageError(f"guidance must be >= 0, got {guidance}")
 
 
+def latent_shape(spec, height: int, width: int, batch: int = 1) -> tuple[int, int, int, int]:
+    return (batch, spec.latent_channels, height // spec.vae_scale, width // spec.vae_scale)
+
+
 def initial_noise(spec, height: int, width: int, seed: int, batch: int = 1) -> torch.Tensor:
     """The starting latents for `seed`: drawn on the CPU, so the same seed gives the same start on every device."""
-    scale = spec.vae_scale
-    shape = (batch, spec.latent_channels, height // scale, width // scale)
-    return torch.randn(shape, generator=torch.Generator("cpu").manual_seed(seed), dtype=torch.float32)
+    return torch.randn(latent_shape(spec, height, width, batch), generator=torch.Generator("cpu").manual_seed(seed),
+                       dtype=torch.float32)
 
 
 def _as_list(value: str | list[str] | None, n: int, what: str) -> list[str]:
@@ -163,7 +166,7 @@ class Pipeline:
         if latents is None:
             latents = initial_noise(spec, height, width, seed, n)
         else:
-            shape = (n, spec.latent_channels, height // spec.vae_scale, width // spec.vae_scale)
+            shape = latent_shape(spec, height, width, n)
             if tuple(latents.shape) != shape:
                 raise UsageError(f"latents must have shape {shape}, got {tuple(latents.shape)}")
         latents = latents.to(self.device, torch.float32)

@@ -49,14 +49,23 @@ def parse_engine_opts(items, what: str = "--engine-opt") -> dict[str, dict[str, 
         engine, key = engine.strip().lower(), key.strip()
         if not sep or not dot or not engine or not key or not key.isidentifier():
             raise UsageError(f"{what} {text!r}: expected {ENGINE_OPT_SYNTAX}")
-        params = _engine_parameters(engine, f"{what} {text!r}")
-        if key not in params:
-            raise UsageError(f"{what} {text!r}: engine {engine!r} has no option {key!r}; its options: "
-                             f"{', '.join(params) or 'none'}")
         if key in options.get(engine, {}):
             raise UsageError(f"{what} {text!r}: {engine}.{key} is given twice")
-        options.setdefault(engine, {})[key] = coerce_option(raw.strip(), params[key], f"{what} {text!r}")
+        _add_option(options, engine, key, raw.strip(), f"{what} {text!r}")
     return options
+
+
+def _add_option(options: dict[str, dict[str, Any]], engine: str, key: str, value: Any, what: str) -> None:
+    """options[engine][key] = value, the engine and option checked against the engine's constructor; text is
+    typed after the option's default (coerce_option), a list (as JSON brings a tuple back) becomes a tuple."""
+    params = _engine_parameters(engine, what)
+    if key not in params:
+        raise UsageError(f"{what}: engine {engine!r} has no option {key!r}; its options: {', '.join(params) or 'none'}")
+    if isinstance(value, str):
+        value = coerce_option(value, params[key], what)
+    elif isinstance(value, list):
+        value = tuple(value)
+    options.setdefault(engine, {})[key] = value
 
 
 def _engine_parameters(engine: str, what: str) -> dict[str, Any]:
@@ -193,16 +202,8 @@ class BenchConfig:
             engine = str(engine).strip().lower()
             if not isinstance(options, dict):
                 raise UsageError(f"engine options for {engine!r} must be a mapping of option names to values")
-            params = _engine_parameters(engine, "engine options")
             for key, value in options.items():
-                if key not in params:
-                    raise UsageError(f"engine {engine!r} has no option {key!r}; its options: "
-                                     f"{', '.join(params) or 'none'}")
-                if isinstance(value, str):
-                    value = coerce_option(value, params[key], f"engine option {engine}.{key}={value}")
-                elif isinstance(value, list):
-                    value = tuple(value)  # as JSON brings a tuple back
-                checked.setdefault(engine, {})[key] = value
+                _add_option(checked, engine, key, value, f"engine option {engine}.{key}={value}")
         return self._no_mode_clash(checked)
 
     def _no_mode_clash(self, options: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -216,9 +217,7 @@ class BenchConfig:
         for engine, kwargs in options.items():
             try:
                 ENGINES[engine](**kwargs)  # constructors only record and check their options: cheap, no side effects
-            except UsageError as exc:
-                raise UsageError(f"engine option for {engine}: {exc}") from None
-            except (TypeError, ValueError) as exc:
+            except (UsageError, TypeError, ValueError) as exc:
                 raise UsageError(f"engine option for {engine}: {exc}") from None
         return options
 

@@ -19,8 +19,6 @@ from .schema import COLUMNS, LIST_COLUMNS
 CSV_NAME = "results.csv"
 
 
-
-
 # ---------------------------------------------------------------------------------------------------- CSV
 
 
@@ -77,19 +75,24 @@ def read_csv(path: Path) -> list[dict]:
 # ---------------------------------------------------------------------------------------------------- JSON
 
 
-def _json_safe(value: Any) -> Any:
-    """Infinite PSNR (identical images) as the string "inf": strict JSON has no Infinity."""
+def json_safe(value: Any, depth: int = 0) -> Any:
+    """`value` as strict JSON can hold it: infinite PSNR (identical images) as the string "inf" (strict JSON has no
+    Infinity); anything else JSON can't hold (paths, dtypes in an engine's Stages.info, ...) as its text."""
+    if depth > 8:
+        return str(value)
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
+        return {str(k): json_safe(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [json_safe(v, depth + 1) for v in value]
+    return str(value)
 
 
 def write_json(path: Path, payload: dict) -> None:
-    write_text(path, json.dumps(_json_safe(payload), indent=2, sort_keys=False, allow_nan=False) + "\n")
+    write_text(path, json.dumps(json_safe(payload), indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------------- ratios

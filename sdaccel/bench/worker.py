@@ -23,6 +23,7 @@ import torch
 
 from .config import BenchConfig
 from .memory import MemoryProbe, is_out_of_memory, release_memory, simulated_out_of_memory
+from .report import json_safe
 from .schema import new_row
 from .stats import summarize
 
@@ -50,19 +51,6 @@ def one_line(exc: BaseException) -> str:
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def json_safe(value: Any, depth: int = 0) -> Any:
-    """`value` with everything JSON can't hold turned into text (Stages.info holds paths, dtypes, ...)."""
-    if depth > 8:
-        return str(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, dict):
-        return {str(k): json_safe(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [json_safe(v, depth + 1) for v in value]
-    return str(value)
 
 
 def engine_info(pipe) -> dict:
@@ -237,7 +225,7 @@ def psnr_after_timing(pipe, cfg: BenchConfig, batch: int) -> float:
     Runs after every timed measurement of this engine, so the fp32 reference's memory never shows in its rows."""
     from ..quality.bench_column import PROMPT, reference_image
     from ..quality.metrics import psnr
-    from ..quality.recording import initial_noise
+    from ..pipeline import initial_noise
 
     params = dict(steps=cfg.steps, height=pipe.spec.height if cfg.height is None else cfg.height,
                   width=pipe.spec.width if cfg.width is None else cfg.width, scheduler=cfg.scheduler)

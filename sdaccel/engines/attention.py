@@ -16,18 +16,19 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .kernel_pick import cuda_time_ms, pick_fastest
+from .kernel_pick import ShapePicks, cuda_time_ms, pick_fastest
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (B, H, L, d) q, k, v -> (B, H, L, d)
 
 DEFAULT = "default"  # PyTorch's own SDPA dispatch
-_CHOICE: dict[str, str] = {}  # shape key -> candidate name
-_AUTOTUNE = [True]  # process-wide: one engine per process is the norm (the benchmark uses fresh processes)
+# Process-wide: one engine per process is the norm (the benchmark uses fresh processes).
+_PICKS = ShapePicks(DEFAULT, enabled=True)
+_CHOICE = _PICKS.choices  # shape key -> candidate name
 
 
 def set_autotune(enabled: bool) -> None:
     """False: leave the choice to PyTorch's dispatcher (the ablation baseline)."""
-    _AUTOTUNE[0] = enabled
+    _PICKS.enabled = enabled
 
 
 def _sdpa_backend(name: str) -> Kernel:
@@ -94,25 +95,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, upcast: bool = 
         if upcast:
             return F.scaled_dot_product_attention(q.float(), k.float(), v.float()).to(q.dtype)
         return F.scaled_dot_product_attention(q, k, v)
-    if not _AUTOTUNE[0]:
+    if not _PICKS.enabled:
         return F.scaled_dot_product_attention(q, k, v)
     if not _KERNELS:
         _KERNELS.update(candidates())
-    key = _key(q, k)
-    if key not in _CHOICE:
-        # Never time inside a CUDA-graph capture: fall back to PyTorch's own dispatch there.
-        _CHOICE[key] = DEFAULT if torch.cuda.is_current_stream_capturing() else pick(q, k, v, _KERNELS)
-    kernel = _KERNELS.get(_CHOICE[key])
+    kernel = _KERNELS.get(_PICKS.choose(_key(q, k), (q, k, v), lambda: _KERNELS))
     return F.scaled_dot_product_attention(q, k, v) if kernel is None else kernel(q, k, v)
 
 
 def chosen_backends() -> dict[str, str]:
     """What was picked per shape (DEFAULT = PyTorch's own dispatch), for reports and the engine cache."""
-    return dict(_CHOICE)
+    return _PICKS.chosen()
 
 
 def restore_backends(choices: dict[str, str]) -> None:
     """Take earlier picks (from the engine cache) instead of timing again; names this machine lacks are ignored
     (that shape is timed again)."""
-    known = set(candidates()) | {DEFAULT}
-    _CHOICE.update({key: name for key, name in choices.items() if name in known})
+    _PICKS.restore(choices, set(candidates()) | {DEFAULT})

@@ -21,16 +21,16 @@ import torch.nn.functional as F
 
 from ..kernels import geglu
 from ..kernels.linear_geglu import CONFIGS, linear_geglu as fused_linear_geglu, supports
-from .kernel_pick import pick_fastest
+from .kernel_pick import ShapePicks
 
 SPLIT = "split"
-_CHOICE: dict[str, str] = {}  # shape key -> path name
-_AUTOTUNE = [False]  # the engine sets it (gemm_geglu)
+_PICKS = ShapePicks(SPLIT, enabled=False)  # the engine enables it (gemm_geglu="auto")
+_CHOICE = _PICKS.choices  # shape key -> path name
 
 
 def set_autotune(enabled: bool) -> None:
     """False: always the split path (the fast engine's default, `gemm_geglu="split"`)."""
-    _AUTOTUNE[0] = enabled
+    _PICKS.enabled = enabled
 
 
 def _config_name(config) -> str:
@@ -52,6 +52,9 @@ def paths() -> dict:
     return found
 
 
+_PATHS = paths()
+
+
 def _key(x: torch.Tensor, weight: torch.Tensor) -> str:
     rows = x.numel() // x.shape[-1]
     return f"m{rows} k{weight.shape[1]} d{weight.shape[0] // 2} {str(x.dtype).removeprefix('torch.')}"
@@ -59,21 +62,16 @@ def _key(x: torch.Tensor, weight: torch.Tensor) -> str:
 
 def linear_geglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """GEGLU(x W^T + b) (exact gelu, as diffusers' GEGLU): (..., K) -> (..., D), W (2D, K)."""
-    if not (x.is_cuda and _AUTOTUNE[0] and supports(x, weight)):
+    if not (x.is_cuda and _PICKS.enabled and supports(x, weight)):
         return split_path(x, weight, bias)
-    key = _key(x, weight)
-    if key not in _CHOICE:
-        _CHOICE[key] = SPLIT if torch.cuda.is_current_stream_capturing() else pick_fastest(
-            (x, weight, bias), paths(), SPLIT)
-    config = _CONFIGS.get(_CHOICE[key])
-    return split_path(x, weight, bias) if config is None else fused_linear_geglu(x, weight, bias, config=config)
+    return _PATHS[_PICKS.choose(_key(x, weight), (x, weight, bias), lambda: _PATHS)](x, weight, bias)
 
 
 def chosen_paths() -> dict[str, str]:
     """What was picked per shape, for reports and the engine cache."""
-    return dict(_CHOICE)
+    return _PICKS.chosen()
 
 
 def restore_paths(choices: dict[str, str]) -> None:
     """Take earlier picks (from the engine cache); unknown names are ignored (that shape is timed again)."""
-    _CHOICE.update({key: name for key, name in choices.items() if name == SPLIT or name in _CONFIGS})
+    _PICKS.restore(choices, set(_PATHS))

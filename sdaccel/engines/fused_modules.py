@@ -37,6 +37,20 @@ def _merged_base(layer: nn.Module) -> nn.Module:
     return base
 
 
+def _pack_weights(layers: list[nn.Module], packed: torch.Tensor | None = None) -> torch.Tensor:
+    """The layers' weights stacked along rows into `packed` (a new tensor when None; otherwise rewritten in place,
+    so the address captured CUDA graphs read stays), and each layer's weight made a view of its rows: one copy."""
+    with torch.no_grad():
+        stacked = torch.cat([layer.weight for layer in layers], 0)
+        packed = stacked if packed is None else packed.copy_(stacked)
+    start = 0
+    for layer in layers:
+        rows = layer.weight.shape[0]
+        layer.weight.data = packed[start:start + rows]
+        start += rows
+    return packed
+
+
 def _plain_conv(conv: nn.Module) -> bool:
     """A conv whose weight and bias can be applied separately (no adapter wrapped around it)."""
     return type(conv) is nn.Conv2d and conv.padding_mode == "zeros"
@@ -134,10 +148,9 @@ class TimeEmbeddingProjections(nn.Module):
             rows = block.block.time_emb_proj.out_features
             block.time_slice = (start, start + rows)  # on the block, so a deepcopy keeps it right
             start += rows
-        packed = torch.cat([blk.block.time_emb_proj.weight for blk in blocks], 0)
+        packed = _pack_weights([self._linear(blk) for blk in blocks])
         self.register_buffer("packed_weight", packed, persistent=False)
         self.register_buffer("packed_bias", self._bias(), persistent=False)
-        self._views()
         self._temb: torch.Tensor | None = None
         self._out: torch.Tensor | None = None
 
@@ -150,11 +163,6 @@ class TimeEmbeddingProjections(nn.Module):
     def _linear(block: FusedResnetBlock) -> nn.Linear:
         return _merged_base(block.block.time_emb_proj)
 
-    def _views(self) -> None:
-        for block in self.blocks:
-            lo, hi = block.time_slice
-            self._linear(block).weight.data = self.packed_weight[lo:hi]
-
     def _bias(self) -> torch.Tensor:
         parts = []
         for block in self.blocks:
@@ -164,10 +172,9 @@ class TimeEmbeddingProjections(nn.Module):
         return torch.cat(parts).detach()
 
     def refresh(self) -> None:
+        _pack_weights([self._linear(b) for b in self.blocks], self.packed_weight)
         with torch.no_grad():
-            self.packed_weight.copy_(torch.cat([self._linear(b).weight for b in self.blocks], 0))
             self.packed_bias.copy_(self._bias())
-        self._views()
 
     def forward(self, temb: torch.Tensor, block: FusedResnetBlock) -> torch.Tensor:
         if self._temb is not temb:  # the first block of this UNet call
@@ -189,15 +196,8 @@ class FusedAttention(nn.Module):
         q, k, v = attn.to_q, attn.to_k, attn.to_v
         if not all(type(layer) is nn.Linear for layer in (q, k, v)):
             raise UsageError("attention projections are wrapped (LoRA adapters loaded?): fuse them first")
-        if self.is_cross:
-            packed = torch.cat([k.weight, v.weight], 0)
-            k.weight.data, v.weight.data = packed[: k.out_features], packed[k.out_features:]
-        else:
-            packed = torch.cat([q.weight, k.weight, v.weight], 0)
-            n = q.out_features
-            q.weight.data, k.weight.data, v.weight.data = packed[:n], packed[n:2 * n], packed[2 * n:]
         # A buffer, not a parameter: state_dict() keeps showing the original to_q/to_k/to_v views.
-        self.register_buffer("packed_weight", packed, persistent=False)
+        self.register_buffer("packed_weight", _pack_weights(self._projections()), persistent=False)
 
     def _projections(self) -> list[nn.Linear]:
         names = ("to_k", "to_v") if self.is_cross else ("to_q", "to_k", "to_v")
@@ -206,14 +206,7 @@ class FusedAttention(nn.Module):
     def refresh(self) -> None:
         """Copy the current q/k/v weights into the packed weight, in place (its address, which captured CUDA
         graphs read, stays), and make them views of it again. For weights changed after fusion (LoRA fuse)."""
-        layers = self._projections()
-        with torch.no_grad():
-            self.packed_weight.copy_(torch.cat([layer.weight for layer in layers], 0))
-        start = 0
-        for layer in layers:
-            rows = layer.weight.shape[0]
-            layer.weight.data = self.packed_weight[start:start + rows]
-            start += rows
+        _pack_weights(self._projections(), self.packed_weight)
 
     @staticmethod
     def supports(attn: nn.Module) -> bool:

@@ -67,3 +67,28 @@ def pick_fastest(args: tuple, kernels: dict[str, Callable[..., torch.Tensor]], d
         except Exception:  # noqa: BLE001 - e.g. a kernel that runs once but not twice in a row
             continue
     return min(timings, key=timings.get) if timings else default
+
+
+class ShapePicks:
+    """Process-wide choice of one named kernel per shape key: the first call with a new key times the candidates
+    (pick_fastest) unless a CUDA graph is being captured, where timing is impossible and `default` is taken.
+    Choices are plain strings, so the engine cache can store and restore them."""
+
+    def __init__(self, default: str, enabled: bool):
+        self.default = default
+        self.enabled = enabled  # False: callers take their default path without choosing
+        self.choices: dict[str, str] = {}
+
+    def choose(self, key: str, args: tuple, candidates: Callable[[], dict[str, Callable[..., torch.Tensor]]]) -> str:
+        """The name chosen for `key`; `candidates()` is only called when `key` must be timed."""
+        if key not in self.choices:
+            self.choices[key] = self.default if torch.cuda.is_current_stream_capturing() else pick_fastest(
+                args, candidates(), self.default)
+        return self.choices[key]
+
+    def chosen(self) -> dict[str, str]:
+        return dict(self.choices)
+
+    def restore(self, choices: dict[str, str], known: set[str]) -> None:
+        """Take earlier picks (from the engine cache); names not in `known` are dropped (that key is timed again)."""
+        self.choices.update({key: name for key, name in choices.items() if name in known})

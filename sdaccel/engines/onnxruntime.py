@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import EngineUnavailableError, ModelLoadError, UsageError
+from ..errors import EngineUnavailableError, ModelLoadError, UsageError, first_line
 from ..models.components import Components
 from .base import Engine, Stages
 
@@ -54,10 +54,6 @@ def resolve_provider(provider: str, device: torch.device) -> str:
     if provider == "cuda" and device.type != "cuda":
         raise UsageError("onnxruntime provider cuda needs a CUDA device (got device cpu)")
     return provider
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:300]
 
 
 def _stream_taken(session, stream) -> bool:
@@ -214,12 +210,12 @@ class GraphedRunner:
         except Exception as exc:  # noqa: BLE001 - graph session or capture refused: run this stage without graphs
             # (ORT refuses CUDA graphs when any compute node lands off the CUDA EP; a file that does not load at all,
             # or a CUDA provider that is not there, fails again just below, in the plain session, with its own error.)
-            self.notes.append(f"{self.label}: CUDA graph unavailable ({_first_line(exc)[:200]}); running without")
+            self.notes.append(f"{self.label}: CUDA graph unavailable ({first_line(exc)[:200]}); running without")
             self.entries.clear()  # a stream left capturing by a failed capture is dropped with its session
             self.fallback = SessionRunner(self.path, "cuda", self.device, stream=self.stream_mode, notes=self.notes,
                                           label=self.label)
             self.state.update(cuda_graph=False, ordering=self.fallback.describe(),
-                              graph_error=_first_line(exc)[:300])
+                              graph_error=first_line(exc))
             return self.fallback.run(feeds, shapes, out_dtype)
         # Copies, as the next replay overwrites the static outputs (`to` with copy=True even when the dtype matches).
         return [t.to(dtype=out_dtype or t.dtype, copy=True) for t in entry["outputs"].values()]

@@ -44,6 +44,17 @@ def geglu_reference(
 if triton is not None:
 
     @triton.jit
+    def gelu(g, TANH: tl.constexpr):
+        """gelu of fp32 g: exact (erf), or the tanh form; also used by linear_geglu's kernel."""
+        if TANH:
+            # tanh(u) = 1 - 2 / (exp(2u) + 1): saturates cleanly to +-1 for large |u|.
+            u = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+            y = 0.5 * g * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))
+        else:
+            y = 0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476))
+        return y
+
+    @triton.jit
     def _geglu_kernel(
         h_ptr, bias_ptr, out_ptr,
         M, D,
@@ -62,16 +73,8 @@ if triton is not None:
             hidden += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
             gate += tl.load(bias_ptr + D + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
 
-        if TANH:
-            # tanh(u) = 1 - 2 / (exp(2u) + 1): saturates cleanly to +-1 for large |u|.
-            u = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
-            tanh_u = 1.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
-            gelu = 0.5 * gate * (1.0 + tanh_u)
-        else:
-            gelu = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476))
-
         out_offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
-        tl.store(out_ptr + out_offs, (hidden * gelu).to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + out_offs, (hidden * gelu(gate, TANH)).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 # ----------------------------------------------------------------- launcher

@@ -402,9 +402,9 @@ def launch_group_norm(
     if single_pass is None:
         single_pass = single_pass_fits(HW, group_size)
     if single_pass:
-        block_hw, block_c = next_pow2(HW), next_pow2(group_size)
-        if block_hw * block_c > SINGLE_PASS_MAX_TILE:
+        if not single_pass_fits(HW, group_size):
             raise ValueError(f"a group of {HW} x {group_size} values is too large for the single-pass kernel")
+        block_hw, block_c = next_pow2(HW), next_pow2(group_size)
         launchable(_group_norm_single_kernel, traceable)[(num_groups, N)](
             x, skip if skip is not None else dummy, add if add is not None else dummy,
             s if s is not None else dummy,

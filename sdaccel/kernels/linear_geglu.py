@@ -28,6 +28,8 @@ try:
     import triton.language as tl
 except ImportError:  # pragma: no cover - CPU-only installs use the reference
     triton = None
+else:
+    from .geglu import gelu
 
 
 def linear_geglu_reference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -85,12 +87,7 @@ if triton is not None:
         if HAS_BIAS:
             acc_value += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
             acc_gate += tl.load(b_ptr + D + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        if TANH:
-            u = 0.7978845608028654 * (acc_gate + 0.044715 * acc_gate * acc_gate * acc_gate)
-            gelu = 0.5 * acc_gate * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))
-        else:
-            gelu = 0.5 * acc_gate * (1.0 + tl.erf(acc_gate * 0.7071067811865476))
-        out = (acc_value * gelu).to(out_ptr.dtype.element_ty)
+        out = (acc_value * gelu(acc_gate, TANH)).to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + rm.to(tl.int64)[:, None] * stride_om + rn[None, :], out,
                  mask=m_ok[:, None] & n_ok[None, :])
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from onnx import TensorProto, helper
 
-from ..errors import EngineUnavailableError, ModelLoadError
+from ..errors import EngineUnavailableError, ModelLoadError, first_line
 from .graph import MS_DOMAIN
 
 EXECUTION_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -153,10 +153,6 @@ def _probe_model(form: str, elem: int):
     return model, feeds
 
 
-def first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [exc.__class__.__name__])[0][:300]
-
-
 def smoke_run(path, provider: str, feeds: dict[str, np.ndarray]) -> str | None:
     """Create a session for a built model on `provider` (as the engine will) and run it once on `feeds` (cast to
     the types the model declares). None when it ran and gave finite outputs, else what went wrong (the answer that
@@ -275,7 +271,8 @@ def create_session(source, options, provider: str, provider_options: dict | None
         what = source if isinstance(source, str) else "model"
         raise ModelLoadError(f"{what}: onnxruntime could not create a {ep} session ({first_line(exc)})") from None
     if ep not in session.get_providers():
-        raise EngineUnavailableError(f"onnxruntime created no {ep} session: {_created_without(ep, printed.getvalue())}")
+        raise EngineUnavailableError(
+            f"onnxruntime created no {ep} session: {_created_without(ep, printed.getvalue())}")
     session.disable_fallback()  # a run that fails on the provider raises rather than retrying on the CPU
     return session
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..errors import first_line
 from ..models.components import Components, text_encoder_fn, unet_fn, vae_decode_fn
 
 OPSET = 17
@@ -33,7 +34,7 @@ class TextEncoderGraph(nn.Module):
         self.penultimate = penultimate
 
     def forward(self, input_ids):
-        # Built per call, not stored: a copy of this module (fp32_on_cpu) must run its own weights.
+        # Built per call, not stored: a copy of this module (fp32_copy) must run its own weights.
         return text_encoder_fn(self.encoder, self.penultimate)(input_ids)
 
 
@@ -114,14 +115,9 @@ def component_graphs(components: Components) -> list[ComponentGraph]:
     return graphs
 
 
-def fp32_on_cpu(module: nn.Module) -> nn.Module:
-    """The module itself when it already is fp32 on the CPU, else an fp32 CPU copy: graphs are exported in fp32 and
-    converted afterwards (precision.py), so the conversion, not the exporter, decides what stays fp32."""
-    return fp32_copy(module, torch.device("cpu"))
-
-
 def fp32_copy(module: nn.Module, device: torch.device) -> nn.Module:
-    """The module itself when it already is fp32 on `device`, else an fp32 copy there."""
+    """The module itself when it already is fp32 on `device`, else an fp32 copy there: graphs are exported in fp32
+    and converted afterwards (precision.py), so the conversion, not the exporter, decides what stays fp32."""
     params = list(module.parameters())
     if all(p.dtype == torch.float32 and p.device == device for p in params):
         return module
@@ -156,9 +152,9 @@ def export_graph_where(graph: ComponentGraph, path: Path, log=None) -> tuple[flo
             _export(graph, path, device)
             return time.perf_counter() - start, str(device)
         except Exception as exc:  # noqa: BLE001 - the CPU export below is the established path
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             if log:
-                log(f"{graph.name}: export on {device} failed ({type(exc).__name__}: {first}); exporting on the CPU")
+                log(f"{graph.name}: export on {device} failed ({type(exc).__name__}: {first_line(exc)[:200]}); "
+                    f"exporting on the CPU")
             for leftover in path.parent.iterdir():  # this export's own folder: a partial graph and weights
                 if leftover.is_file():
                     leftover.unlink()

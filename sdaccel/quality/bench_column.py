@@ -11,7 +11,7 @@ import gc
 import torch
 
 from .metrics import psnr
-from .recording import initial_noise
+from ..pipeline import initial_noise
 
 PROMPT = "an astronaut riding a horse on mars"
 

@@ -21,10 +21,11 @@ from typing import Callable
 
 import torch
 
+from ..pipeline import initial_noise
 from .config import REFERENCE, CompareConfig, unavailable_reason
 from .guard import DegenerateImageError, NonFiniteOutputError, check_image
 from .metrics import max_abs_diff, psnr, relative_error, ssim
-from .recording import RecordedRun, initial_noise, record_generation
+from .recording import RecordedRun, record_generation
 from .remedies import to_uint8
 
 Echo = Callable[[str], None]

@@ -6,9 +6,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..pipeline import initial_noise  # noqa: F401 - the shared start; re-exported for quality users
-
-
 
 @dataclass
 class RecordedRun:
