@@ -287,7 +287,8 @@ def provider_load_error(provider: str) -> str | None:
 
     ep = EXECUTION_PROVIDERS[provider]
     if ep not in ort.get_available_providers():
-        return f"this onnxruntime ({ort.__version__}) has no {ep} (available: {', '.join(ort.get_available_providers())})"
+        available = ", ".join(ort.get_available_providers())
+        return f"this onnxruntime ({ort.__version__}) has no {ep} (available: {available})"
     options = ort.SessionOptions()
     options.log_severity_level = 4
     error = None
