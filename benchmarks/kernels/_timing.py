@@ -27,8 +27,11 @@ if REPO_ROOT not in sys.path:
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def parse_args(description: str, sweep: bool = False) -> argparse.Namespace:
+def parse_args(description: str, sweep: bool = False, add_arguments=None) -> argparse.Namespace:
+    """The common options; ``add_arguments(parser)`` adds a script's own."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if add_arguments is not None:
+        add_arguments(p)
     p.add_argument("--csv", metavar="PATH", help="append result rows to this CSV file")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
     p.add_argument("--iters", type=int, default=100, help="timed calls per measurement")

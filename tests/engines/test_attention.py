@@ -62,6 +62,22 @@ def test_short_kv_kernel_is_a_candidate_that_the_pick_checks():
     assert pick(long_q, long_k, long_v, pool, time_ms=lambda fn: 1.0) == "sdpa"
 
 
+def test_flash_kernel_is_a_candidate_for_long_sequences():
+    import sdaccel.kernels as kernels
+    from sdaccel.engines.attention import candidates
+
+    if not kernels.triton_available():
+        pytest.skip("triton is not installed")
+    from sdaccel.kernels.flash_attention import flash_attention_auto
+
+    assert candidates()["SDACCEL_FLASH"] is flash_attention_auto
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 300, 40, generator=g) for _ in range(3))  # self-attention: 300 tokens
+    pool = {"sdpa": _sdpa, "SDACCEL_FLASH": flash_attention_auto}
+    speeds = iter([2.0, 1.0])
+    assert pick(q, k, v, pool, time_ms=lambda fn: next(speeds)) == "SDACCEL_FLASH"
+
+
 @pytest.mark.gpu
 def test_pick_on_the_gpu_times_graph_replays_and_returns_a_working_kernel():
     from sdaccel.engines.attention import candidates, cuda_time_ms
