@@ -5,6 +5,7 @@ channels_last tensors: sdaccel's Triton op vs eager PyTorch.
     python benchmarks/kernels/bench_group_norm.py --sweep   # launcher knobs
 """
 
+import inspect
 import os
 import sys
 
@@ -23,6 +24,9 @@ SHAPES = [
     (2, 1280, 16, 16),
     (2, 1280, 8, 8),
     (2, 960, 64, 64),    # SD1.5 up block after the skip concat
+    (16, 320, 64, 64),   # SD1.5 at CFG batch 16 (8 images)
+    (16, 640, 32, 32),
+    (16, 960, 64, 64),
     # SDXL at 1024x1024 (latent 128x128)
     (2, 320, 128, 128),
     (2, 640, 64, 64),
@@ -33,6 +37,8 @@ SHAPES = [
     (1, 128, 512, 512),
 ]
 GROUPS = 32
+# the launcher's own tile size, what the sweep calls default
+DEFAULT_TILE = inspect.signature(launch_group_norm).parameters["tile_elems"].default
 
 
 def sweep(args):
@@ -56,7 +62,7 @@ def sweep(args):
             results.append((t.median_ms, tile, warps, rows))
         results.sort(key=lambda r: r[0])
         best = ", ".join(f"{ms:.4f}@{t}/{wp}/{r}" for ms, t, wp, r in results[:4])
-        default = next(ms for ms, t, wp, r in results if (t, wp, r) == (4096, 4, None))
+        default = next(ms for ms, t, wp, r in results if (t, wp, r) == (DEFAULT_TILE, 4, None))
         print(f"{N}x{C}x{H}x{W}: default {default:.4f} | best {best}", flush=True)
 
 
