@@ -29,9 +29,11 @@ import math
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from . import next_pow2, use_triton
+# Exact attention in fp32, rounded once: the same reference as the short-KV kernel's.
+from .short_kv_attention import qkv_problem
+from .short_kv_attention import short_kv_attention_reference as flash_attention_reference
 
 try:
     import triton
@@ -61,16 +63,6 @@ def split_head_dim(d: int) -> tuple[int, int]:
     d0 = max(16, 1 << (int(d).bit_length() - 1))
     rest = d - d0
     return d0, (max(16, next_pow2(rest)) if rest > 0 else 0)
-
-
-# ---------------------------------------------------------------- reference
-
-def flash_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                              scale: Optional[float] = None) -> torch.Tensor:
-    """softmax(q k^T * scale) v in fp32, rounded once to q's dtype; what the tests trust."""
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=scale)
-    return out.to(q.dtype)
 
 
 # ------------------------------------------------------------------- kernel
@@ -186,18 +178,11 @@ if triton is not None:
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
     """Why the kernel cannot take these inputs (None: it can)."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        return "expects (B, H, L, d) tensors"
-    if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
-        return f"mismatched shapes q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}"
-    if k.shape[2] == 0:
-        return "no keys"
+    problem = qkv_problem(q, k, v)
+    if problem:
+        return problem
     if q.shape[-1] > MAX_HEAD_DIM or q.shape[-1] == 0:
         return f"head dim {q.shape[-1]} (1 to {MAX_HEAD_DIM})"
-    if any(t.stride(-1) != 1 for t in (q, k, v)):
-        return "the head dim must be dense"
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or not (q.dtype == k.dtype == v.dtype):
-        return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}"
     return None
 
 

@@ -88,20 +88,31 @@ if triton is not None:
 
 # ----------------------------------------------------------------- launcher
 
-def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
-    """Why the kernel cannot take these inputs (None: it can)."""
+def qkv_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """What no attention kernel here takes (None: fine): not (B, H, L, d), mismatched shapes, no keys, a head dim
+    that is not dense, mixed or unsupported dtypes. Each kernel's `supports` adds its own limits."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return "expects (B, H, L, d) tensors"
     if k.shape != v.shape or q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
         return f"mismatched shapes q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}"
-    if k.shape[2] > MAX_KEYS or k.shape[2] == 0:
-        return f"{k.shape[2]} keys (at most {MAX_KEYS})"
-    if q.shape[-1] > MAX_HEAD_DIM:
-        return f"head dim {q.shape[-1]} (at most {MAX_HEAD_DIM})"
+    if k.shape[2] == 0:
+        return "no keys"
     if any(t.stride(-1) != 1 for t in (q, k, v)):
         return "the head dim must be dense"
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or not (q.dtype == k.dtype == v.dtype):
         return f"dtypes {q.dtype}, {k.dtype}, {v.dtype}"
+    return None
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """Why the kernel cannot take these inputs (None: it can)."""
+    problem = qkv_problem(q, k, v)
+    if problem:
+        return problem
+    if k.shape[2] > MAX_KEYS:
+        return f"{k.shape[2]} keys (at most {MAX_KEYS})"
+    if q.shape[-1] > MAX_HEAD_DIM:
+        return f"head dim {q.shape[-1]} (at most {MAX_HEAD_DIM})"
     return None
 
 
