@@ -3,6 +3,7 @@ channels_last tensors: sdaccel's Triton op vs eager PyTorch.
 
     python benchmarks/kernels/bench_group_norm.py [--dtype fp16] [--csv out.csv]
     python benchmarks/kernels/bench_group_norm.py --sweep   # launcher knobs
+    python benchmarks/kernels/bench_group_norm.py --sweep --stages   # the row loop's pipelining
 """
 
 import inspect
@@ -44,30 +45,35 @@ DEFAULT_TILE = inspect.signature(launch_group_norm).parameters["tile_elems"].def
 def sweep(args):
     """Median ms of GN+SiLU over the launcher's tuning knobs, per shape."""
     dtype = DTYPES[args.dtype]
-    knobs = [(tile, warps, rows) for tile in (4096, 8192) for warps in (4, 8) for rows in (None, 64, 128, 256)]
-    print("# shape, then median ms per (tile_elems, num_warps, rows_per_chunk); rows None = heuristic")
+    # (tile_elems, num_warps, rows_per_chunk, loop_stages); None = the launcher's own choice
+    knobs = [(tile, warps, rows, None) for tile in (4096, 8192) for warps in (4, 8) for rows in (None, 64, 128, 256)]
+    if args.stages:  # the row loop's pipelining instead, at the default tile and warps
+        knobs = [(DEFAULT_TILE, 4, rows, stages) for rows in (None, 128, 256) for stages in (None, 1, 2, 3, 4)]
+    print("# shape, then median ms per tile_elems/num_warps/rows_per_chunk/loop_stages; None = the launcher's choice")
     for N, C, H, W in SHAPES:
         x = torch.randn(N, C, H, W, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
         w, b = torch.ones(C, device="cuda", dtype=dtype), torch.zeros(C, device="cuda", dtype=dtype)
         results = []
-        for tile, warps, rows in knobs:
+        for knob in knobs:
+            tile, warps, rows, stages = knob
             if rows is not None and rows > H * W:
                 continue
             fn = lambda: launch_group_norm(x, GROUPS, w, b, 1e-5, True, None, None, False,  # noqa: E731
-                                           tile_elems=tile, rows_per_chunk=rows, num_warps=warps)
+                                           tile_elems=tile, rows_per_chunk=rows, num_warps=warps, loop_stages=stages)
             try:
                 t = measure(fn, iters=args.iters, warmup=args.warmup, cold_l2=args.l2 == "cold")
             except ValueError:  # too many chunks for this shape
                 continue
-            results.append((t.median_ms, tile, warps, rows))
+            results.append((t.median_ms, knob))
+        default = next(ms for ms, knob in results if knob == (DEFAULT_TILE, 4, None, None))
         results.sort(key=lambda r: r[0])
-        best = ", ".join(f"{ms:.4f}@{t}/{wp}/{r}" for ms, t, wp, r in results[:4])
-        default = next(ms for ms, t, wp, r in results if (t, wp, r) == (DEFAULT_TILE, 4, None))
+        best = ", ".join(f"{ms:.4f}@{'/'.join(map(str, knob))}" for ms, knob in results[:4])
         print(f"{N}x{C}x{H}x{W}: default {default:.4f} | best {best}", flush=True)
 
 
 def main():
-    args = parse_args(__doc__, sweep=True)
+    args = parse_args(__doc__, sweep=True, add_arguments=lambda p: p.add_argument(
+        "--stages", action="store_true", help="with --sweep: time the row loop's pipelining (loop_stages) instead"))
     if args.sweep:
         return sweep(args)
     dtype = DTYPES[args.dtype]

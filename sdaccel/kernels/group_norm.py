@@ -110,7 +110,7 @@ if triton is not None:
         stride_n, stride_c, stride_hw, stride_add_n, stride_add_c,
         GROUP_SIZE: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
         BLOCK_HW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
-        HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, WRITE_SUM: tl.constexpr,
+        HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, WRITE_SUM: tl.constexpr, LOOP_STAGES: tl.constexpr,
     ):
         chunk = tl.program_id(0)
         cblock = tl.program_id(1)
@@ -139,7 +139,7 @@ if triton is not None:
             shift += add
         acc1 = tl.zeros([BLOCK_HW, BLOCK_C], dtype=tl.float32)
         acc2 = tl.zeros([BLOCK_HW, BLOCK_C], dtype=tl.float32)
-        for r0 in range(row_start, row_end, BLOCK_HW):
+        for r0 in tl.range(row_start, row_end, BLOCK_HW, num_stages=LOOP_STAGES):
             rows = r0 + tl.arange(0, BLOCK_HW)
             mask = (rows < row_end)[:, None] & c_ok[None, :]
             offs = base + rows[:, None] * stride_hw + c[None, :] * stride_c
@@ -186,7 +186,7 @@ if triton is not None:
         BLOCK_HW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
         BLOCK_CHUNKS: tl.constexpr,
         HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, READ_SUM: tl.constexpr,
-        HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, APPLY_SILU: tl.constexpr,
+        HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, APPLY_SILU: tl.constexpr, LOOP_STAGES: tl.constexpr,
     ):
         chunk = tl.program_id(0)
         cblock = tl.program_id(1)
@@ -230,7 +230,7 @@ if triton is not None:
         base = n.to(tl.int64) * stride_n
         row_start = chunk * rows_per_chunk
         row_end = tl.minimum(row_start + rows_per_chunk, HW)
-        for r0 in range(row_start, row_end, BLOCK_HW):
+        for r0 in tl.range(row_start, row_end, BLOCK_HW, num_stages=LOOP_STAGES):
             rows = r0 + tl.arange(0, BLOCK_HW)
             mask = (rows < row_end)[:, None] & c_ok[None, :]
             offs = base + rows[:, None] * stride_hw + c[None, :] * stride_c
@@ -320,6 +320,12 @@ def pick_channel_block(num_channels: int, num_groups: int) -> tuple[int, int]:
     return best
 
 
+# Tiles of the split kernels' row loops in flight (Triton's software pipelining of the loads). Unpipelined (1, also
+# what Triton does unasked), one program waits out each tile's load: on an H100, 3 took a GroupNorm + SiLU of
+# 16 x 320 x 64 x 64 from 89.8 to 77.9 us, 1 x 256 x 256 x 256 (the VAE) from 85.7 to 56.5, and left SD1.5's
+# CFG-batch-2 shapes within 1% (benchmarks/README.md, H100 second run).
+LOOP_STAGES = 3
+
 # Largest padded group tile (rows x lanes, powers of two) the single-pass kernel holds in registers: 16K fp32
 # values are 64 per thread at 8 warps. SD1.5's UNet at 512x512 sends every norm at 8x8 and most at 16x16 here;
 # the 32x32 and 64x64 levels and the VAE go through the split kernels.
@@ -361,6 +367,7 @@ def launch_group_norm(
     tile_elems: int = 8192,
     rows_per_chunk: Optional[int] = None,
     num_warps: int = 4,
+    loop_stages: Optional[int] = None,
     single_pass: Optional[bool] = None,
     traceable: bool = False,
 ):
@@ -369,7 +376,8 @@ def launch_group_norm(
     ``single_pass``: one kernel per (sample, group) when True, the split
     two-pass kernels when False; None picks by size (``single_pass_fits``).
     ``tile_elems`` (elements per loop iteration), ``rows_per_chunk`` and
-    ``num_warps`` are the two-pass kernels' tuning knobs; the defaults pick
+    ``num_warps`` (and ``loop_stages``: tiles of the row loop in flight; None:
+    LOOP_STAGES) are the two-pass kernels' tuning knobs; the defaults pick
     them from the shape. ``traceable``: called from the registered op (see
     ``launchable``).
     """
@@ -444,6 +452,7 @@ def launch_group_norm(
         GROUP_SIZE=group_size, GROUPS_PER_BLOCK=groups_per_block,
         BLOCK_HW=block_hw, BLOCK_C=block_c, BLOCK_G=block_g,
         HAS_SKIP=skip is not None, HAS_ADD=add is not None, num_warps=num_warps,
+        LOOP_STAGES=LOOP_STAGES if loop_stages is None else loop_stages,
     )
     launchable(_group_norm_stats_kernel, traceable)[grid](
         x, skip if skip is not None else dummy, add if add is not None else dummy,
