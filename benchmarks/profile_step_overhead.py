@@ -44,7 +44,8 @@ def kernels_of(fn) -> list[dict]:
         if us > 0:
             rows[evt.key[:90]][0] += evt.count
             rows[evt.key[:90]][1] += us / 1e3
-    return [{"kernel": k, "count": c, "ms": round(ms, 3)} for k, (c, ms) in sorted(rows.items(), key=lambda r: -r[1][1])]
+    ranked = sorted(rows.items(), key=lambda r: -r[1][1])
+    return [{"kernel": k, "count": c, "ms": round(ms, 3)} for k, (c, ms) in ranked]
 
 
 def main():

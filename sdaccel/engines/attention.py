@@ -1,13 +1,13 @@
 """Attention through the fastest correct kernel for each shape, chosen on this machine.
 
 Candidates: PyTorch's fused SDPA backends (cuDNN, FlashAttention-2, memory-efficient/CUTLASS), sdaccel's own
-one-tile kernel for short key sequences (cross-attention), sdaccel's FlashAttention for long ones (self-attention;
-it splits SD1.5's head dims 40/80/160 into power-of-two parts instead of padding them; on an H100 it beats cuDNN
-only at 256 tokens, head dim 160), and, when the `flash_attn` package is installed, its kernel. Which is fastest depends on head dim (SD1.5 uses 40/80/160,
-SD2/SDXL 64), sequence lengths and the GPU. The first call with a new shape times each candidate that accepts it,
-checks it against the others' result (one that disagrees is dropped: correctness first), and remembers the winner
-by name, so the engine cache can store it. All of them keep the softmax in fp32, which is what SD2.1's "attention
-upcast" needs to stay finite in fp16.
+one-tile kernel for short key sequences (cross-attention), sdaccel's FlashAttention for any length (it splits SD1.5's
+head dims 40/80/160 into power-of-two parts instead of padding them; on an H100 it wins at 256 and 64 tokens and on
+cross-attention, cuDNN at 1024 and 4096 tokens), and, when the `flash_attn` package is installed, its kernel. Which
+is fastest depends on head dim (SD1.5 uses 40/80/160, SD2/SDXL 64), sequence lengths and the GPU. The first call
+with a new shape times each candidate that accepts it, checks it against the others' result (one that disagrees is
+dropped: correctness first), and remembers the winner by name, so the engine cache can store it. All of them keep
+the softmax in fp32, which is what SD2.1's "attention upcast" needs to stay finite in fp16.
 """
 
 from __future__ import annotations

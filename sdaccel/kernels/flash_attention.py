@@ -16,7 +16,12 @@ must be powers of two too, so the head dim is split in two power-of-two parts, D
     40 -> 32 + 16 (48 computed, not 64)    80 -> 64 + 16    160 -> 128 + 32    64 -> 64 + 0    24 -> 16 + 16
 
 and every product is done per part: S = q0 k0^T + q1 k1^T, acc0 += p v0, acc1 += p v1. Masked loads fill the
-padding of the second part with zeros, which add nothing to S and are never stored.
+padding of the second part with zeros, which add nothing to S and are never stored; one padding column of v can
+carry ones instead, so that the tensor cores also form the softmax's row sums.
+
+Measured on an H100 (benchmarks/README.md): faster than cuDNN at 256 tokens, head dim 160, and on cross-attention;
+5-9% slower at 4096 tokens, head dim 40, despite a quarter less arithmetic (cuDNN's Hopper kernel overlaps the
+softmax with the matrix products; this one does not). The engine times it per shape like every other candidate.
 
 Inputs are any (B, H, L, d) views whose last dimension is dense, e.g. head-split views of a packed QKV
 projection. The output is (B, H, Lq, d) backed by (B, Lq, H, d) memory, so merging heads afterwards
@@ -44,11 +49,11 @@ except ImportError:  # pragma: no cover - CPU-only installs use the reference
 MAX_HEAD_DIM = 256
 LOG2E = 1.4426950408889634
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) worth timing on an H100; the attention engine times them per shape
-# and keeps the fastest. From ptxas for sm_90a (Triton 3.9, fp16): 128x64 at 4 warps (the FlashAttention-2
-# default) fits d <= 80 without spills but spills at d = 160, where 8 warps fit; the 3-stage 128-key tiles need
-# more shared memory than an H100 has at d = 160 (the engine skips a config that fails to launch); the 64-row
-# tiles give more programs for short sequences (256 and 64 tokens).
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) worth timing on an H100 (benchmarks/kernels/bench_attention.py; the
+# engine runs flash_attention_auto, with the two that won there). From ptxas for sm_90a (Triton 3.9, fp16): 128x64
+# at 4 warps (the FlashAttention-2 default) fits d <= 80 without spills but spills at d = 160, where 8 warps fit;
+# the 3-stage 128-key tiles need more shared memory than an H100 has at d = 160 (they fail to launch there); the
+# 64-row tiles give more programs for short sequences (256 and 64 tokens).
 CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 2), (128, 32, 4, 2), (64, 128, 4, 3)]
 
 
@@ -204,7 +209,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Op
     block_m / block_n / num_warps / num_stages: the tile (one of CONFIGS or any other powers of two >= 16);
     tiles larger than the sequence are shrunk to it. Falls back to the reference where Triton cannot run on q.
     sum_in_pv: the softmax row sums from the p @ v product, through a padding column of v set to 1, instead of
-    a reduction on the CUDA cores (None: wherever the head dim has padding, e.g. 40 in 32 + 16; 10% faster at
+    a reduction on the CUDA cores (None: wherever the head dim has padding, e.g. 40 in 32 + 16; 7% faster at
     d = 40 on an H100).
     """
     reason = supports(q, k, v)
