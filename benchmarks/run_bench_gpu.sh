@@ -14,7 +14,7 @@ PY=${PYTHON:-python3}
 . benchmarks/gpu_card.sh
 require_gpu run_bench_gpu.sh "the CPU default is plain: $PY -m sdaccel bench"
 # OUT_DIR overrides (on the lent GPU machine only files under $OUT come back: OUT_DIR=$OUT/<card>-<date>).
-out=${OUT_DIR:-"benchmarks/results/${card}-$(date -u +%Y-%m-%d)"}
+out=${OUT_DIR:-$(results_dir)}
 
 # Every engine available on this GPU, eager first; ENGINES overrides.
 engines=${ENGINES:-$(gpu_engines)}

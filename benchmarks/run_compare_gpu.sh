@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 . benchmarks/gpu_card.sh
 require_gpu run_compare_gpu.sh "on a CPU run: $PY -m sdaccel compare"
-out=${OUT_DIR:-"benchmarks/results/${card}-$(date -u +%Y-%m-%d)/compare"}
+out=${OUT_DIR:-$(results_dir compare)}
 # eager at every dtype; the others pinned (compile at fp16 only: one compilation per model, not three)
 engines=${ENGINES:-}
 if [ -z "$engines" ]; then

@@ -13,7 +13,7 @@ PY=${PYTHON:-python3}
 
 . benchmarks/gpu_card.sh
 require_gpu run_memory_gpu.sh "nothing to measure on the CPU"
-out=${OUT_DIR:-"benchmarks/results/${card}-$(date -u +%Y-%m-%d)/memory"}
+out=${OUT_DIR:-$(results_dir memory)}
 mkdir -p "$out"
 
 for variant in fast fast-nocap; do  # separate processes: the second would reuse the first's cuDNN picks

@@ -24,7 +24,6 @@ Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (
 DEFAULT = "default"  # PyTorch's own SDPA dispatch
 # Process-wide: one engine per process is the norm (the benchmark uses fresh processes).
 _PICKS = ShapePicks(DEFAULT, enabled=True)
-_CHOICE = _PICKS.choices  # shape key -> candidate name
 
 
 def set_autotune(enabled: bool) -> None:

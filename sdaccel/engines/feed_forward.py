@@ -19,13 +19,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..kernels import geglu
+from ..kernels import config_name, geglu
 from ..kernels.linear_geglu import CONFIGS, linear_geglu as fused_linear_geglu, supports
 from .kernel_pick import ShapePicks
 
 SPLIT = "split"
 _PICKS = ShapePicks(SPLIT, enabled=False)  # the engine enables it (gemm_geglu="auto")
-_CHOICE = _PICKS.choices  # shape key -> path name
 
 
 def set_autotune(enabled: bool) -> None:
@@ -33,12 +32,7 @@ def set_autotune(enabled: bool) -> None:
     _PICKS.enabled = enabled
 
 
-def _config_name(config) -> str:
-    block_m, block_n, block_k, warps, stages = config
-    return f"fused:{block_m}x{block_n}x{block_k}w{warps}s{stages}"
-
-
-_CONFIGS = {_config_name(c): c for c in CONFIGS}
+_CONFIGS = {f"fused:{config_name(c)}": c for c in CONFIGS}
 
 
 def split_path(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

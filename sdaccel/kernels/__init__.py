@@ -94,6 +94,13 @@ def register_triton_op(name: str, fn):
         return fn
 
 
+def config_name(config) -> str:
+    """A stable short name for a Triton launch config (block sizes..., num_warps, num_stages), e.g.
+    (128, 64, 4, 3) -> "128x64w4s3": what kernel picks store and benchmarks print."""
+    *blocks, num_warps, num_stages = config
+    return f"{'x'.join(map(str, blocks))}w{num_warps}s{num_stages}"
+
+
 def next_pow2(v: int) -> int:
     """The smallest power of two >= v (1 for v <= 1): Triton block sizes."""
     return 1 << max(0, int(v) - 1).bit_length()

@@ -35,7 +35,7 @@ from typing import Optional
 
 import torch
 
-from . import next_pow2, use_triton
+from . import config_name, next_pow2, use_triton  # noqa: F401 - config_name names CONFIGS entries
 # Exact attention in fp32, rounded once: the same reference as the short-KV kernel's.
 from .short_kv_attention import qkv_problem
 from .short_kv_attention import short_kv_attention_reference as flash_attention_reference
@@ -55,12 +55,6 @@ LOG2E = 1.4426950408889634
 # the 3-stage 128-key tiles need more shared memory than an H100 has at d = 160 (they fail to launch there); the
 # 64-row tiles give more programs for short sequences (256 and 64 tokens).
 CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 2), (128, 32, 4, 2), (64, 128, 4, 3)]
-
-
-def config_name(cfg) -> str:
-    """A stable short name for a CONFIGS entry, e.g. (128, 64, 4, 3) -> "128x64w4s3"."""
-    block_m, block_n, num_warps, num_stages = cfg
-    return f"{block_m}x{block_n}w{num_warps}s{num_stages}"
 
 
 def split_head_dim(d: int) -> tuple[int, int]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ModelLoadError, UsageError
+from ..errors import ModelLoadError, UsageError, first_line
 from .components import Components
 from .registry import ModelSpec, get_spec, list_specs, with_overrides
 from .tokenizer import HashTokenizer, HFTokenizerAdapter
@@ -98,11 +98,6 @@ def detect_arch(unet_config: dict[str, Any], scheduler_config: dict[str, Any] | 
     return same[0].name
 
 
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else exc.__class__.__name__
-
-
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
@@ -129,7 +124,7 @@ def _load_part(loader, folder: Path, sub: str, what: str, dtype: torch.dtype):
     except ModelLoadError:
         raise
     except Exception as exc:  # corrupt weights, missing files: one line naming the path
-        raise ModelLoadError(f"{part}: cannot load {what} ({_first_line(exc)})") from None
+        raise ModelLoadError(f"{part}: cannot load {what} ({first_line(exc)[:200]})") from None
 
 
 def _folder_tokenizer(folder: Path, sub: str, pad_with_eos: bool, vocab_size: int):
@@ -285,7 +280,7 @@ def load_single_file(path: Path, *, arch: str | None = None, device: str | torch
     except ModelLoadError:
         raise
     except Exception as exc:
-        raise ModelLoadError(f"{path}: does not match the {spec.name} architecture ({_first_line(exc)})") from None
+        raise ModelLoadError(f"{path}: does not match the {spec.name} architecture ({first_line(exc)[:200]})") from None
 
     tokenizers = [_cached_tokenizer(te, i, spec) for i, te in enumerate(spec.text_encoders)]
     comps = Components(spec=spec, unet=unet, vae=vae, text_encoders=encoders, tokenizers=tokenizers,

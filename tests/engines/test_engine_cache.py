@@ -50,11 +50,11 @@ def test_environment_names_versions_and_device():
 
 
 def test_attention_choices_survive_a_restart():
-    attention._CHOICE.clear()
+    attention._PICKS.choices.clear()
     attention.restore_backends({"q[2, 8, 4096, 40] k[2, 8, 4096, 40] float16": "FLASH_ATTENTION",
                                 "q[1] k[1] float16": "default", "q[3] k[3] float16": "NO_SUCH_BACKEND"})
     try:
         assert attention.chosen_backends() == {"q[2, 8, 4096, 40] k[2, 8, 4096, 40] float16": "FLASH_ATTENTION",
                                                "q[1] k[1] float16": "default"}  # the unknown name is dropped
     finally:
-        attention._CHOICE.clear()
+        attention._PICKS.choices.clear()

@@ -11,10 +11,10 @@ from sdaccel.kernels.geglu import geglu_reference
 
 @pytest.fixture
 def clean_choices():
-    feed_forward._CHOICE.clear()
+    feed_forward._PICKS.choices.clear()
     feed_forward.set_autotune(True)  # gemm_geglu="auto"
     yield
-    feed_forward._CHOICE.clear()
+    feed_forward._PICKS.choices.clear()
     feed_forward.set_autotune(False)
 
 
