@@ -1,6 +1,7 @@
 """Where one UNet call's time goes, on the GPU machine: eager vs eager+CUDA graph, kernel time by category.
 
     python benchmarks/profile_unet.py --arch sd15 --batch 2 --out $OUT/profile_sd15.json
+    python benchmarks/profile_unet.py --arch sd15 --batch 1 --stage decode --engine fast --by-shape
 
 Prints per-variant median ms (CUDA events, warm-up first, inputs rotated) and the top kernels of one eager call
 grouped by kind (conv, gemm, attention, norm, elementwise, other), so engine work targets what matters.
@@ -58,11 +59,42 @@ def profile_kernels(fn, inputs) -> dict:
             "top": [{"ms": round(t, 3), "count": c, "name": k} for t, c, k in top[:25]]}
 
 
+# Leaf ops whose kernels are the matrix work: their input shapes say which layer of the UNet a kernel belongs to.
+MATRIX_OPS = ("aten::cudnn_convolution", "aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm",
+              "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_flash_attention",
+              "aten::_scaled_dot_product_efficient_attention")
+
+
+def profile_by_shape(fn, inputs, top: int = 60) -> list[dict]:
+    """Device time of the matrix ops of one call, per (op, input shapes): which convolution or GEMM is slow."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(*inputs[0])
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        fn(*inputs[0])
+        torch.cuda.synchronize()
+    rows = []
+    for evt in prof.key_averages(group_by_input_shape=True):
+        if evt.key not in MATRIX_OPS:
+            continue
+        dev_us = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
+        shapes = [list(s) for s in evt.input_shapes if s]
+        rows.append({"op": evt.key.replace("aten::", ""), "shapes": shapes, "count": evt.count,
+                     "total_us": round(dev_us, 1), "per_call_us": round(dev_us / evt.count, 1)})
+    rows.sort(key=lambda r: -r["total_us"])
+    return rows[:top]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="sd15")
     ap.add_argument("--batch", type=int, default=2, help="UNet batch (2 = one image with CFG)")
     ap.add_argument("--engine", default="eager", help="eager, or fast (profiled without CUDA graphs)")
+    ap.add_argument("--stage", choices=["unet", "decode"], default="unet",
+                    help="decode: the VAE decoder instead (batch = images)")
+    ap.add_argument("--by-shape", action="store_true",
+                    help="also list the convolutions, GEMMs and SDPA calls of one call by input shape")
     ap.add_argument("--out")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
@@ -86,6 +118,9 @@ def main():
                                               dtype=torch.float16)}
         inputs.append((x, t, c, extra))
 
+    if args.stage == "decode":  # latents -> image through the VAE decoder (fp16; SDXL's would need fp32)
+        unet = comps.vae.decoder.to(memory_format=torch.channels_last)
+        inputs = [(x,) for x, *_ in inputs]
     if args.engine == "fast":
         from sdaccel.engines.fused_modules import fuse_modules
 
@@ -93,10 +128,12 @@ def main():
         print("fusions", fuse_modules(unet), flush=True)
 
     @torch.inference_mode()
-    def eager(x, t, c, extra):
+    def eager(x, t=None, c=None, extra=None):
+        if args.stage == "decode":
+            return unet(x)
         return unet(x, t, encoder_hidden_states=c, added_cond_kwargs=extra or None, return_dict=False)[0]
 
-    result = {"arch": args.arch, "batch": args.batch, "gpu": torch.cuda.get_device_name(),
+    result = {"arch": args.arch, "stage": args.stage, "batch": args.batch, "gpu": torch.cuda.get_device_name(),
               "torch": torch.__version__}
     result["eager"] = time_call(eager, inputs, iters=30, warmup=5)
     print("eager", result["eager"], flush=True)
@@ -105,6 +142,11 @@ def main():
                                                                 "total_kernel_ms", "launches")}), flush=True)
     for row in result["profile_eager"]["top"][:15]:
         print(f"  {row['ms']:8.3f} ms x{row['count']:4d} {row['name']}")
+    if args.by_shape:
+        result["by_shape"] = profile_by_shape(eager, inputs)
+        for row in result["by_shape"]:
+            print(f"  {row['total_us']:8.1f} us x{row['count']:3d} = {row['per_call_us']:7.1f} {row['op']:<34}"
+                  f"{row['shapes']}")
 
     # Eager + one CUDA graph over the whole call: what removing launch overhead alone buys.
     static = [t.clone() if torch.is_tensor(t) else {k: v.clone() for k, v in t.items()} for t in inputs[0]]
@@ -119,10 +161,10 @@ def main():
         with torch.cuda.graph(graph):
             static_out = eager(*static)
 
-    def graphed(x, t, c, extra):
-        static[0].copy_(x)
-        static[1].copy_(t)
-        static[2].copy_(c)
+    def graphed(*args):
+        for buffer, value in zip(static, args):
+            if torch.is_tensor(value):
+                buffer.copy_(value)
         graph.replay()
         return static_out
 

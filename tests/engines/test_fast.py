@@ -9,7 +9,7 @@ import torch
 
 import sdaccel
 from sdaccel.engines.fast import FastEngine
-from sdaccel.engines.fused_modules import fuse_modules
+from sdaccel.engines.fused_modules import FusedTransformerBlock, fuse_modules
 from sdaccel.models import build_synthetic, get_spec
 
 from sd_fixtures import TINY_ARCHS
@@ -90,6 +90,36 @@ def test_fused_resnet_block_matches_diffusers_block():
     torch.testing.assert_close(got_again, want_again, rtol=1e-4, atol=1e-4)
 
 
+def test_cross_attention_kv_is_one_gemm_recomputed_every_call():
+    """All cross-attentions' K/V projections come from one packed weight (views, no copy), computed once per UNet
+    call: a context changed in place between calls (a graph's static input is) is never served stale, also when
+    the UNet's forward is called directly, as the engine's stage does (no hooks of the UNet itself fire then)."""
+    import copy
+
+    comps = build_synthetic(get_spec("sd15-tiny"))
+    unet = comps.unet
+    reference = copy.deepcopy(unet)
+    counts = fuse_modules(unet)
+    shared = unet.sdaccel_context_projections
+    cross = [m.attn2 for m in unet.modules() if isinstance(m, FusedTransformerBlock)]
+    assert counts["context_projections"] == len(cross) == counts["transformer_block"]
+    for attention in cross:
+        for weight in (attention.attn.to_k.weight, attention.attn.to_v.weight, attention.packed_weight):
+            assert weight.untyped_storage().data_ptr() == shared.packed_weight.untyped_storage().data_ptr()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 16, 16, generator=gen)
+    ctx = torch.randn(2, 77, unet.config.cross_attention_dim, generator=gen)
+    with torch.no_grad():
+        first = unet(x, 500, encoder_hidden_states=ctx).sample
+        torch.testing.assert_close(first, reference(x, 500, encoder_hidden_states=ctx).sample, rtol=1e-4, atol=1e-4)
+        ctx.mul_(-2.0)  # same tensor object, new values
+        again = type(unet).forward(unet, x, 500, ctx).sample  # as models.components.unet_fn calls it
+        want = reference(x, 500, encoder_hidden_states=ctx).sample
+    torch.testing.assert_close(again, want, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(again, first, atol=1e-3)
+    assert shared._once.output is None  # let go at the end of each call
+
+
 def test_unsupported_blocks_are_left_alone():
     comps = build_synthetic(get_spec("sd15-tiny"))
     resnet = comps.unet.down_blocks[1].resnets[0]
@@ -167,8 +197,8 @@ def test_refresh_weights_after_a_lora_style_merge(exact_fp32):
         gen = torch.Generator().manual_seed(0)
         for name, p in pipe.components.unet.named_parameters():
             # attention, feed-forward, and the ResNet parts the fused blocks combine (time projection, conv biases)
-            if any(key in name for key in ("attn1.to_q.weight", "ff.net.2.weight", "time_emb_proj.weight",
-                                           "conv1.bias", "conv2.bias")):
+            if any(key in name for key in ("attn1.to_q.weight", "attn2.to_v.weight", "ff.net.2.weight",
+                                           "time_emb_proj.weight", "conv1.bias", "conv2.bias")):
                 p.data = p.data + 0.05 * torch.randn(p.shape, generator=gen).to(p)
     stale = fast("a cat", steps=2, scheduler="ddim", output="latent").latents
     counts = fast.refresh_weights()
@@ -223,7 +253,8 @@ def test_weights_replaced_before_the_first_capture_are_restored_into_place(exact
     for pipe in (fast, eager):
         gen = torch.Generator().manual_seed(0)
         for name, p in pipe.components.unet.named_parameters():
-            if any(key in name for key in ("attn1.to_q.weight", "conv1.bias", "time_emb_proj.weight")):
+            if any(key in name for key in ("attn1.to_q.weight", "attn2.to_k.weight", "conv1.bias",
+                                           "time_emb_proj.weight")):
                 p.data = p.data + 0.05 * torch.randn(p.shape, generator=gen).to(p)
     reference = eager("a cat", steps=2, scheduler="ddim", output="latent").latents
     first = fast("a cat", steps=2, scheduler="ddim", output="latent").latents  # captures
