@@ -13,6 +13,8 @@ Variants (the ablation ladder):
                  its picks per process, so after `fast` nothing would be tuned again)
   fast-ffpick    fast with gemm_geglu="auto": the feed-forward's GEMM + GEGLU as one fused Triton kernel where
                  that times faster for the shape than cuBLAS + the GEGLU kernel (the default)
+  fast-cudnn     fast with cuDNN for every convolution (no per-shape pick against im2col + cuBLAS GEMM); run it in
+                 its own process (the picks are process-wide)
   compile-ro     torch.compile(mode="reduce-overhead"), compile time reported separately
   onnxruntime    ONNX Runtime CUDA EP over an `sdaccel optimize --provider cuda --fp16` folder (--onnx-folder; without
                  it the engine builds one in its cache first), IO binding, CUDA graph per shape
@@ -105,6 +107,7 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
         "fast": lambda: get_engine("fast"),
         "fast-nocap": lambda: get_engine("fast", workspace_mb=0),  # cuDNN autotunes with all free memory
         "fast-ffpick": lambda: get_engine("fast", gemm_geglu="auto"),
+        "fast-cudnn": lambda: get_engine("fast", conv="cudnn"),
         "compile-ro": lambda: get_engine("compile", mode="reduce-overhead"),
         "onnxruntime": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=True),
         "onnxruntime-nograph": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=False),
@@ -142,6 +145,10 @@ def measure_variant(name: str, spec, dtype, inputs, refs, args) -> dict:
                call_peak_MB=mb(torch.cuda.max_memory_allocated() - base) if on_gpu() else None,
                device_used_MB=mb(free_before - torch.cuda.mem_get_info()[0]) if on_gpu() else None,
                fusions=getattr(engine, "fusion_counts", {}) or stages.info.get("fused_ops", {}).get("unet", {}))
+    if name.startswith("fast"):  # what the per-shape picks chose (process-wide: every fast variant so far)
+        from sdaccel.engines import attention, convolution
+
+        row["picks"] = {"attention": attention.chosen_backends(), "convolution": convolution.chosen_paths()}
     if name.startswith("onnxruntime"):  # how its sessions ran: stream ordering, CUDA graph or why not
         row["engine_info"] = {k: stages.info.get(k) for k in ("sessions", "notes", "folder", "built")}
     print(f"{name:12s} {timing['median_ms']:8.3f} ms (p20 {timing['p20_ms']:.3f} p80 {timing['p80_ms']:.3f})"

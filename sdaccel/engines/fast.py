@@ -9,6 +9,9 @@ Options (each can be switched off for ablations):
   cuda_graphs  capture each stage per input shape; replay is one launch               cost: ~1 s and the graph's
                activations kept resident per captured shape (shared pool)
   attention    "auto": time the SDPA backends per shape and keep the fastest correct one; "sdpa": PyTorch's pick
+  conv         "auto": time cuDNN against one cuBLAS GEMM (im2col) per convolution shape of the fused blocks and
+               keep the faster (convolution.py; the GEMM wins where cuDNN's output tiles cannot fill the GPU, as at
+               SD1.5's 8x8 level at CFG batch 2); "cudnn": cuDNN everywhere
   gemm_geglu   "split": the feed-forward's GEMM + GEGLU as cuBLAS + a GEGLU kernel; "auto": or one fused Triton
                GEMM-GEGLU kernel where it times faster for the shape (feed_forward.py). On an H100 it won only at
                SD1.5's smallest shapes, 0.03 ms per UNet call at CFG batch 2, for a few seconds of JIT: opt-in
@@ -25,7 +28,7 @@ import torch
 
 from ..errors import EngineUnavailableError, UsageError
 from ..models.components import Components
-from . import feed_forward
+from . import convolution, feed_forward
 from .attention import chosen_backends, restore_backends, set_autotune
 from .base import Engine, Stages, restore_weight_storages, weight_storages
 from .compile import cache_root
@@ -50,7 +53,7 @@ class FastEngine(Engine):
 
     def __init__(self, fused: bool = True, cuda_graphs: bool = True, attention: str = "auto",
                  channels_last: bool = True, fp32_ops: tuple[str, ...] | list[str] = (), workspace_mb: int = 256,
-                 gemm_geglu: str = "split", allow_cpu: bool = False):
+                 gemm_geglu: str = "split", conv: str = "auto", allow_cpu: bool = False):
         unknown = set(fp32_ops) - FP32_OPS
         if unknown:
             raise UsageError(f"unknown fp32 op(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(FP32_OPS))}")
@@ -58,11 +61,14 @@ class FastEngine(Engine):
             raise UsageError(f"attention must be auto or sdpa, got {attention!r}")
         if gemm_geglu not in ("auto", "split"):
             raise UsageError(f"gemm_geglu must be auto or split, got {gemm_geglu!r}")
+        if conv not in ("auto", "cudnn"):
+            raise UsageError(f"conv must be auto or cudnn, got {conv!r}")
         if not isinstance(workspace_mb, int) or isinstance(workspace_mb, bool) or workspace_mb < 0:
             raise UsageError(f"workspace_mb must be an integer >= 0 (0: no cap), got {workspace_mb!r}")
         self.fp32_ops = tuple(sorted(fp32_ops))
         self.workspace_mb = workspace_mb
         self.gemm_geglu = gemm_geglu
+        self.conv = conv
         self.fused = fused
         self.cuda_graphs = cuda_graphs
         self.attention = attention
@@ -107,11 +113,12 @@ class FastEngine(Engine):
     def save_cache(self) -> None:
         if self.cache is not None:
             self.cache.save({"attention": chosen_backends(), "feed_forward": feed_forward.chosen_paths(),
-                             "fusions": self.fusion_counts})
+                             "convolution": convolution.chosen_paths(), "fusions": self.fusion_counts})
 
     def options(self):
         return {"fused": self.fused, "cuda_graphs": self.cuda_graphs, "attention": self.attention,
-                "gemm_geglu": self.gemm_geglu, "fp32_ops": list(self.fp32_ops), "workspace_mb": self.workspace_mb}
+                "gemm_geglu": self.gemm_geglu, "conv": self.conv, "fp32_ops": list(self.fp32_ops),
+                "workspace_mb": self.workspace_mb}
 
     def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
         if device.type != "cuda" and not self.allow_cpu:
@@ -127,6 +134,7 @@ class FastEngine(Engine):
         learned = cache.load()
         restore_backends(learned.get("attention", {}))
         feed_forward.restore_paths(learned.get("feed_forward", {}))
+        convolution.restore_paths(learned.get("convolution", {}))
         self.cache = cache
         if self.fused:
             counts = fuse_modules(components.unet, fp32_attention="attention" in self.fp32_ops)
@@ -135,6 +143,7 @@ class FastEngine(Engine):
             self.fusion_counts = counts
         set_autotune(self.attention == "auto")
         feed_forward.set_autotune(self.gemm_geglu == "auto")
+        convolution.set_autotune(self.conv == "auto")
         # The tensors the stages (and graphs captured from them) read: refresh_weights copies new values into them.
         self._weights = weight_storages(components)
         stages = cast_stages(components, dtype)

@@ -18,6 +18,7 @@ from torch import nn
 from ..errors import UsageError
 from ..kernels import bias_add, group_norm, layer_norm
 from .attention import attention
+from .convolution import conv2d
 from .feed_forward import linear_geglu
 
 
@@ -59,6 +60,10 @@ def _plain_conv(conv: nn.Module) -> bool:
 def _conv_without_bias(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     # cuDNN adds a conv's bias in a separate broadcast kernel: the fused blocks add it inside a kernel they
     # launch anyway (the next GroupNorm, or the residual add).
+    square = (conv.groups == 1 and conv.dilation == (1, 1) and isinstance(conv.padding, tuple)
+              and len(set(conv.padding)) == 1 and len(set(conv.stride)) == 1)
+    if square:  # cuDNN, or one GEMM where that is faster for the shape (convolution.py)
+        return conv2d(x, conv.weight, conv.stride[0], conv.padding[0])
     return F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
 
 

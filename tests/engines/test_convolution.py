@@ -1,0 +1,63 @@
+"""The convolution pick's GEMM path computes the convolution, and the pick only offers it where it may pay."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sdaccel.engines import convolution
+
+
+def _conv_inputs(n, c, h, cout, k, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c, h, h, generator=g, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(cout, c, k, k, generator=g, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    return x, w
+
+
+@pytest.mark.parametrize("n,c,h,cout,k,stride,pad", [
+    (2, 24, 8, 16, 3, 1, 1), (1, 20, 9, 12, 3, 2, 1), (2, 32, 5, 8, 1, 1, 0),
+])
+def test_gemm_conv_is_the_convolution(n, c, h, cout, k, stride, pad):
+    x, w = _conv_inputs(n, c, h, cout, k)
+    got = convolution.gemm_conv(x, w, stride, pad)
+    assert got.is_contiguous(memory_format=torch.channels_last)  # NHWC out, as cuDNN's
+    torch.testing.assert_close(got, F.conv2d(x, w, None, stride, pad), rtol=1e-4, atol=1e-4)
+
+
+def test_gemm_conv_refuses_a_weight_it_would_have_to_copy():
+    x, w = _conv_inputs(1, 8, 4, 8, 3)
+    with pytest.raises(ValueError, match="channels_last"):
+        convolution.gemm_conv(x, w.contiguous(), 1, 1)  # NCHW weight: its matrix view would need a copy
+
+
+def test_big_im2col_matrices_are_not_tried():
+    x = torch.empty(16, 320, 64, 64, device="meta").contiguous(memory_format=torch.channels_last)
+    w3 = torch.empty(320, 320, 3, 3, device="meta")
+    w1 = torch.empty(320, 320, 1, 1, device="meta")
+    assert set(convolution._candidates(x, w3, 1, 1)) == {convolution.CUDNN}  # 377 MB of columns
+    assert set(convolution._candidates(x, w1, 1, 0)) == {convolution.CUDNN, convolution.GEMM}  # no copy at all
+    small = torch.empty(2, 1280, 8, 8, device="meta").contiguous(memory_format=torch.channels_last)
+    assert convolution.GEMM in convolution._candidates(small, torch.empty(1280, 1280, 3, 3, device="meta"), 1, 1)
+
+
+def test_off_the_gpu_it_is_plain_conv2d():
+    x, w = _conv_inputs(1, 8, 6, 4, 3)
+    torch.testing.assert_close(convolution.conv2d(x, w, 1, 1), F.conv2d(x, w, None, 1, 1))
+    assert convolution.chosen_paths() == {}  # nothing timed on the CPU
+
+
+@pytest.mark.gpu
+def test_pick_on_the_gpu_keeps_a_correct_path():
+    x, w = _conv_inputs(2, 256, 8, 256, 3, dtype=torch.float16)
+    x, w = x.cuda(), w.cuda()
+    saved = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        got = convolution.conv2d(x, w, 1, 1)
+    finally:
+        torch.backends.cudnn.benchmark = saved
+    key = next(k for k in convolution.chosen_paths() if "x[2, 256, 8, 8]" in k)
+    assert convolution.chosen_paths()[key] in (convolution.CUDNN, convolution.GEMM)
+    want = F.conv2d(x.float(), w.float(), None, 1, 1)
+    assert ((got.float() - want).norm() / want.norm()) < 2e-3
+    torch.testing.assert_close(convolution.gemm_conv(x, w, 1, 1).float(), want, rtol=2e-2, atol=2e-2)
