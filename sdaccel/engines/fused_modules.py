@@ -17,6 +17,7 @@ from torch import nn
 
 from ..errors import UsageError
 from ..kernels import bias_add, group_norm, layer_norm
+from ..kernels.upsample import upsample_nearest2x
 from .attention import attention
 from .convolution import conv2d
 from .feed_forward import linear_geglu
@@ -426,11 +427,14 @@ def _clear_per_call(module: nn.Module, *args) -> None:
 
 
 def _fuse_children(root: nn.Module, fp32_attention: bool) -> dict[str, int]:
-    counts = {"resnet": 0, "transformer": 0, "transformer_block": 0, "group_norm_silu": 0}
+    counts = {"resnet": 0, "transformer": 0, "transformer_block": 0, "upsample": 0, "group_norm_silu": 0}
     for name, child in list(root.named_children()):
         if FusedResnetBlock.supports(child):
             setattr(root, name, FusedResnetBlock(child))
             counts["resnet"] += 1
+        elif FusedUpsample2D.supports(child):
+            setattr(root, name, FusedUpsample2D(child))
+            counts["upsample"] += 1
         elif FusedTransformer2D.supports(child):
             fused = FusedTransformer2D(child, fp32_attention)
             setattr(root, name, fused)
@@ -446,6 +450,26 @@ def _fuse_children(root: nn.Module, fp32_attention: bool) -> dict[str, int]:
         root.conv_act = nn.Identity()
         counts["group_norm_silu"] += 1
     return counts
+
+
+class FusedUpsample2D(nn.Module):
+    """diffusers' Upsample2D (nearest 2x, then a conv) with sdaccel's channels_last upsampling kernel."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    @staticmethod
+    def supports(module: nn.Module) -> bool:
+        return (type(module).__name__ == "Upsample2D" and module.interpolate and not module.use_conv_transpose
+                and module.norm is None and (not module.use_conv or module.name == "conv"))
+
+    def forward(self, x: torch.Tensor, output_size=None, *args, **kwargs) -> torch.Tensor:
+        m = self.module
+        if output_size is not None and tuple(output_size) != (2 * x.shape[-2], 2 * x.shape[-1]):
+            return m(x, output_size)  # an odd size the UNet asks for: diffusers' own path
+        h = upsample_nearest2x(x)
+        return m.conv(h) if m.use_conv else h
 
 
 class GroupNormSiLU(nn.Module):

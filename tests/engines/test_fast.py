@@ -40,6 +40,7 @@ def test_fused_pipeline_matches_eager(arch, exact_fp32):
     engine = FastEngine(allow_cpu=True)
     fast = sdaccel.Pipeline(build_synthetic(get_spec(arch)), engine=engine, dtype="fp32")
     assert engine.fusion_counts["transformer_block"] >= 4 and engine.fusion_counts["vae_resnet"] == 6
+    assert engine.fusion_counts["upsample"] == engine.fusion_counts["vae_upsample"] == 1
     a = eager("a cat", steps=2, scheduler="ddim", output="tensor")
     b = fast("a cat", steps=2, scheduler="ddim", output="tensor")
     torch.testing.assert_close(b.latents, a.latents, rtol=1e-4, atol=1e-4)
