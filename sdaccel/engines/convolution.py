@@ -8,7 +8,7 @@ cuDNN wins wherever the output is large. At SD1.5's 8x8 level at CFG batch 2 a 3
 1280 problem: cuDNN leaves most of an H100's 132 SMs idle (23 us in the UNet), cuBLAS splits K (15 us) and the
 im2col copy is 3 MB (benchmarks/kernels/bench_conv.py). The first call with a new shape times both from CUDA-graph
 replays and keeps the faster correct one (kernel_pick.py), by name, so the engine cache can store it. Shapes whose
-im2col matrix would pass MAX_COLUMNS_BYTES are not tried (they are where cuDNN wins, and the copy costs memory).
+output or im2col matrix would pass MAX_PICK_BYTES are not tried (cuDNN wins there, and timing costs memory).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ..kernels.im2col import im2col, output_size
 from .kernel_pick import ShapePicks
 
 CUDNN, GEMM = "cudnn", "gemm"
-MAX_COLUMNS_BYTES = 32 * 2**20
+MAX_PICK_BYTES = 16 * 2**20
 _PICKS = ShapePicks(CUDNN, enabled=True)
 
 
@@ -52,13 +52,15 @@ def gemm_conv(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int) 
 _KERNELS = {CUDNN: cudnn_conv, GEMM: gemm_conv}
 
 
-def _candidates(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int) -> dict:
+def gemm_may_pay(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int) -> bool:
+    """Whether the GEMM path is worth timing: only for small outputs (and im2col matrices). The GEMM wins where a
+    convolution is too small to fill the GPU, and timing keeps the reference output and a candidate's alive at
+    once: on the VAE's 512x512 convolutions that was 1 GB above the first image's peak at batch 8."""
     n, c, h, w = x.shape
-    k = weight.shape[-1]
+    cout, k = weight.shape[0], weight.shape[-1]
     rows = n * output_size(h, k, stride, padding) * output_size(w, k, stride, padding)
-    if k > 1 and rows * k * k * c * x.element_size() > MAX_COLUMNS_BYTES:
-        return {CUDNN: cudnn_conv}
-    return _KERNELS
+    columns = rows * k * k * c if k > 1 else 0
+    return max(rows * cout, columns) * x.element_size() <= MAX_PICK_BYTES
 
 
 def conv2d(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, padding: int = 0) -> torch.Tensor:
@@ -66,12 +68,12 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, padding: int 
     # Picks are made only while cuDNN autotunes (benchmark mode): the graph warm-up's first run, on cuDNN's
     # heuristics, would otherwise time cuDNN at an algorithm it is about to replace.
     if not (x.is_cuda and _PICKS.enabled and torch.backends.cudnn.benchmark and x.dim() == 4
-            and weight.shape[-1] == weight.shape[-2]):
+            and weight.shape[-1] == weight.shape[-2] and gemm_may_pay(x, weight, stride, padding)):
         return cudnn_conv(x, weight, stride, padding)
     key = (f"x{list(x.shape)} w{list(weight.shape)} s{stride} p{padding} "
            f"{str(x.dtype).removeprefix('torch.')}")
     args = (x, weight, stride, padding)
-    return _KERNELS[_PICKS.choose(key, args, lambda: _candidates(*args))](*args)
+    return _KERNELS[_PICKS.choose(key, args, lambda: _KERNELS)](*args)
 
 
 def chosen_paths() -> dict[str, str]:

@@ -30,14 +30,15 @@ def test_gemm_conv_refuses_a_weight_it_would_have_to_copy():
         convolution.gemm_conv(x, w.contiguous(), 1, 1)  # NCHW weight: its matrix view would need a copy
 
 
-def test_big_im2col_matrices_are_not_tried():
-    x = torch.empty(16, 320, 64, 64, device="meta").contiguous(memory_format=torch.channels_last)
-    w3 = torch.empty(320, 320, 3, 3, device="meta")
-    w1 = torch.empty(320, 320, 1, 1, device="meta")
-    assert set(convolution._candidates(x, w3, 1, 1)) == {convolution.CUDNN}  # 377 MB of columns
-    assert set(convolution._candidates(x, w1, 1, 0)) == {convolution.CUDNN, convolution.GEMM}  # no copy at all
-    small = torch.empty(2, 1280, 8, 8, device="meta").contiguous(memory_format=torch.channels_last)
-    assert convolution.GEMM in convolution._candidates(small, torch.empty(1280, 1280, 3, 3, device="meta"), 1, 1)
+def test_only_small_convolutions_are_timed():
+    def meta(*shape, cl=True):
+        t = torch.empty(*shape, device="meta")
+        return t.contiguous(memory_format=torch.channels_last) if cl else t
+
+    assert convolution.gemm_may_pay(meta(2, 1280, 8, 8), meta(1280, 1280, 3, 3), 1, 1)  # 3 MB of columns
+    assert not convolution.gemm_may_pay(meta(16, 320, 64, 64), meta(320, 320, 3, 3), 1, 1)  # 377 MB of columns
+    assert convolution.gemm_may_pay(meta(2, 960, 64, 64), meta(320, 960, 1, 1), 1, 0)  # 1x1: 5 MB out, no copy
+    assert not convolution.gemm_may_pay(meta(8, 256, 512, 512), meta(128, 256, 1, 1), 1, 0)  # the VAE's: 537 MB
 
 
 def test_off_the_gpu_it_is_plain_conv2d():
