@@ -142,8 +142,8 @@ class TimeEmbeddingProjections(nn.Module):
     """Every fused ResNet block's SiLU(temb) @ W_t + b_t (+ its conv1 bias), as one SiLU and one GEMM per call.
 
     A UNet hands the same time embedding to each block; the first block to ask computes all blocks'
-    projections, the others slice theirs out (_OncePerCall). The blocks' time_emb_proj weights become views of one packed
-    weight (no copy kept); the bias column holds b_t + conv1's bias. refresh() rebuilds both in place.
+    projections, the others slice theirs out (_OncePerCall). The blocks' time_emb_proj weights become views of one
+    packed weight (no copy kept); the bias column holds b_t + conv1's bias. refresh() rebuilds both in place.
     """
 
     def __init__(self, blocks: list[FusedResnetBlock]):
@@ -399,20 +399,23 @@ def fuse_modules(root: nn.Module, fp32_attention: bool = False) -> dict[str, int
         for block in blocks:
             object.__setattr__(block, "time_projections", shared)  # a reference, not another submodule
         counts["time_projections"] = len(blocks)
-    # One K/V GEMM of the text context for all of its cross-attentions (they share the context). The shared
-    # outputs are forgotten when a call begins (conv_in runs first) and ends (conv_out runs last): hooks on the
-    # root itself would not fire, as the UNet stage calls its forward directly.
+    # One K/V GEMM of the text context for all of its cross-attentions (they share the context). Shared outputs
+    # are forgotten when a call begins (conv_in runs first) and ends (conv_out runs last): hooks on the root itself
+    # would not fire, as the UNet stage calls its forward directly. Without those layers the context, which may
+    # be the same tensor with new values at the next call, is not shared.
     first, last = getattr(root, "conv_in", None), getattr(root, "conv_out", None)
+    bounded = isinstance(first, nn.Module) and isinstance(last, nn.Module)
     cross = [m for m in root.modules() if isinstance(m, FusedAttention) and m.is_cross]
     counts["context_projections"] = 0
-    if cross and isinstance(first, nn.Module) and isinstance(last, nn.Module) and ContextProjections.eligible(cross):
+    if bounded and cross and ContextProjections.eligible(cross):
         shared = ContextProjections(cross)
         root.sdaccel_context_projections = shared
         for attention in cross:
             object.__setattr__(attention, "context_projections", shared)
         counts["context_projections"] = len(cross)
-        per_call = [m for m in (root.sdaccel_context_projections, getattr(root, "sdaccel_time_projections", None))
-                    if m is not None]
+    per_call = [m for m in (getattr(root, "sdaccel_time_projections", None),
+                            getattr(root, "sdaccel_context_projections", None)) if m is not None]
+    if bounded and per_call:
         for module in (first, last):
             # References, not submodules; module-level hook functions, so a deepcopy of the model keeps working.
             object.__setattr__(module, "sdaccel_per_call", per_call)
