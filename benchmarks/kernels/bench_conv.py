@@ -10,7 +10,8 @@ weights and the activation warm in L2, as the engine's own per-shape pick measur
 Impls:
   cudnn        F.conv2d, channels_last input, no bias (the fused blocks add it elsewhere)
   gemm         1x1 convs only: the NHWC activation is already the (N*H*W, C) token matrix: one cuBLAS GEMM
-  im2col+gemm  k > 1: patches copied into an (N*Ho*Wo, k*k*C) matrix (torch ops), then one cuBLAS GEMM
+  im2col+gemm  k > 1: patches copied into an (N*Ho*Wo, k*k*C) matrix with torch ops (im2col_reference; the engine
+               uses the Triton kernel of kernels/im2col.py), then one cuBLAS GEMM
   gemm-only    the GEMM of im2col+gemm alone: what the GEMM side costs without the copy
 """
 
@@ -24,6 +25,7 @@ import torch.nn.functional as F  # noqa: E402
 from _timing import environment  # noqa: E402
 
 from sdaccel.engines.kernel_pick import cuda_time_ms  # noqa: E402
+from sdaccel.kernels.im2col import im2col_reference  # noqa: E402
 from sdaccel.models import build_synthetic, get_spec  # noqa: E402
 
 
@@ -57,16 +59,6 @@ def collect_shapes(arch: str, batch: int):
     return shapes, weights
 
 
-def im2col(x_nhwc: torch.Tensor, k: int, stride: int, pad: int) -> torch.Tensor:
-    """(N, H, W, C) -> (N*Ho*Wo, k*k*C), columns ordered (kh, kw, c) like weight.permute(0, 2, 3, 1)."""
-    n, h, w, c = x_nhwc.shape
-    xp = F.pad(x_nhwc, (0, 0, pad, pad, pad, pad)) if pad else x_nhwc
-    ho, wo = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
-    s_n, s_h, s_w, _ = xp.stride()
-    patches = xp.as_strided((n, ho, wo, k, k, c), (s_n, stride * s_h, stride * s_w, s_h, s_w, 1))
-    return patches.reshape(n * ho * wo, k * k * c)
-
-
 def main():
     import argparse
 
@@ -96,8 +88,8 @@ def main():
         if k == 1 and stride == 1:
             impls["gemm"] = lambda: x_nhwc.reshape(-1, c) @ w_mat.t()
         else:
-            cols = im2col(x_nhwc, k, stride, pad)
-            impls["im2col+gemm"] = lambda: im2col(x_nhwc, k, stride, pad) @ w_mat.t()
+            cols = im2col_reference(x, k, stride, pad)
+            impls["im2col+gemm"] = lambda: im2col_reference(x, k, stride, pad) @ w_mat.t()
             impls["gemm-only"] = lambda: cols @ w_mat.t()
         ref = impls["cudnn"]().permute(0, 2, 3, 1).reshape(-1, cout).float()
         times = {}
