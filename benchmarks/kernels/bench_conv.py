@@ -19,14 +19,17 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/: bench_unet
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from _timing import environment  # noqa: E402
+from bench_unet import make_inputs  # noqa: E402
 
 from sdaccel.engines.kernel_pick import cuda_time_ms  # noqa: E402
 from sdaccel.kernels.im2col import im2col_reference  # noqa: E402
 from sdaccel.models import build_synthetic, get_spec  # noqa: E402
+from sdaccel.models.components import unet_fn  # noqa: E402
 
 
 def collect_shapes(arch: str, batch: int):
@@ -44,16 +47,10 @@ def collect_shapes(arch: str, batch: int):
         weights.setdefault(key, module.weight.detach())
 
     handles = [m.register_forward_pre_hook(hook) for m in unet.modules() if isinstance(m, torch.nn.Conv2d)]
-    size, ctx = spec.unet["sample_size"], spec.unet["cross_attention_dim"]
-    x = torch.randn(batch, 4, size, size, device="cuda", dtype=torch.float16)
-    c = torch.randn(batch, 77, ctx, device="cuda", dtype=torch.float16)
-    extra = None
-    if spec.is_xl:
-        extra = {"text_embeds": torch.randn(batch, 1280, device="cuda", dtype=torch.float16),
-                 "time_ids": torch.tensor([[1024, 1024, 0, 0, 1024, 1024]] * batch, device="cuda",
-                                          dtype=torch.float16)}
+    inputs = [None if v is None else v.to(torch.float16) if v.is_floating_point() else v
+              for v in make_inputs(spec, batch, n=1)[0]]  # bench_unet's (x, t, context, text_embeds, time_ids)
     with torch.inference_mode():
-        unet(x, torch.tensor(500, device="cuda"), encoder_hidden_states=c, added_cond_kwargs=extra)
+        unet_fn(unet)(*inputs)
     for h in handles:
         h.remove()
     return shapes, weights
