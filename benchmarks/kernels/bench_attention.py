@@ -1,6 +1,7 @@
 """Self-attention (long key sequences) at SD1.5 / SDXL shapes: sdaccel's Triton FlashAttention, which splits
 the head dim in two power-of-two parts (40 = 32 + 16, 80 = 64 + 16, 160 = 128 + 32), one row per tile config,
-vs PyTorch's scaled_dot_product_attention (the baseline) and each of its backends alone.
+vs PyTorch's scaled_dot_product_attention (the baseline), each of its backends alone, and FlashAttention-4's
+CuTe-DSL kernel when the flash-attn-4 package is installed.
 
     python benchmarks/kernels/bench_attention.py [--dtype fp16] [--csv out.csv]
 
@@ -12,6 +13,7 @@ p v at the true head dim, no padding). A backend or tile config that refuses a s
 
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,6 +21,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from _timing import DTYPES, bench_pair, compare, finish, parse_args, start  # noqa: E402
 
+from sdaccel.engines.attention import _flash_attn_cute  # noqa: E402
 from sdaccel.errors import first_line  # noqa: E402
 from sdaccel.kernels.flash_attention import (  # noqa: E402
     CONFIGS,
@@ -105,6 +108,13 @@ def main():
             fn = _sdpa_backend(getattr(SDPBackend, backend), q, k, v)
             if _usable(name, shape, fn):
                 impls[name] = fn
+        cute = _flash_attn_cute()  # FlashAttention-4 (flash-attn-4 package), when installed
+        if cute is not None:
+            fn = lambda: cute(q, k, v)  # noqa: E731
+            t0 = time.perf_counter()
+            if _usable("fa4-cute", shape, fn):
+                print(f"# fa4-cute first call (compile) {time.perf_counter() - t0:.1f} s on {shape}", flush=True)
+                impls["fa4-cute"] = fn
         for cfg in configs:
             block_m, block_n, num_warps, num_stages = cfg
             fn = (lambda bm=block_m, bn=block_n, w=num_warps, s=num_stages:

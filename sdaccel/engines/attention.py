@@ -3,7 +3,8 @@
 Candidates: PyTorch's fused SDPA backends (cuDNN, FlashAttention-2, memory-efficient/CUTLASS), sdaccel's own
 one-tile kernel for short key sequences (cross-attention), sdaccel's FlashAttention for any length (it splits SD1.5's
 head dims 40/80/160 into power-of-two parts instead of padding them; on an H100 it wins at 256 and 64 tokens and on
-cross-attention, cuDNN at 1024 and 4096 tokens), and, when the `flash_attn` package is installed, its kernel. Which
+cross-attention, cuDNN at 1024 and 4096 tokens), and, when installed, the `flash_attn` package's kernel and
+FlashAttention-4's CuTe-DSL kernels (`flash-attn-4`; head dims padded to 16, not 64). Which
 is fastest depends on head dim (SD1.5 uses 40/80/160, SD2/SDXL 64), sequence lengths and the GPU. The first call
 with a new shape times each candidate that accepts it, checks it against the others' result (one that disagrees is
 dropped: correctness first), and remembers the winner by name, so the engine cache can store it. All of them keep
@@ -12,6 +13,7 @@ the softmax in fp32, which is what SD2.1's "attention upcast" needs to stay fini
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import torch
@@ -56,8 +58,43 @@ def _flash_attn_package() -> Kernel | None:
     return run
 
 
+def _flash_attn_cute() -> Kernel | None:
+    """FlashAttention-4's CuTe-DSL kernels (the `flash-attn-4` package: Hopper and Blackwell), when installed.
+    On Hopper they pad a head dim to a multiple of 16 (SD1.5's 40 -> 48), where cuDNN pads it to 64."""
+    from .compile import cache_root
+
+    # Its compiled kernels persist beside sdaccel's own caches (read when the module loads): a second process
+    # start then skips the CuTe DSL compile.
+    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", os.path.join(cache_root(), "flash_attn_cute"))
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception:  # noqa: BLE001 - not installed, or its CuTe DSL cannot load on this machine
+        return None
+
+    def run(q, k, v):
+        out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        out = out[0] if isinstance(out, tuple) else out  # (out, lse) in some versions
+        return out.transpose(1, 2)
+
+    return run
+
+
+def skipped_candidates() -> set[str]:
+    """Candidates left out by name through SDACCEL_ATTENTION_SKIP (comma-separated): A/B runs, or a kernel that
+    misbehaves on some machine."""
+    return {name.strip() for name in os.environ.get("SDACCEL_ATTENTION_SKIP", "").split(",") if name.strip()}
+
+
 def candidates() -> dict[str, Kernel]:
-    """Every kernel this machine offers, by name."""
+    """Every kernel this machine offers, by name (less those SDACCEL_ATTENTION_SKIP names)."""
+    found = _all_candidates()
+    for name in skipped_candidates():
+        found.pop(name, None)
+    return found
+
+
+def _all_candidates() -> dict[str, Kernel]:
     from torch.nn.attention import SDPBackend
 
     found = {name: _sdpa_backend(name) for name in ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
@@ -65,6 +102,9 @@ def candidates() -> dict[str, Kernel]:
     package = _flash_attn_package()
     if package is not None:
         found["FLASH_ATTN_PACKAGE"] = package
+    cute = _flash_attn_cute()
+    if cute is not None:
+        found["FLASH_ATTN_CUTE"] = cute
     from ..kernels import triton_available
 
     if triton_available():  # sdaccel's own one-tile kernel for <= 128 keys (cross-attention on 77 text tokens)

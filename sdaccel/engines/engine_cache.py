@@ -54,7 +54,21 @@ def environment(device: torch.device) -> dict[str, str]:
         env["gpu"] = f"{props.name} sm{props.major}{props.minor}"
     else:
         env["gpu"] = "cpu"
+    env["attention_packages"] = attention_packages()  # a newly installed kernel package is timed, not ignored
     return env
+
+
+def attention_packages() -> str:
+    """Versions of the optional attention packages the attention pick would try, e.g. "flash-attn-4=4.0.0b36"."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for package in ("flash-attn", "flash-attn-4"):
+        try:
+            found.append(f"{package}={version(package)}")
+        except PackageNotFoundError:
+            pass
+    return ",".join(found) or "none"
 
 
 class EngineCache:

@@ -91,3 +91,83 @@ def test_pick_on_the_gpu_times_graph_replays_and_returns_a_working_kernel():
         assert name != DEFAULT
         out = candidates()[name](q, k, k)
         torch.testing.assert_close(out.float(), _sdpa(q, k, k).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_skip_list_leaves_candidates_out(monkeypatch):
+    import sdaccel.engines.attention as attention
+
+    monkeypatch.setattr(attention, "_all_candidates", lambda: {"CUDNN_ATTENTION": _sdpa, "FLASH_ATTN_CUTE": _sdpa})
+    monkeypatch.setenv("SDACCEL_ATTENTION_SKIP", " FLASH_ATTN_CUTE, NOT_A_KERNEL ")
+    assert set(attention.candidates()) == {"CUDNN_ATTENTION"}
+    monkeypatch.delenv("SDACCEL_ATTENTION_SKIP")
+    assert set(attention.candidates()) == {"CUDNN_ATTENTION", "FLASH_ATTN_CUTE"}
+
+
+def _fake_flash_attn_cute(monkeypatch, returns_lse: bool, seen: list):
+    """flash_attn.cute as the flash-attn-4 package lays it out: flash_attn_func on (B, L, H, d) tensors."""
+    import sys
+    import types
+
+    def flash_attn_func(q, k, v):
+        seen.append((tuple(q.shape), q.stride(), k.shape, v.shape))
+        out = _sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+        return (out, torch.zeros(q.shape[:3])) if returns_lse else out
+
+    package, module = types.ModuleType("flash_attn"), types.ModuleType("flash_attn.cute")
+    module.flash_attn_func = flash_attn_func
+    package.cute = module
+    monkeypatch.setitem(sys.modules, "flash_attn", package)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", module)
+
+
+def _unset_flash_cache_settings(monkeypatch):
+    for name in ("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"):
+        monkeypatch.setenv(name, "")  # recorded, so what the adapter sets is undone after the test
+        monkeypatch.delenv(name)
+
+
+@pytest.mark.parametrize("returns_lse", [False, True])
+def test_flash_attn_cute_gets_the_packed_memory_without_copies(monkeypatch, tmp_path, returns_lse):
+    import os
+
+    import sdaccel.engines.attention as attention
+
+    seen = []
+    _fake_flash_attn_cute(monkeypatch, returns_lse, seen)
+    monkeypatch.setenv("SDACCEL_CACHE", str(tmp_path))
+    _unset_flash_cache_settings(monkeypatch)
+    run = attention._flash_attn_cute()
+    # Its compiled kernels persist under sdaccel's cache: a second process start does not compile again.
+    assert os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED"] == "1"
+    assert os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"] == os.path.join(str(tmp_path), "flash_attn_cute")
+
+    g = torch.Generator().manual_seed(4)
+    qkv = torch.randn(2, 300, 3, 4, 40, generator=g)  # (B, L, 3, H, d): the fused self-attention's projection
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    out = run(q, k, v)
+    assert seen[0][0] == (2, 300, 4, 40) and seen[0][1] == qkv[:, :, 0].stride()  # the packed memory itself
+    assert out.shape == q.shape
+    torch.testing.assert_close(out, _sdpa(q, k, v))
+
+
+def test_flash_attn_cute_is_absent_when_not_installed(monkeypatch):
+    import sys
+
+    import sdaccel.engines.attention as attention
+
+    _unset_flash_cache_settings(monkeypatch)
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # import raises ImportError
+    assert attention._flash_attn_cute() is None
+
+
+@pytest.mark.gpu
+def test_flash_attn_cute_matches_sdpa_at_sd15_self_attention():
+    from sdaccel.engines.attention import _flash_attn_cute
+
+    run = _flash_attn_cute()
+    if run is None:
+        pytest.skip("flash-attn-4 is not installed")
+    g = torch.Generator("cuda").manual_seed(0)
+    qkv = torch.randn(2, 4096, 3, 8, 40, device="cuda", dtype=torch.float16, generator=g)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    torch.testing.assert_close(run(q, k, v).float(), _sdpa(q, k, v).float(), rtol=2e-2, atol=2e-2)

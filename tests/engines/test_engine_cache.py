@@ -49,6 +49,22 @@ def test_environment_names_versions_and_device():
     assert env["gpu"] == "cpu" and env["torch"] == torch.__version__ and "sdaccel" in env
 
 
+def test_an_installed_attention_package_changes_the_key(monkeypatch):
+    import importlib.metadata
+
+    from sdaccel.engines.engine_cache import attention_packages
+
+    def version(name):
+        if name == "flash-attn-4":
+            return "4.0.0b36"
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    before = attention_packages()
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    assert attention_packages() == "flash-attn-4=4.0.0b36" != before
+    assert environment(torch.device("cpu"))["attention_packages"] == "flash-attn-4=4.0.0b36"
+
+
 def test_attention_choices_survive_a_restart():
     attention._PICKS.choices.clear()
     attention.restore_backends({"q[2, 8, 4096, 40] k[2, 8, 4096, 40] float16": "FLASH_ATTENTION",
