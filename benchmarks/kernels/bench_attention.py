@@ -77,6 +77,7 @@ def _parse_config(name: str) -> tuple[int, int, int, int]:
 def main():
     def add_arguments(p):
         p.add_argument("--shapes", help="only these B x H x L x d shapes, comma-separated (e.g. 2x8x4096x40)")
+        p.add_argument("--fa4-tiles", help="FlashAttention-4 (tile_m x tile_n) overrides to time too, e.g. 128x128")
         p.add_argument("--configs", help="sdaccel tiles to time instead of CONFIGS, comma-separated "
                                          "BMxBNwWsS names (e.g. 128x64w8s3)")
 
@@ -115,6 +116,15 @@ def main():
             if _usable("fa4-cute", shape, fn):
                 print(f"# fa4-cute first call (compile) {time.perf_counter() - t0:.1f} s on {shape}", flush=True)
                 impls["fa4-cute"] = fn
+            for tile in args.fa4_tiles.split(",") if args.fa4_tiles else []:
+                # Its private forward takes a (tile_m, tile_n) override: is its own choice the best one here?
+                from flash_attn.cute.interface import _flash_attn_fwd
+
+                tile_mn = tuple(int(t) for t in tile.split("x"))
+                fn = (lambda tile_mn=tile_mn: _flash_attn_fwd(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                              tile_mn=tile_mn)[0].transpose(1, 2))
+                if _usable(f"fa4-{tile}", shape, fn):
+                    impls[f"fa4-{tile}"] = fn
         for cfg in configs:
             block_m, block_n, num_warps, num_stages = cfg
             fn = (lambda bm=block_m, bn=block_n, w=num_warps, s=num_stages:
