@@ -14,7 +14,9 @@ from .cudagraph import side_stream
 def cuda_time_ms(fn, iters: int = 20) -> float:
     """GPU time of one call. The calls are replayed from a CUDA graph, as the engine runs them: timed from
     Python, a 20-50 us attention kernel measures the launch path (the SDPA backend switch is Python-side) more
-    than the kernel, and picked the wrong one. A candidate that cannot be captured is timed by launching it."""
+    than the kernel, and picked the wrong one. A candidate that cannot be captured raises, so the pick drops it:
+    the engine's whole-call graphs would fail on it (a package's kernels, e.g. FlashAttention-4's, are not ours
+    to vouch for)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     fn()
     side = side_stream()
@@ -27,15 +29,11 @@ def cuda_time_ms(fn, iters: int = 20) -> float:
         with torch.cuda.graph(graph, stream=side):
             for _ in range(iters):
                 fn()
-    except RuntimeError:
+    except RuntimeError as exc:
         torch.cuda.synchronize()
-        graph = None
+        raise RuntimeError(f"cannot be captured in a CUDA graph: {exc}") from exc
     start.record()
-    if graph is not None:
-        graph.replay()
-    else:
-        for _ in range(iters):
-            fn()
+    graph.replay()
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / iters

@@ -171,3 +171,21 @@ def test_flash_attn_cute_matches_sdpa_at_sd15_self_attention():
     qkv = torch.randn(2, 4096, 3, 8, 40, device="cuda", dtype=torch.float16, generator=g)
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
     torch.testing.assert_close(run(q, k, v).float(), _sdpa(q, k, v).float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_a_candidate_that_cannot_be_captured_is_dropped():
+    """The engine replays whole UNet calls from CUDA graphs: a kernel that breaks capture must never be picked."""
+    from sdaccel.engines.attention import cuda_time_ms
+
+    g = torch.Generator("cuda").manual_seed(0)
+    q = torch.randn(2, 8, 256, 40, device="cuda", dtype=torch.float16, generator=g)
+
+    def syncs(q, k, v):  # right answer, but it reads a value on the host: illegal while capturing
+        return _sdpa(q, k, v) if torch.isfinite(q).all().item() else q
+
+    with pytest.raises(RuntimeError, match="cannot be captured"):
+        cuda_time_ms(lambda: syncs(q, q, q))
+    assert pick(q, q, q, {"syncs": syncs, "sdpa": _sdpa}) == "sdpa"
+    torch.cuda.synchronize()  # the failed capture left the device usable
+    torch.testing.assert_close(_sdpa(q, q, q), _sdpa(q, q, q))
