@@ -14,6 +14,12 @@ import sys
 from pathlib import Path
 
 
+def attention_packages() -> str:
+    from ..engines.engine_cache import attention_packages as installed
+
+    return installed()
+
+
 def _version(module: str) -> str | None:
     try:
         return __import__(module).__version__
@@ -92,6 +98,9 @@ def environment(worker_gpu_name: str | None = None) -> dict:
         "transformers": _version("transformers"),
         "triton": _version("triton"),
         "onnxruntime": _version("onnxruntime"),
+        # Optional attention kernels the fast engine's per-shape pick tries when installed (engine_info "picks"
+        # says where it took them).
+        "attention_packages": attention_packages(),
         "sdaccel": __version__,
         "git_commit": git_commit(),
         "python": sys.version.split()[0],

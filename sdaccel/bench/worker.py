@@ -54,7 +54,12 @@ def now_iso() -> str:
 
 
 def engine_info(pipe) -> dict:
-    return json_safe(dict(getattr(pipe.stages, "info", {}) or {}))
+    """What the engine reported doing (Stages.info), with what it chose while running under "picks"."""
+    info = dict(getattr(pipe.stages, "info", {}) or {})
+    picks = pipe.engine.report()
+    if picks:
+        info["picks"] = picks
+    return json_safe(info)
 
 
 def info_notes(info: dict) -> list[str]:

@@ -81,3 +81,8 @@ class Engine(ABC):
     def options(self) -> dict[str, Any]:
         """The engine's settings, recorded in benchmark rows and PNG metadata."""
         return {}
+
+    def report(self) -> dict[str, Any]:
+        """What the engine chose while it ran (e.g. a kernel per shape), for benchmark reports; read after the
+        runs, since choices are made on first use."""
+        return {}

@@ -112,6 +112,12 @@ class GraphedCallable:
             output = self.fn(*static)
         return _Captured(graph, static, output)
 
+    def __repr__(self) -> str:
+        """What reports show (bench JSON): how many graphs, for which input shapes."""
+        shapes = ["; ".join("x".join(map(str, part[0])) or "scalar" for part in key if part[0] != "const")
+                  for key in self.graphs]
+        return f"{len(self.graphs)} CUDA graph(s), inputs: {shapes}"
+
     def __call__(self, *args):
         key = _signature(args)
         entry = self.graphs.get(key)

@@ -112,8 +112,12 @@ class FastEngine(Engine):
 
     def save_cache(self) -> None:
         if self.cache is not None:
-            self.cache.save({"attention": chosen_backends(), "feed_forward": feed_forward.chosen_paths(),
-                             "convolution": convolution.chosen_paths(), "fusions": self.fusion_counts})
+            self.cache.save({**self.report(), "fusions": self.fusion_counts})
+
+    def report(self):
+        """The kernel picked per shape (attention, feed-forward, convolution): which kernels a figure came from."""
+        return {"attention": chosen_backends(), "feed_forward": feed_forward.chosen_paths(),
+                "convolution": convolution.chosen_paths()}
 
     def options(self):
         return {"fused": self.fused, "cuda_graphs": self.cuda_graphs, "attention": self.attention,

@@ -79,3 +79,20 @@ def test_failure_rows_record_the_requested_options(tmp_path):
                       **dict(TINY, runs=1, warmup=0))
     (row,) = run_bench(cfg, isolate=False, log=lambda line: None)
     assert row["status"] == "unavailable" and json.loads(row["engine_options"]) == {"attention": "sdpa"}
+
+
+def test_engine_info_carries_what_the_engine_picked_while_running():
+    """A figure should say which kernels produced it: the fast engine's per-shape picks go into engine_info."""
+    from types import SimpleNamespace
+
+    from sdaccel.bench.worker import engine_info
+    from sdaccel.engines import get_engine
+
+    class Picking:
+        def report(self):
+            return {"attention": {"q[2, 8, 4096, 40] k[2, 8, 4096, 40] float16": "FLASH_ATTN_CUTE"}}
+
+    pipe = SimpleNamespace(stages=SimpleNamespace(info={"fusions": {"resnet": 22}}), engine=Picking())
+    assert engine_info(pipe) == {"fusions": {"resnet": 22}, "picks": Picking().report()}
+    assert engine_info(SimpleNamespace(stages=SimpleNamespace(info={}), engine=get_engine("eager"))) == {}
+    assert set(get_engine("fast").report()) == {"attention", "feed_forward", "convolution"}

@@ -34,7 +34,7 @@ def test_json_has_environment_settings_and_rows(eager_run):
     data = json.loads(path.read_text())
     env = data["environment"]
     for key in ("gpu_name", "driver", "torch", "cuda", "diffusers", "transformers", "triton", "sdaccel",
-                "git_commit"):
+                "git_commit", "attention_packages"):
         assert key in env
     assert env["torch"] and env["sdaccel"] and "hostname" not in json.dumps(env).lower()
     assert data["settings"]["engines"] == ["eager"] and data["settings"]["batch_sizes"] == [1, 2]

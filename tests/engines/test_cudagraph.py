@@ -94,3 +94,11 @@ def test_autotuning_stays_within_the_workspace_budget(cudnn_benchmark):
     assert torch.cuda.max_memory_reserved() <= reserved_before + 4 * activation + budget + 64 * 2**20
     torch.testing.assert_close(out, fn(x), rtol=2e-2, atol=2e-2)
     assert torch.cuda.get_per_process_memory_fraction() == 1.0
+
+
+def test_reports_show_captured_shapes_not_an_object_address():
+    from sdaccel.engines.cudagraph import GraphedCallable, _signature
+
+    graphed = GraphedCallable(lambda *a: None, pool=object())  # a pool handle is only used when capturing
+    graphed.graphs[_signature((torch.zeros(2, 4, 64, 64), torch.tensor(5.0), 7.5))] = None
+    assert repr(graphed) == "1 CUDA graph(s), inputs: ['2x4x64x64; scalar']"
