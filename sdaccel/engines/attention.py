@@ -61,8 +61,13 @@ def _flash_attn_package() -> Kernel | None:
 def _flash_attn_cute() -> Kernel | None:
     """FlashAttention-4's CuTe-DSL kernels (the `flash-attn-4` package: Hopper and Blackwell), when installed.
     On Hopper they pad a head dim to a multiple of 16 (SD1.5's 40 -> 48), where cuDNN pads it to 64."""
+    import sys
+    from importlib.util import find_spec
+
     from .compile import cache_root
 
+    if "flash_attn" not in sys.modules and find_spec("flash_attn") is None:  # not installed: leave os.environ be
+        return None
     # Its compiled kernels persist beside sdaccel's own caches (read when the module loads): a second process
     # start then skips the CuTe DSL compile.
     os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
