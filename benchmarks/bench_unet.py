@@ -146,9 +146,7 @@ def measure_variant(name: str, spec, dtype, inputs, refs, args) -> dict:
                device_used_MB=mb(free_before - torch.cuda.mem_get_info()[0]) if on_gpu() else None,
                fusions=getattr(engine, "fusion_counts", {}) or stages.info.get("fused_ops", {}).get("unet", {}))
     if name.startswith("fast"):  # what the per-shape picks chose (process-wide: every fast variant so far)
-        from sdaccel.engines import attention, convolution
-
-        row["picks"] = {"attention": attention.chosen_backends(), "convolution": convolution.chosen_paths()}
+        row["picks"] = engine.report()
     if name.startswith("onnxruntime"):  # how its sessions ran: stream ordering, CUDA graph or why not
         row["engine_info"] = {k: stages.info.get(k) for k in ("sessions", "notes", "folder", "built")}
     print(f"{name:12s} {timing['median_ms']:8.3f} ms (p20 {timing['p20_ms']:.3f} p80 {timing['p80_ms']:.3f})"

@@ -14,12 +14,6 @@ import sys
 from pathlib import Path
 
 
-def attention_packages() -> str:
-    from ..engines.engine_cache import attention_packages as installed
-
-    return installed()
-
-
 def _version(module: str) -> str | None:
     try:
         return __import__(module).__version__
@@ -85,6 +79,7 @@ def environment(worker_gpu_name: str | None = None) -> dict:
     import torch
 
     from .. import __version__
+    from ..engines.engine_cache import attention_packages
 
     gpus = nvidia_smi_gpus()
     return {

@@ -137,6 +137,14 @@ def pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernels: dict[str, K
 _KERNELS: dict[str, Kernel] = {}
 
 
+def _kernels() -> dict[str, Kernel]:
+    """The candidates, built once per process: building them imports packages (FlashAttention-4's import takes
+    seconds), and both restoring cached picks and the first attention call need them."""
+    if not _KERNELS:
+        _KERNELS.update(candidates())
+    return _KERNELS
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, upcast: bool = False) -> torch.Tensor:
     """softmax(q k^T / sqrt(d)) v for (B, heads, L, d) inputs (views of packed projections are fine)."""
     if not q.is_cuda:
@@ -145,9 +153,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, upcast: bool = 
         return F.scaled_dot_product_attention(q, k, v)
     if not _PICKS.enabled:
         return F.scaled_dot_product_attention(q, k, v)
-    if not _KERNELS:
-        _KERNELS.update(candidates())
-    kernel = _KERNELS.get(_PICKS.choose(_key(q, k), (q, k, v), lambda: _KERNELS))
+    kernels = _kernels()
+    kernel = kernels.get(_PICKS.choose(_key(q, k), (q, k, v), lambda: kernels))
     return F.scaled_dot_product_attention(q, k, v) if kernel is None else kernel(q, k, v)
 
 
@@ -159,4 +166,4 @@ def chosen_backends() -> dict[str, str]:
 def restore_backends(choices: dict[str, str]) -> None:
     """Take earlier picks (from the engine cache) instead of timing again; names this machine lacks are ignored
     (that shape is timed again)."""
-    _PICKS.restore(choices, set(candidates()) | {DEFAULT})
+    _PICKS.restore(choices, set(_kernels()) | {DEFAULT})
