@@ -91,6 +91,8 @@ def main():
     ap.add_argument("--arch", default="sd15")
     ap.add_argument("--batch", type=int, default=2, help="UNet batch (2 = one image with CFG)")
     ap.add_argument("--engine", default="eager", help="eager, or fast (profiled without CUDA graphs)")
+    ap.add_argument("--gemm-geglu", choices=["split", "auto"], default="split",
+                    help="fast: the feed-forward's GEMM + GEGLU as the engine's option of that name")
     ap.add_argument("--stage", choices=["unet", "decode"], default="unet",
                     help="decode: the VAE decoder instead (batch = images)")
     ap.add_argument("--by-shape", action="store_true",
@@ -124,7 +126,10 @@ def main():
     if args.engine == "fast":
         from sdaccel.engines.fused_modules import fuse_modules
 
+        from sdaccel.engines import feed_forward
+
         torch.backends.cudnn.benchmark = True
+        feed_forward.set_autotune(args.gemm_geglu == "auto")
         print("fusions", fuse_modules(unet), flush=True)
 
     @torch.inference_mode()

@@ -1,10 +1,13 @@
-"""The feed-forward's first GEMM with its GEGLU gate, at SD1.5 shapes: what sdaccel runs (cuBLAS GEMM, then the
-Triton BiasSplitGelu kernel) against quack-kernels' CuTe-DSL GEMM with a gated epilogue (one kernel, only the gated
-half written), when `quack` is installed (it comes with flash-attn-4). A feasibility measurement, not an engine path:
+"""The feed-forward's first GEMM with its GEGLU gate, at SD1.5 (or SDXL) shapes: what sdaccel runs by default (cuBLAS
+GEMM, then the Triton BiasSplitGelu kernel), sdaccel's fused Triton kernels (kernels/linear_geglu.py: the pointer
+kernel's and, on Hopper, the persistent TMA kernel's configs; `--fused none` leaves them out), the GEMM alone (the
+floor a fused kernel must approach), and quack-kernels' CuTe-DSL GEMM with a gated epilogue (one kernel, only the
+gated half written), when `quack` is installed (it comes with flash-attn-4). quack's row is a feasibility measurement:
 quack's "geglu" gates with the tanh approximation of GELU and takes the halves as [gate; up], where diffusers' GEGLU
 is [up; gate] with the exact (erf) GELU. Its row is checked against that formula, the others against diffusers'.
 
-    python benchmarks/kernels/bench_gated_gemm.py [--batch 2] [--l2 hot] [--csv out.csv]
+    python benchmarks/kernels/bench_gated_gemm.py [--batch 2] [--model sd15|sdxl] [--fused all|tma|sweep|none]
+                                                  [--l2 hot] [--csv out.csv]
 """
 
 import os
@@ -16,9 +19,37 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from _timing import DTYPES, bench_pair, compare, finish, parse_args, start  # noqa: E402
 
+from sdaccel.kernels import config_name  # noqa: E402
 from sdaccel.kernels.geglu import geglu  # noqa: E402
+from sdaccel.kernels.linear_geglu import CONFIGS, TMA_CONFIGS, linear_geglu, supports_tma  # noqa: E402
 
-LEVELS = [(4096, 320), (1024, 640), (256, 1280), (64, 1280)]  # SD1.5 512x512: tokens and width per UNet level
+# Tokens and width per UNet level with a transformer: SD1.5 at 512x512, SDXL at 1024x1024.
+LEVELS = {"sd15": [(4096, 320), (1024, 640), (256, 1280), (64, 1280)], "sdxl": [(4096, 640), (1024, 1280)]}
+
+
+# Larger tiles than the engine times (less L2 traffic per output, more registers and shared memory): `--fused sweep`.
+SWEEP_TMA_CONFIGS = ((256, 128, 64, 16, 2), (256, 128, 32, 16, 3), (256, 64, 64, 8, 3), (128, 128, 128, 8, 2))
+
+
+def _fused_impls(x, w, b, which: str) -> dict:
+    """name -> callable for each fused config that compiles here (one that does not, e.g. out of shared memory,
+    is reported and left out)."""
+    candidates = {}
+    if which == "all":
+        for c in CONFIGS:
+            candidates[f"ptr-{config_name(c)}"] = lambda c=c: linear_geglu(x, w, b, config=c)
+    if which in ("all", "tma", "sweep") and supports_tma(x, w):
+        for c in TMA_CONFIGS + (SWEEP_TMA_CONFIGS if which == "sweep" else ()):
+            candidates[f"tma-{config_name(c)}"] = lambda c=c: linear_geglu(x, w, b, config=c, tma=True)
+    impls = {}
+    for name, fn in candidates.items():
+        try:
+            fn()
+            torch.cuda.synchronize()
+            impls[name] = fn
+        except Exception as e:  # noqa: BLE001 - report and time the rest
+            print(f"# skip {name}: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+    return impls
 
 
 def _quack_gated():
@@ -31,14 +62,18 @@ def _quack_gated():
 
 
 def main():
-    args = parse_args(__doc__, add_arguments=lambda p: p.add_argument("--batch", type=int, default=2,
-                                                                        help="UNet batch (CFG doubles images)"))
+    def add_arguments(p):
+        p.add_argument("--batch", type=int, default=2, help="UNet batch (CFG doubles images)")
+        p.add_argument("--model", choices=sorted(LEVELS), default="sd15")
+        p.add_argument("--fused", choices=["all", "tma", "sweep", "none"], default="all")
+
+    args = parse_args(__doc__, add_arguments=add_arguments)
     dtype = DTYPES[args.dtype]
     start("feed-forward GEMM + GEGLU", args)
     gemm_act = _quack_gated()
     rows = []
     g = torch.Generator(device="cuda").manual_seed(0)
-    for tokens, width in LEVELS:
+    for tokens, width in LEVELS[args.model]:
         M, K, N = args.batch * tokens, width, 8 * width  # proj: width -> 2 x (4 x width)
         x = torch.randn(M, K, device="cuda", generator=g).to(dtype)
         w = (torch.randn(N, K, device="cuda", generator=g) / K ** 0.5).to(dtype)  # nn.Linear weight (out, in)
@@ -55,6 +90,7 @@ def main():
         impls = {
             "cublas+geglu": lambda: geglu(F.linear(x, w), b),  # what the engine runs (bias inside the gate kernel)
             "cublas-gemm": lambda: F.linear(x, w),  # the GEMM alone: the floor a fused kernel must approach
+            **_fused_impls(x, w, b, args.fused),
         }
         if gemm_act is not None:
             fn = lambda: gemm_act(x, w.t(), bias=b, activation="geglu", concat_layout=("B",),  # noqa: E731

@@ -12,29 +12,33 @@ from ..models.components import Components, text_encoder_fn, unet_fn, vae_decode
 from .base import Engine, Stages
 
 
-def vae_dtype_for(components: Components, dtype: torch.dtype) -> torch.dtype:
-    """SDXL's VAE overflows in fp16 (its config says force_upcast): decode in fp32 there, as diffusers does."""
+def vae_dtype_for(components: Components, dtype: torch.dtype, vae_dtype: torch.dtype | None = None) -> torch.dtype:
+    """The VAE's dtype: `vae_dtype` when given; otherwise the model's. SDXL's VAE overflows in fp16 (its config
+    says force_upcast): it decodes in fp32 there, as diffusers does."""
+    if vae_dtype is not None:
+        return vae_dtype
     if dtype == torch.float16 and components.spec.vae_force_upcast:
         return torch.float32
     return dtype
 
 
-def place_modules(components: Components, dtype: torch.dtype, device: torch.device, channels_last: bool = True):
+def place_modules(components: Components, dtype: torch.dtype, device: torch.device, channels_last: bool = True,
+                  vae_dtype: torch.dtype | None = None):
     """Cast and move every module once; convolutional ones to channels_last on request."""
     # nn.Module.to, not diffusers' override: the latter warns about fp32-pinned modules these models don't have.
     to = torch.nn.Module.to
     for enc in components.text_encoders:
         to(enc, device=device, dtype=dtype)
     to(components.unet, device=device, dtype=dtype)
-    to(components.vae, device=device, dtype=vae_dtype_for(components, dtype))
+    to(components.vae, device=device, dtype=vae_dtype_for(components, dtype, vae_dtype))
     if channels_last:
         to(components.unet, memory_format=torch.channels_last)
         to(components.vae, memory_format=torch.channels_last)
 
 
-def cast_stages(components: Components, dtype: torch.dtype) -> Stages:
+def cast_stages(components: Components, dtype: torch.dtype, vae_dtype: torch.dtype | None = None) -> Stages:
     """Stage callables that cast inputs to the compute dtype and hand fp32 back to the scheduler."""
-    vae_dtype = vae_dtype_for(components, dtype)
+    vae_dtype = vae_dtype_for(components, dtype, vae_dtype)
     denoise = unet_fn(components.unet)
     decode_raw = vae_decode_fn(components.vae)
 

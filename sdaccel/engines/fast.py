@@ -13,9 +13,12 @@ Options (each can be switched off for ablations):
                keep the faster (convolution.py; the GEMM wins where cuDNN's output tiles cannot fill the GPU, as at
                SD1.5's 8x8 level at CFG batch 2); "cudnn": cuDNN everywhere
   gemm_geglu   "split": the feed-forward's GEMM + GEGLU as cuBLAS + a GEGLU kernel; "auto": or one fused Triton
-               GEMM-GEGLU kernel where it times faster for the shape (feed_forward.py). On an H100 it won only at
-               SD1.5's smallest shapes, 0.03 ms per UNet call at CFG batch 2, for a few seconds of JIT: opt-in
+               GEMM-GEGLU kernel where it times faster for the shape (feed_forward.py). On an H100 it wins
+               alone at K = 320 but bought nothing measurable in the UNet call, for 14 s of cold-start JIT: opt-in
   fp32_ops     ("attention",): q, k, v and softmax in fp32 (slower; for models whose attention overflows fp16)
+  vae_dtype    "auto": the model's (fp32 for a VAE whose config says force_upcast, SDXL's: it overflows fp16);
+               "bf16": decode in bf16 even there (fp32's range, so no overflow; SDXL 1024x1024 on an H100: decode
+               56.7 -> 27.8 ms, first-run peak 9793 -> 8203 MB, PSNR against fp32 62.5 -> 52.5 dB); "fp16"/"fp32"
   workspace_mb cuDNN autotunes each captured shape with at most this much trial workspace (cudagraph.py: without
                a cap it takes as much as the GPU has free, which was the first run's memory peak); 0: no cap
 """
@@ -44,6 +47,7 @@ def _use_persistent_triton_cache() -> None:
 
 # Ops that can be kept in fp32 inside an fp16/bf16 model (the seeds' --force_fp32_ops).
 FP32_OPS = {"attention"}
+VAE_DTYPES = {"auto": None, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class FastEngine(Engine):
@@ -53,7 +57,7 @@ class FastEngine(Engine):
 
     def __init__(self, fused: bool = True, cuda_graphs: bool = True, attention: str = "auto",
                  channels_last: bool = True, fp32_ops: tuple[str, ...] | list[str] = (), workspace_mb: int = 256,
-                 gemm_geglu: str = "split", conv: str = "auto", allow_cpu: bool = False):
+                 gemm_geglu: str = "split", conv: str = "auto", vae_dtype: str = "auto", allow_cpu: bool = False):
         unknown = set(fp32_ops) - FP32_OPS
         if unknown:
             raise UsageError(f"unknown fp32 op(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(FP32_OPS))}")
@@ -63,12 +67,15 @@ class FastEngine(Engine):
             raise UsageError(f"gemm_geglu must be auto or split, got {gemm_geglu!r}")
         if conv not in ("auto", "cudnn"):
             raise UsageError(f"conv must be auto or cudnn, got {conv!r}")
+        if vae_dtype not in VAE_DTYPES:
+            raise UsageError(f"vae_dtype must be one of {', '.join(VAE_DTYPES)}, got {vae_dtype!r}")
         if not isinstance(workspace_mb, int) or isinstance(workspace_mb, bool) or workspace_mb < 0:
             raise UsageError(f"workspace_mb must be an integer >= 0 (0: no cap), got {workspace_mb!r}")
         self.fp32_ops = tuple(sorted(fp32_ops))
         self.workspace_mb = workspace_mb
         self.gemm_geglu = gemm_geglu
         self.conv = conv
+        self.vae_dtype = vae_dtype
         self.fused = fused
         self.cuda_graphs = cuda_graphs
         self.attention = attention
@@ -122,7 +129,7 @@ class FastEngine(Engine):
     def options(self):
         return {"fused": self.fused, "cuda_graphs": self.cuda_graphs, "attention": self.attention,
                 "gemm_geglu": self.gemm_geglu, "conv": self.conv, "fp32_ops": list(self.fp32_ops),
-                "workspace_mb": self.workspace_mb}
+                "workspace_mb": self.workspace_mb, "vae_dtype": self.vae_dtype}
 
     def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
         if device.type != "cuda" and not self.allow_cpu:
@@ -130,7 +137,7 @@ class FastEngine(Engine):
         _use_persistent_triton_cache()
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # pick conv algorithms per shape during warm-up
-        place_modules(components, dtype, device, self.channels_last)
+        place_modules(components, dtype, device, self.channels_last, VAE_DTYPES[self.vae_dtype])
         # What an earlier process learned about this model on this machine (stale or corrupt files are ignored).
         cache = EngineCache(os.path.join(cache_root(), "fast"), dict(
             environment(device), weights=weights_digest(components.modules()), dtype=str(dtype),
@@ -150,7 +157,7 @@ class FastEngine(Engine):
         convolution.set_autotune(self.conv == "auto")
         # The tensors the stages (and graphs captured from them) read: refresh_weights copies new values into them.
         self._weights = weight_storages(components)
-        stages = cast_stages(components, dtype)
+        stages = cast_stages(components, dtype, VAE_DTYPES[self.vae_dtype])
         if not (self.cuda_graphs and device.type == "cuda"):
             return Stages(stages.text_encoders, stages.unet, stages.decode,
                           info=dict(stages.info, fusions=self.fusion_counts))

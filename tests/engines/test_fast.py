@@ -175,6 +175,24 @@ def test_fp32_attention_exception_and_bad_options():
         FastEngine(attention="flash3")
 
 
+def test_vae_dtype_option_sets_the_decoder_dtype():
+    from sdaccel.engines.eager import vae_dtype_for
+
+    components = build_synthetic(get_spec("sdxl-tiny"))  # its VAE says force_upcast, as SDXL's does
+    assert vae_dtype_for(components, torch.float16) == torch.float32  # "auto": fp32 under an fp16 UNet
+    assert vae_dtype_for(components, torch.float16, torch.bfloat16) == torch.bfloat16
+    # On the CPU (no fp16 there) the UNet runs fp32; "bf16" still puts the VAE, and only it, in bf16.
+    engine = FastEngine(allow_cpu=True, vae_dtype="bf16")
+    pipe = sdaccel.Pipeline(components, engine=engine, dtype="fp32")
+    assert pipe.components.vae.decoder.conv_in.weight.dtype == torch.bfloat16
+    assert pipe.components.unet.conv_in.weight.dtype == torch.float32
+    out = pipe("a cat", steps=1, output="tensor")
+    assert out.image_tensor.shape[-2:] == (64, 64) and torch.isfinite(out.latents).all()
+    assert engine.options()["vae_dtype"] == "bf16"
+    with pytest.raises(sdaccel.UsageError, match="vae_dtype must be one of auto, fp32, fp16, bf16"):
+        FastEngine(vae_dtype="int8")
+
+
 def test_guard_remedy_switches_fused_attention_to_fp32():
     from sdaccel.quality.remedies import remedy_unet
 

@@ -33,10 +33,23 @@ def test_cpu_runs_the_split_path_and_records_nothing(clean_choices):
     assert feed_forward.chosen_paths() == {}
 
 
-def test_every_fused_config_is_a_candidate_beside_split():
+def test_every_fused_config_is_a_path_beside_split():
     names = list(feed_forward.paths())
-    assert names[0] == feed_forward.SPLIT and len(names) == 1 + len(feed_forward.CONFIGS)
-    assert all(name.startswith("fused:") for name in names[1:])
+    assert names[0] == feed_forward.SPLIT
+    assert sum(name.startswith("fused:") for name in names) == len(feed_forward.CONFIGS)
+    assert sum(name.startswith("tma:") for name in names) == len(feed_forward._TMA_CONFIGS) > 0
+
+
+def test_the_tma_kernel_is_timed_where_it_runs_the_pointer_kernel_elsewhere():
+    from sdaccel.kernels.linear_geglu import TensorDescriptor
+
+    x, w, _ = _inputs(dtype=torch.float16)
+    aligned = set(feed_forward.candidates(x, w))
+    x36, w36, _ = _inputs(k=36, dtype=torch.float16)
+    unaligned = set(feed_forward.candidates(x36, w36))
+    assert unaligned == {feed_forward.SPLIT} | set(feed_forward._CONFIGS)  # 72-byte rows: no TMA
+    if TensorDescriptor is not None:  # this Triton has host TMA descriptors (the interpreter runs them on a CPU)
+        assert aligned == {feed_forward.SPLIT} | set(feed_forward._TMA_CONFIGS)
 
 
 def test_picks_survive_a_restart_and_unknown_names_are_dropped(clean_choices):

@@ -20,15 +20,18 @@ def _inputs(m, k, d, dtype, device, seed=0):
     return (t.to(device=device, dtype=dtype) for t in (x, w, b))
 
 
+@pytest.mark.parametrize("tma", [False, True], ids=["pointer", "tma"])
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 # Triton's CPU interpreter computes tl.dot on bf16 operands wrongly (errors ~1e10 on a bare 16x16 dot), so bf16
 # runs on the GPU only.
 @pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)], ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_linear_geglu_matches_the_unfused_path(shape, dtype, approximate, device, check_against_reference):
+def test_linear_geglu_matches_the_unfused_path(shape, dtype, approximate, tma, device, check_against_reference):
     x, w, b = _inputs(*shape, dtype, device)
+    if tma and not module.supports_tma(x, w):
+        pytest.skip("the TMA kernel needs a Hopper-or-later GPU and Triton's TensorDescriptor")
     for bias in (b, None):
-        out = linear_geglu(x, w, bias, approximate, config=SMALL)
+        out = linear_geglu(x, w, bias, approximate, config=SMALL, tma=tma)
         ref32 = linear_geglu_reference(x.float(), w.float(), None if bias is None else bias.float(), approximate)
         check_against_reference(out, linear_geglu_reference(x, w, bias, approximate), ref32,
                                 what=f"bias={bias is not None}")
@@ -51,6 +54,24 @@ def test_bad_inputs_are_refused(device):
         linear_geglu(x.float(), w.float(), b)
     with pytest.raises(ValueError, match="fp16/bf16"):
         linear_geglu(x, w[:-1], b)
+
+
+def test_the_tma_kernel_refuses_unaligned_rows(device):
+    x, w, b = _inputs(8, 36, 16, torch.float16, device)  # 72-byte rows: TMA needs multiples of 16 bytes
+    assert not module.supports_tma(x, w)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        linear_geglu(x, w, b, config=SMALL, tma=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", module.TMA_CONFIGS, ids=str)
+def test_every_tma_config_on_the_gpu(config, check_against_reference):
+    x, w, b = _inputs(4096 + 3, 320, 1280, torch.float16, "cuda", seed=7)
+    if not module.supports_tma(x, w):
+        pytest.skip("needs a Hopper-or-later GPU")
+    out = linear_geglu(x, w, b, config=config, tma=True)
+    ref32 = linear_geglu_reference(x.float(), w.float(), b.float())
+    check_against_reference(out, linear_geglu_reference(x, w, b), ref32, what=str(config))
 
 
 @pytest.mark.gpu
