@@ -12,6 +12,13 @@ Beside each kernel lives ``<name>_reference``: plain torch, the thing the tests
 trust. The public ops fall back to it whenever Triton cannot run on the input
 (CPU tensor without ``TRITON_INTERPRET=1``, or Triton not installed).
 
+Sizes (rows, pixels, sequence lengths, chunk counts) are marked ``do_not_specialize``. Triton otherwise compiles
+one kernel per pattern of its integer arguments (== 1, divisible by 16), and the tile choices a launcher derives
+from a size are kept to values that do not follow the resolution: a new resolution or batch size in a running
+process meant 20-27 new compiles, 15-20 s before its first image on an H100 (benchmarks/bench_shape_change.py).
+Vectorization does not suffer: it follows the contiguous axis (channels, head dim), whose masks and strides stay
+specialized; only ``bias_add``'s flat element count, the bound of its contiguous axis, keeps its specialization.
+
 Note: ``sdaccel.kernels.group_norm`` (etc.) is the *function* re-exported
 below, which shadows the submodule attribute of the same name; reach a
 module with ``importlib.import_module("sdaccel.kernels.group_norm")``.

@@ -83,7 +83,8 @@ if triton is not None:
                 tile = tl.load(ptrs)
         return tile
 
-    @triton.jit
+    # Sizes are not specialized on: no recompile per resolution or batch (kernels/__init__.py).
+    @triton.jit(do_not_specialize=["Lq", "Lk"])
     def _flash_attention_kernel(
         q_ptr, k_ptr, v_ptr, o_ptr,
         Lq, Lk, H, qk_scale,

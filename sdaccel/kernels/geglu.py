@@ -54,7 +54,8 @@ if triton is not None:
             y = 0.5 * g * (1.0 + tl.erf(g * 0.7071067811865476))
         return y
 
-    @triton.jit
+    # Sizes are not specialized on: no recompile per resolution or batch (kernels/__init__.py).
+    @triton.jit(do_not_specialize=["M"])
     def _geglu_kernel(
         h_ptr, bias_ptr, out_ptr,
         M, D,

@@ -103,7 +103,8 @@ def _memory_format(x: torch.Tensor) -> torch.memory_format:
 
 if triton is not None:
 
-    @triton.jit
+    # Sizes are not specialized on: no recompile per resolution or batch (kernels/__init__.py).
+    @triton.jit(do_not_specialize=["HW", "rows_per_chunk", "num_chunks"])
     def _group_norm_stats_kernel(
         x_ptr, skip_ptr, add_ptr, sum_ptr, part_mean_ptr, part_m2_ptr,
         HW, C, G, rows_per_chunk, num_chunks,
@@ -176,7 +177,7 @@ if triton is not None:
         tl.store(part_mean_ptr + part, g_mean, mask=g_ok)
         tl.store(part_m2_ptr + part, g_m2, mask=g_ok)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["HW", "rows_per_chunk", "num_chunks"])
     def _group_norm_apply_kernel(
         x_ptr, skip_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr,
         part_mean_ptr, part_m2_ptr,
@@ -184,7 +185,7 @@ if triton is not None:
         stride_n, stride_c, stride_hw, stride_add_n, stride_add_c,
         GROUP_SIZE: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
         BLOCK_HW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
-        BLOCK_CHUNKS: tl.constexpr,
+        CHUNK_TILE: tl.constexpr,
         HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, READ_SUM: tl.constexpr,
         HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, APPLY_SILU: tl.constexpr, LOOP_STAGES: tl.constexpr,
     ):
@@ -192,21 +193,34 @@ if triton is not None:
         cblock = tl.program_id(1)
         n = tl.program_id(2)
 
-        # Merge the partials of this block's groups over all chunks. Chunk k
-        # holds rows_k rows, i.e. n_k = rows_k * GROUP_SIZE values.
-        k = tl.arange(0, BLOCK_CHUNKS)
+        # Merge the partials of this block's groups over all chunks, CHUNK_TILE
+        # chunks at a time (a fixed tile: the chunk count varies with the shape
+        # and must not pick the compiled kernel). Chunk k holds rows_k rows,
+        # i.e. n_k = rows_k * GROUP_SIZE values. Two sweeps: the group means,
+        # then M2 about them.
         gi = tl.arange(0, BLOCK_G)
         g = cblock * GROUPS_PER_BLOCK + gi
         g_ok = (gi < GROUPS_PER_BLOCK) & (g < G)
-        k_ok = k < num_chunks
-        part = (n * num_chunks + k[:, None]) * G + g[None, :]
-        part_ok = k_ok[:, None] & g_ok[None, :]
-        m_k = tl.load(part_mean_ptr + part, mask=part_ok, other=0.0)
-        m2_k = tl.load(part_m2_ptr + part, mask=part_ok, other=0.0)
-        rows_k = tl.where(k_ok, tl.minimum(rows_per_chunk, HW - k * rows_per_chunk), 0).to(tl.float32)
-        g_mean = tl.sum(m_k * rows_k[:, None], axis=0) / HW
-        dk = m_k - g_mean[None, :]
-        g_m2 = tl.sum(m2_k + (rows_k[:, None] * GROUP_SIZE) * dk * dk, axis=0)
+        weighted = tl.zeros([BLOCK_G], dtype=tl.float32)
+        for k0 in range(0, num_chunks, CHUNK_TILE):
+            k = k0 + tl.arange(0, CHUNK_TILE)
+            k_ok = k < num_chunks
+            part = (n * num_chunks + k[:, None]) * G + g[None, :]
+            m_k = tl.load(part_mean_ptr + part, mask=k_ok[:, None] & g_ok[None, :], other=0.0)
+            rows_k = tl.where(k_ok, tl.minimum(rows_per_chunk, HW - k * rows_per_chunk), 0).to(tl.float32)
+            weighted += tl.sum(m_k * rows_k[:, None], axis=0)
+        g_mean = weighted / HW
+        g_m2 = tl.zeros([BLOCK_G], dtype=tl.float32)
+        for k0 in range(0, num_chunks, CHUNK_TILE):
+            k = k0 + tl.arange(0, CHUNK_TILE)
+            k_ok = k < num_chunks
+            part = (n * num_chunks + k[:, None]) * G + g[None, :]
+            part_ok = k_ok[:, None] & g_ok[None, :]
+            m_k = tl.load(part_mean_ptr + part, mask=part_ok, other=0.0)
+            m2_k = tl.load(part_m2_ptr + part, mask=part_ok, other=0.0)
+            rows_k = tl.where(k_ok, tl.minimum(rows_per_chunk, HW - k * rows_per_chunk), 0).to(tl.float32)
+            dk = tl.where(part_ok, m_k - g_mean[None, :], 0.0)
+            g_m2 += tl.sum(m2_k + (rows_k[:, None] * GROUP_SIZE) * dk * dk, axis=0)
         g_var = tl.maximum(g_m2 / (HW * GROUP_SIZE), 0.0)
         g_rstd = tl.rsqrt(g_var + eps)
 
@@ -247,7 +261,7 @@ if triton is not None:
                 y = y * tl.sigmoid(y)
             tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["HW"])
     def _group_norm_single_kernel(
         x_ptr, skip_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr,
         HW, C, eps,
@@ -325,6 +339,10 @@ def pick_channel_block(num_channels: int, num_groups: int) -> tuple[int, int]:
 # 16 x 320 x 64 x 64 from 89.8 to 77.9 us, 1 x 256 x 256 x 256 (the VAE) from 85.7 to 56.5, and left SD1.5's
 # CFG-batch-2 shapes within 1% (benchmarks/README.md, H100 second run).
 LOOP_STAGES = 3
+
+# Chunks' partial statistics merged per step of the normalize pass's gather (one step for up to 32 chunks, the
+# usual count at SD sizes).
+CHUNK_TILE = 32
 
 # Largest padded group tile (rows x lanes, powers of two) the single-pass kernel holds in registers: 16K fp32
 # values are 64 per thread at 8 warps. SD1.5's UNet at 512x512 sends every norm at 8x8 and most at 16x16 here;
@@ -468,7 +486,7 @@ def launch_group_norm(
         out, part_mean, part_m2,
         HW, C, num_groups, rows_per_chunk, num_chunks, eps,
         x.stride(0), x.stride(1), stride_hw, *add_strides,
-        BLOCK_CHUNKS=next_pow2(num_chunks), READ_SUM=write_sum,
+        CHUNK_TILE=CHUNK_TILE, READ_SUM=write_sum,
         HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, APPLY_SILU=silu,
         **common,
     )

@@ -44,7 +44,8 @@ def im2col_reference(x: torch.Tensor, kernel: int, stride: int = 1, pad: int = 0
 
 if triton is not None:
 
-    @triton.jit
+    # Sizes are not specialized on: no recompile per resolution or batch (kernels/__init__.py).
+    @triton.jit(do_not_specialize=["rows", "H", "W", "Ho", "Wo"])
     def _im2col_kernel(
         x_ptr, out_ptr,
         rows, H, W, C, Ho, Wo,

@@ -67,7 +67,8 @@ def layer_norm_reference(
 
 if triton is not None:
 
-    @triton.jit
+    # Sizes are not specialized on: no recompile per resolution or batch (kernels/__init__.py).
+    @triton.jit(do_not_specialize=["M"])
     def _layer_norm_kernel(
         x_ptr, skip_ptr, input_bias_ptr, weight_ptr, bias_ptr, out_ptr, sum_ptr, sum_bias_ptr,
         M, D, eps,

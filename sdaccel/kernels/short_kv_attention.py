@@ -47,7 +47,8 @@ def short_kv_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 if triton is not None:
 
-    @triton.jit
+    # Sizes are not specialized on: no recompile per resolution or batch (kernels/__init__.py).
+    @triton.jit(do_not_specialize=["Lq"])
     def _short_kv_attention_kernel(
         q_ptr, k_ptr, v_ptr, o_ptr,
         Lq, Lk, H, scale,

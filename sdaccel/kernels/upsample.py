@@ -31,7 +31,8 @@ def upsample_nearest2x_reference(x: torch.Tensor) -> torch.Tensor:
 
 if triton is not None:
 
-    @triton.jit
+    # Sizes are not specialized on: no recompile per resolution or batch (kernels/__init__.py).
+    @triton.jit(do_not_specialize=["pixels", "H", "W"])
     def _upsample_nearest2x_kernel(
         x_ptr, out_ptr, pixels, H, W, C,
         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,

@@ -109,6 +109,21 @@ def test_many_chunks_and_channel_blocks(rows_per_chunk, channels_last, device):
     torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("mean", [0.0, 300.0])
+def test_partials_of_more_chunks_than_one_merge_tile(mean, device):
+    """One row per chunk: 70 chunks, merged CHUNK_TILE (32) at a time, the last tile ragged; a large mean checks
+    that the second sweep measures M2 about the merged mean."""
+    x, w, b, add, skip = _inputs((2, 64, 7, 10), 32, torch.float32, device)
+    x = x + mean
+    assert 7 * 10 > 2 * gn_module.CHUNK_TILE
+    y, s = launch_group_norm(x, 32, w, b, 1e-5, True, add, skip, True, rows_per_chunk=1, tile_elems=16,
+                             single_pass=False)
+    y_ref, s_ref = group_norm_reference(x.double(), 32, w.double(), b.double(), silu=True, add=add.double(),
+                                        skip=skip.double(), return_sum=True)
+    torch.testing.assert_close(y.double(), y_ref, rtol=1e-4, atol=2e-4)
+    torch.testing.assert_close(s.double(), s_ref, rtol=1e-6, atol=1e-4)
+
+
 @pytest.mark.parametrize("single_pass", [True, False])
 def test_variance_is_stable_with_large_mean(single_pass, device):
     """mean 300, std 0.5: E[x^2] - mean^2 in fp32 would lose all digits."""
@@ -189,3 +204,27 @@ def test_single_pass_is_picked_for_small_groups_only(device):
     x, w, b, _, _ = _inputs((1, 64, 33, 33), 2, torch.float32, device)
     with pytest.raises(ValueError, match="too large for the single-pass kernel"):
         launch_group_norm(x, 2, w, b, 1e-5, False, None, None, False, single_pass=True)
+
+
+@pytest.mark.gpu
+def test_a_new_resolution_or_batch_compiles_nothing_new(check_against_reference):
+    """SD1.5's 64x64-level GroupNorm + SiLU at CFG batch 2, then at 96x96 (768x768 images), 80x48 and batch 8:
+    the same compiled kernels (before the sizes were unspecialized, each new size built new ones, seconds each)."""
+    knobs = pytest.importorskip("triton").knobs
+    built = []
+    before = knobs.runtime.jit_post_compile_hook
+    knobs.runtime.jit_post_compile_hook = lambda **kw: built.append(kw["fn"].name)
+    try:
+        def run(n, h, w):
+            x, wt, b, add, _ = _inputs((n, 320, h, w), 32, torch.float16, "cuda", seed=5)
+            y = group_norm(x, 32, wt, b, silu=True, add=add)
+            check_against_reference(y, *_references(x, 32, wt, b, silu=True, add=add), what=f"{n}x{h}x{w}")
+
+        run(2, 64, 64)
+        first = list(built)
+        for n, h, w in [(2, 96, 96), (2, 80, 48), (8, 64, 64)]:
+            run(n, h, w)
+        torch.cuda.synchronize()
+        assert built[len(first):] == [], f"recompiled for a new size: {built[len(first):]}"
+    finally:
+        knobs.runtime.jit_post_compile_hook = before
