@@ -52,7 +52,8 @@ def linear_geglu_reference(x: torch.Tensor, weight: torch.Tensor, bias: Optional
 
 if triton is not None:
 
-    @triton.jit
+    # Sizes are not specialized on: no recompile per resolution or batch (kernels/__init__.py).
+    @triton.jit(do_not_specialize=["M"])
     def _linear_geglu_kernel(
         x_ptr, w_ptr, b_ptr, out_ptr,
         M, D, K,
@@ -104,7 +105,8 @@ if triton is not None:
                  mask=m_ok[:, None] & n_ok[None, :])
 
 
-    @triton.jit
+    # Sizes are not specialized on: no recompile per resolution or batch (kernels/__init__.py).
+    @triton.jit(do_not_specialize=["M"])
     def _linear_geglu_tma_kernel(
         x_desc, value_desc, gate_desc, b_ptr, out_desc,
         M, D, K,
