@@ -13,7 +13,8 @@ its kernel picks there, compile Inductor's and Triton's artifacts).
         --steps 2 --shapes 64x64,64x96   # a check of the script on the CPU, not a benchmark
 
 A shape is HEIGHTxWIDTH, or HEIGHTxWIDTHxBATCH for more than one image. --cprofile DIR writes where each first
-call's host time went (cProfile, the 80 largest cumulative entries) as DIR/first_<process>_<shape>.txt; each row
+call's host time went (cProfile, the 80 largest cumulative entries) as DIR/first_<process>_<shape>.txt (the
+first-call times then include the profiler's overhead); each row
 counts the Triton kernels compiled (or loaded from Triton's disk cache) during its first call, and the JSON's
 `triton_compiles` lists them with their specializations (which constexprs and argument properties changed).
 """
@@ -128,8 +129,9 @@ def measure(pipe, shapes, steps: int, runs: int, process: int, log=print, cprofi
                    triton_kernels_built=len(new_kernels), **_memory_mb(device))
         row["triton_kernels"] = new_kernels
         rows.append(row)
+        held = f", reserved {row['reserved_mb']} MB" if "reserved_mb" in row else ""
         log(f"[process {process}] {row['shape']} batch {batch}: first {first:.2f} s, then {median:.3f} s "
-            f"(wait {row['wait_s']:.2f} s, {len(new_kernels)} Triton kernels built)" + (f", reserved {row['reserved_mb']} MB" if "reserved_mb" in row else ""))
+            f"(wait {row['wait_s']:.2f} s, {len(new_kernels)} Triton kernels built){held}")
     return rows
 
 
@@ -149,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         shapes = parse_shapes(args.shapes)
+        if args.runs < 1:
+            raise UsageError(f"--runs must be at least 1 (the calls after the first), got {args.runs}")
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -30,6 +30,11 @@ def test_a_malformed_shape_is_refused_with_exit_code_2(script, bad, capsys):
     assert "HEIGHTxWIDTH" in capsys.readouterr().err
 
 
+def test_no_calls_after_the_first_is_refused(script, capsys):
+    assert script.main(["--runs", "0", "--device", "cpu"]) == 2
+    assert "--runs must be at least 1" in capsys.readouterr().err
+
+
 def test_both_processes_rows_land_in_the_json(script, tmp_path):
     out = tmp_path / "shape_change.json"
     code = script.main(["--model", "synthetic:sd15-tiny", "--engine", "eager", "--device", "cpu", "--dtype", "fp32",
