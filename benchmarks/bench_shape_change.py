@@ -36,6 +36,8 @@ import torch
 
 import sdaccel
 from sdaccel.bench.environment import environment
+from sdaccel.bench.memory import MIB, MemoryProbe
+from sdaccel.device import synchronize
 from sdaccel.errors import UsageError
 
 PROMPT = "a lighthouse on a cliff at dusk, oil painting"
@@ -52,19 +54,14 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     return shapes
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _memory_mb(device: torch.device) -> dict:
-    if device.type != "cuda":
+def _memory_mb(probe: MemoryProbe) -> dict:
+    """What the process holds after a shape's calls, and the allocator's peak during them (GPU only)."""
+    if not probe.cuda:
         return {}
-    free, total = torch.cuda.mem_get_info(device)
-    return {"allocated_mb": round(torch.cuda.memory_allocated(device) / 2**20),
-            "reserved_mb": round(torch.cuda.memory_reserved(device) / 2**20),
-            "peak_mb": round(torch.cuda.max_memory_allocated(device) / 2**20),
-            "device_used_mb": round((total - free) / 2**20)}
+    peak, _ = probe.end_run()
+    return {"allocated_mb": round(torch.cuda.memory_allocated(probe.device) / MIB),
+            "reserved_mb": round(torch.cuda.memory_reserved(probe.device) / MIB),
+            "peak_mb": round(peak), "device_used_mb": round(probe.device_used_mb())}
 
 
 class TritonCompiles:
@@ -103,30 +100,30 @@ def _profiled(fn, path: str | None):
 def measure(pipe, shapes, steps: int, runs: int, process: int, log=print, cprofile: str | None = None,
             compiles: TritonCompiles | None = None) -> list[dict]:
     device = pipe.device
+    probe = MemoryProbe(device)
     compiles = compiles or TritonCompiles()
     rows = []
     for height, width, batch in shapes:
         kw = dict(height=height, width=width, batch_size=batch, steps=steps, seed=0, output="tensor")
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        _sync(device)
+        probe.start_run()
+        synchronize(device)
         built = len(compiles.seen)
         start = time.perf_counter()
         path = os.path.join(cprofile, f"first_{process}_{height}x{width}x{batch}.txt") if cprofile else None
         _profiled(lambda: pipe(PROMPT, guard=False, **kw), path)
-        _sync(device)
+        synchronize(device)
         first = time.perf_counter() - start
         new_kernels = compiles.seen[built:]
         times = []
         for i in range(runs):
             start = time.perf_counter()
             pipe(PROMPT, guard=False, **dict(kw, seed=i + 1))
-            _sync(device)
+            synchronize(device)
             times.append(time.perf_counter() - start)
         median = statistics.median(times)
         row = dict(process=process, shape=f"{height}x{width}", batch=batch, steps=steps,
                    first_s=round(first, 3), median_s=round(median, 4), wait_s=round(first - median, 3),
-                   triton_kernels_built=len(new_kernels), **_memory_mb(device))
+                   triton_kernels_built=len(new_kernels), **_memory_mb(probe))
         row["triton_kernels"] = new_kernels
         rows.append(row)
         held = f", reserved {row['reserved_mb']} MB" if "reserved_mb" in row else ""

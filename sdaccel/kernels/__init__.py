@@ -118,16 +118,21 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def sm_count(t: torch.Tensor) -> int:
+    """Streaming multiprocessors of t's GPU: a persistent kernel's grid. Under the CPU interpreter every program
+    is a Python-level loop, so a small stand-in (4)."""
+    if t.is_cuda:
+        return _sm_count(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    return 4
+
+
 def parallel_target(t: torch.Tensor) -> int:
     """How many programs a launch that loops inside its programs should aim for.
 
-    About two per SM on a GPU (measured best for group_norm on an H200).
-    Under the CPU interpreter every program is a Python-level loop, so aim
-    for very few.
+    About two per SM on a GPU (measured best for group_norm on an H200);
+    very few under the CPU interpreter.
     """
-    if t.is_cuda:
-        return 2 * _sm_count(t.device.index if t.device.index is not None else torch.cuda.current_device())
-    return 4
+    return 2 * sm_count(t) if t.is_cuda else sm_count(t)
 
 
 from .bias_add import bias_add, bias_add_reference  # noqa: E402

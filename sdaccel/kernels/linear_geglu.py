@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import _sm_count, launchable, use_triton
+from . import launchable, sm_count, use_triton
 from .geglu import geglu_reference
 
 try:
@@ -218,8 +218,7 @@ def _launch_tma(x2, weight, bias, out2, approximate, config):
     D = weight.shape[0] // 2
     block_m, block_n, block_k, num_warps, num_stages = config
     tiles = triton.cdiv(M, block_m) * triton.cdiv(D, block_n)
-    programs = min(tiles, _sm_count(x2.device.index if x2.device.index is not None else torch.cuda.current_device())
-                   if x2.is_cuda else 4)
+    programs = min(tiles, sm_count(x2))
     launchable(_linear_geglu_tma_kernel, False)[(programs,)](
         TensorDescriptor.from_tensor(x2, [block_m, block_k]),
         TensorDescriptor.from_tensor(weight[:D], [block_n, block_k]),
