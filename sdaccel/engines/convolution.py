@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.im2col import im2col, output_size
+from ..kernels.precompile import is_recording
 from .kernel_pick import ShapePicks
 
 CUDNN, GEMM = "cudnn", "gemm"
@@ -66,8 +67,9 @@ def gemm_may_pay(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: in
 def conv2d(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, padding: int = 0) -> torch.Tensor:
     """A square, ungrouped, undilated convolution without bias, through the path picked for its shape."""
     # Picks are made only while cuDNN autotunes (benchmark mode): the graph warm-up's first run, on cuDNN's
-    # heuristics, would otherwise time cuDNN at an algorithm it is about to replace.
-    if not (x.is_cuda and _PICKS.enabled and torch.backends.cudnn.benchmark and x.dim() == 4
+    # heuristics, would otherwise time cuDNN at an algorithm it is about to replace. A dry run recording Triton
+    # kernels (no benchmark mode there) goes on to the pick, which then runs both paths and chooses nothing.
+    if not (x.is_cuda and _PICKS.enabled and (torch.backends.cudnn.benchmark or is_recording()) and x.dim() == 4
             and weight.shape[-1] == weight.shape[-2] and gemm_may_pay(x, weight, stride, padding)):
         return cudnn_conv(x, weight, stride, padding)
     key = (f"x{list(x.shape)} w{list(weight.shape)} s{stride} p{padding} "

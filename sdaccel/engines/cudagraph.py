@@ -31,7 +31,8 @@ class _Captured:
     output: Any
 
 
-def _signature(args) -> tuple:
+def input_signature(args) -> tuple:
+    """What a captured graph is keyed by: each tensor's shape, dtype and device; any other argument's value."""
     return tuple((tuple(a.shape), a.dtype, a.device) if torch.is_tensor(a) else ("const", a) for a in args)
 
 
@@ -119,7 +120,7 @@ class GraphedCallable:
         return f"{len(self.graphs)} CUDA graph(s), inputs: {shapes}"
 
     def __call__(self, *args):
-        key = _signature(args)
+        key = input_signature(args)
         entry = self.graphs.get(key)
         if entry is None:
             if len(self.graphs) >= self.max_graphs:  # bounded: shapes beyond the cache run eagerly

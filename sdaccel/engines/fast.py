@@ -21,6 +21,11 @@ Options (each can be switched off for ablations):
                56.7 -> 27.8 ms, first-run peak 9793 -> 8203 MB, PSNR against fp32 62.5 -> 52.5 dB); "fp16"/"fp32"
   workspace_mb cuDNN autotunes each captured shape with at most this much trial workspace (cudagraph.py: without
                a cap it takes as much as the GPU has free, which was the first run's memory peak); 0: no cap
+  compile_workers  a stage's first call with a new input shape is first run dry to record the Triton kernels it
+               needs, which this many processes then compile side by side (kernels/precompile.py) instead of the
+               launches compiling them one after another. None: one per CPU (SDACCEL_COMPILE_WORKERS); 0: off.
+               Shapes done once on this machine are kept in the engine cache, and their kernels in Triton's: a
+               later process start skips the dry run.
 """
 
 from __future__ import annotations
@@ -30,20 +35,39 @@ import os
 import torch
 
 from ..errors import EngineUnavailableError, UsageError
+from ..kernels import precompile
 from ..models.components import Components
 from . import convolution, feed_forward
 from .attention import chosen_backends, restore_backends, set_autotune
 from .base import Engine, Stages, restore_weight_storages, weight_storages
 from .compile import cache_root
+from .cudagraph import input_signature
 from .engine_cache import EngineCache, environment, weights_digest
 from .eager import cast_stages, place_modules
 from .fused_modules import fuse_modules
+
+
+def record_call_kernels(fn, args) -> list[precompile.KernelSpec]:
+    """Run `fn(*args)` dry: the Triton kernels it would compile, recorded and skipped (kernels/precompile.py)."""
+    benchmark = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False  # cuDNN autotunes in the graph warm-up, under its workspace cap
+    try:
+        with precompile.recording_kernels() as specs:
+            fn(*args)
+    finally:
+        torch.backends.cudnn.benchmark = benchmark
+    return specs
 
 
 def _use_persistent_triton_cache() -> None:
     if "TRITON_CACHE_DIR" not in os.environ:
         os.environ["TRITON_CACHE_DIR"] = os.path.join(cache_root(), "triton")
 
+
+WORKERS_IDLE_S = 60.0
+# A new shape in a process whose workers have closed: fewer kernels than this are left to their launches (starting
+# workers took 6 s on an H100 host, a kernel and its launcher 0.7 s to build one after another).
+MIN_KERNELS_FOR_WORKERS = 12
 
 # Ops that can be kept in fp32 inside an fp16/bf16 model (the seeds' --force_fp32_ops).
 FP32_OPS = {"attention"}
@@ -57,7 +81,8 @@ class FastEngine(Engine):
 
     def __init__(self, fused: bool = True, cuda_graphs: bool = True, attention: str = "auto",
                  channels_last: bool = True, fp32_ops: tuple[str, ...] | list[str] = (), workspace_mb: int = 256,
-                 gemm_geglu: str = "split", conv: str = "auto", vae_dtype: str = "auto", allow_cpu: bool = False):
+                 gemm_geglu: str = "split", conv: str = "auto", vae_dtype: str = "auto",
+                 compile_workers: int | None = None, allow_cpu: bool = False):
         unknown = set(fp32_ops) - FP32_OPS
         if unknown:
             raise UsageError(f"unknown fp32 op(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(FP32_OPS))}")
@@ -71,6 +96,10 @@ class FastEngine(Engine):
             raise UsageError(f"vae_dtype must be one of {', '.join(VAE_DTYPES)}, got {vae_dtype!r}")
         if not isinstance(workspace_mb, int) or isinstance(workspace_mb, bool) or workspace_mb < 0:
             raise UsageError(f"workspace_mb must be an integer >= 0 (0: no cap), got {workspace_mb!r}")
+        if compile_workers is not None and (not isinstance(compile_workers, int) or isinstance(compile_workers, bool)
+                                            or compile_workers < 0):
+            raise UsageError(f"compile_workers must be an integer >= 0 (0: off), got {compile_workers!r}")
+        self.compile_workers = compile_workers
         self.fp32_ops = tuple(sorted(fp32_ops))
         self.workspace_mb = workspace_mb
         self.gemm_geglu = gemm_geglu
@@ -84,6 +113,9 @@ class FastEngine(Engine):
         self.fusion_counts: dict[str, int] = {}
         self.cache: EngineCache | None = None
         self._weights: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        self._precompiled: set[str] = set()  # "stage signature" keys whose kernels were compiled side by side
+        self.compile_reports: list[dict] = []
+        self._workers: precompile.CompileWorkers | None = None
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
@@ -119,7 +151,7 @@ class FastEngine(Engine):
 
     def save_cache(self) -> None:
         if self.cache is not None:
-            self.cache.save({**self.report(), "fusions": self.fusion_counts})
+            self.cache.save({**self.report(), "fusions": self.fusion_counts, "precompiled": sorted(self._precompiled)})
 
     def report(self):
         """The kernel picked per shape (attention, feed-forward, convolution): which kernels a figure came from."""
@@ -127,9 +159,47 @@ class FastEngine(Engine):
                 "convolution": convolution.chosen_paths()}
 
     def options(self):
+        return {**self._output_options(), "compile_workers": self.compile_workers}
+
+    def _output_options(self):
+        """The options that change what the engine computes or picks: the engine cache's key (how many processes
+        compile the kernels does not)."""
         return {"fused": self.fused, "cuda_graphs": self.cuda_graphs, "attention": self.attention,
                 "gemm_geglu": self.gemm_geglu, "conv": self.conv, "fp32_ops": list(self.fp32_ops),
                 "workspace_mb": self.workspace_mb, "vae_dtype": self.vae_dtype}
+
+    def _worker_count(self, device: torch.device) -> int:
+        """How many processes compile a new shape's kernels; 0 where that is off or cannot work."""
+        if device.type != "cuda" or not precompile.supported():
+            return 0
+        return precompile.default_workers() if self.compile_workers is None else self.compile_workers
+
+    def _start_workers(self, count: int) -> None:
+        if self._workers is None or not self._workers.alive:
+            # Closed after a minute without work: the stages of a first image come seconds apart.
+            self._workers = precompile.CompileWorkers(count, idle_close_s=WORKERS_IDLE_S)
+
+    def _compiling_first(self, name: str, fn, device: torch.device):
+        """`fn`, whose first call with each new input signature first has its Triton kernels compiled side by side
+        (kernels/precompile.py); `fn` itself where that is off."""
+        workers = self._worker_count(device)
+        if workers == 0:
+            return fn
+
+        def call(*args):
+            key = f"{name} {input_signature(args)}"
+            if key not in self._precompiled:
+                self._precompiled.add(key)  # once, even if it fails: it only saves time
+                specs = record_call_kernels(fn, args)
+                if len(specs) >= MIN_KERNELS_FOR_WORKERS or (specs and self._workers and self._workers.alive):
+                    self._start_workers(workers)
+                    report = self._workers.build(specs)
+                else:  # too few to pay for starting workers: their launches compile them
+                    report = precompile.CompileReport(kernels=len(specs))
+                self.compile_reports.append({"stage": key, **report.as_dict()})
+            return fn(*args)
+
+        return call
 
     def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
         if device.type != "cuda" and not self.allow_cpu:
@@ -141,8 +211,15 @@ class FastEngine(Engine):
         # What an earlier process learned about this model on this machine (stale or corrupt files are ignored).
         cache = EngineCache(os.path.join(cache_root(), "fast"), dict(
             environment(device), weights=weights_digest(components.modules()), dtype=str(dtype),
-            options=repr(sorted(self.options().items()))))
+            options=repr(sorted(self._output_options().items()))))
         learned = cache.load()
+        self._precompiled = set(learned.get("precompiled", []))
+        self.compile_reports = []
+        workers = self._worker_count(device)
+        if workers and not self._precompiled:
+            # A first start here: the workers import torch and Triton (seconds) while the model is placed and
+            # the first call runs dry.
+            self._start_workers(workers)
         restore_backends(learned.get("attention", {}))
         feed_forward.restore_paths(learned.get("feed_forward", {}))
         convolution.restore_paths(learned.get("convolution", {}))
@@ -158,9 +235,13 @@ class FastEngine(Engine):
         # The tensors the stages (and graphs captured from them) read: refresh_weights copies new values into them.
         self._weights = weight_storages(components)
         stages = cast_stages(components, dtype, VAE_DTYPES[self.vae_dtype])
+        stages = Stages([self._compiling_first(f"text_encoder{i}", encode, device)
+                         for i, encode in enumerate(stages.text_encoders)],
+                        self._compiling_first("unet", stages.unet, device),
+                        self._compiling_first("decode", stages.decode, device),
+                        info=dict(stages.info, fusions=self.fusion_counts, parallel_compile=self.compile_reports))
         if not (self.cuda_graphs and device.type == "cuda"):
-            return Stages(stages.text_encoders, stages.unet, stages.decode,
-                          info=dict(stages.info, fusions=self.fusion_counts))
+            return stages
         from .cudagraph import GraphedCallable
 
         pool = torch.cuda.graph_pool_handle()
@@ -182,5 +263,4 @@ class FastEngine(Engine):
             graphed = GraphedCallable(encode, pool, **graph_opts)
             # Text embeddings are read at every step, after other graphs have replayed: hand out copies.
             encoders.append(lambda ids, g=graphed: tuple(t.clone() for t in g(ids)))
-        return Stages(encoders, unet, decode, info=dict(stages.info, fusions=self.fusion_counts,
-                                                        graphs={"unet": unet, "decode": decode}))
+        return Stages(encoders, unet, decode, info=dict(stages.info, graphs={"unet": unet, "decode": decode}))

@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch
 
+from ..kernels.precompile import is_recording
 from .cudagraph import side_stream
 
 
@@ -67,9 +68,19 @@ def pick_fastest(args: tuple, kernels: dict[str, Callable[..., torch.Tensor]], d
     return min(timings, key=timings.get) if timings else default
 
 
+def run_each(args: tuple, kernels: dict[str, Callable[..., torch.Tensor]]) -> None:
+    """Call every candidate once, ignoring failures (one that refuses the shape is one a pick would drop)."""
+    for kernel in kernels.values():
+        try:
+            kernel(*args)
+        except Exception:  # noqa: BLE001 - as in pick_fastest
+            continue
+
+
 class ShapePicks:
     """Process-wide choice of one named kernel per shape key: the first call with a new key times the candidates
-    (pick_fastest) unless a CUDA graph is being captured, where timing is impossible and `default` is taken.
+    (pick_fastest) unless a CUDA graph is being captured, where timing is impossible and `default` is taken. In a
+    dry run that records Triton kernels, each candidate runs once and nothing is chosen.
     Choices are plain strings, so the engine cache can store and restore them."""
 
     def __init__(self, default: str, enabled: bool):
@@ -80,6 +91,9 @@ class ShapePicks:
     def choose(self, key: str, args: tuple, candidates: Callable[[], dict[str, Callable[..., torch.Tensor]]]) -> str:
         """The name chosen for `key`; `candidates()` is only called when `key` must be timed."""
         if key not in self.choices:
+            if is_recording():  # a dry run (kernels/precompile.py): nothing can be timed, and nothing is chosen
+                run_each(args, candidates())  # ... but every candidate's Triton kernels get recorded
+                return self.default
             self.choices[key] = self.default if torch.cuda.is_current_stream_capturing() else pick_fastest(
                 args, candidates(), self.default)
         return self.choices[key]

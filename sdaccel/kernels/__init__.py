@@ -84,15 +84,20 @@ def compiling() -> bool:
     return bool(is_compiling is not None and is_compiling())
 
 
+NO_OPS_ENV = "SDACCEL_SKIP_OP_REGISTRATION"
+
+
 def register_triton_op(name: str, fn):
     """Register ``fn`` as ``torch.ops.sdaccel.<name>`` through ``triton_op``.
 
     Returns the registered op, or ``fn`` itself when this torch has no
-    triton_op or registration fails, so callers always get something callable.
+    triton_op, registration fails or SDACCEL_SKIP_OP_REGISTRATION=1, so
+    callers always get something callable.
     ``fn`` must have type annotations (the op schema is inferred from them).
     """
     triton_op = getattr(torch.library, "triton_op", None)
-    if triton_op is None or triton is None:
+    # Compile workers (precompile.py) only build kernels: registering imports torch._dynamo, 4 s of their start.
+    if triton_op is None or triton is None or os.environ.get(NO_OPS_ENV) == "1":
         return fn
     try:
         triton_op(f"sdaccel::{name}", mutates_args=())(fn)

@@ -97,8 +97,8 @@ def test_autotuning_stays_within_the_workspace_budget(cudnn_benchmark):
 
 
 def test_reports_show_captured_shapes_not_an_object_address():
-    from sdaccel.engines.cudagraph import GraphedCallable, _signature
+    from sdaccel.engines.cudagraph import GraphedCallable, input_signature
 
     graphed = GraphedCallable(lambda *a: None, pool=object())  # a pool handle is only used when capturing
-    graphed.graphs[_signature((torch.zeros(2, 4, 64, 64), torch.tensor(5.0), 7.5))] = None
+    graphed.graphs[input_signature((torch.zeros(2, 4, 64, 64), torch.tensor(5.0), 7.5))] = None
     assert repr(graphed) == "1 CUDA graph(s), inputs: ['2x4x64x64; scalar']"

@@ -175,6 +175,39 @@ def test_fp32_attention_exception_and_bad_options():
         FastEngine(attention="flash3")
 
 
+def test_compile_workers_option(tmp_path, monkeypatch):
+    monkeypatch.setenv("SDACCEL_CACHE", str(tmp_path))
+    for bad in (-1, "4", True, 1.5):
+        with pytest.raises(sdaccel.UsageError, match="compile_workers must be an integer >= 0"):
+            FastEngine(compile_workers=bad)
+    one, other = FastEngine(allow_cpu=True, compile_workers=0), FastEngine(allow_cpu=True, compile_workers=8)
+    for engine in (one, other):
+        pipe = sdaccel.Pipeline(build_synthetic(get_spec("sd15-tiny")), engine=engine, device="cpu")
+        pipe("a cat", steps=1, output="latent")
+    # How many processes compile changes nothing the cache holds; on the CPU there is nothing to compile.
+    assert one.cache.path == other.cache.path and one.options()["compile_workers"] == 0
+    assert one.compile_reports == other.compile_reports == []
+
+
+@pytest.mark.gpu
+def test_each_new_shape_compiles_its_kernels_side_by_side_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("SDACCEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    engine = FastEngine(compile_workers=2)
+    pipe = sdaccel.load("synthetic:sd15-tiny", engine=engine, device="cuda", dtype="fp16")
+    first = pipe("a cat", steps=2, scheduler="ddim", output="tensor")
+    pipe("a cat", steps=2, scheduler="ddim", output="tensor")
+    assert [r["stage"].split()[0] for r in engine.compile_reports] == ["text_encoder0", "unet", "decode"]
+    assert all(not r["failures"] and r["built"] == r["kernels"] for r in engine.compile_reports)
+    eager = sdaccel.load("synthetic:sd15-tiny", engine="eager", device="cuda", dtype="fp16")
+    reference = eager("a cat", steps=2, scheduler="ddim", output="tensor")
+    assert (first.latents - reference.latents).norm() / reference.latents.norm() < 2e-2
+    # A later start with the same cache: the engine cache says these shapes are done, so no dry run.
+    again = FastEngine(compile_workers=2)
+    sdaccel.load("synthetic:sd15-tiny", engine=again, device="cuda", dtype="fp16")("a cat", steps=2, output="tensor")
+    assert again.compile_reports == []
+
+
 def test_vae_dtype_option_sets_the_decoder_dtype():
     from sdaccel.engines.eager import vae_dtype_for
 

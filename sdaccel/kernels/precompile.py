@@ -1,0 +1,342 @@
+"""Compiling a call's Triton kernels side by side, before the call first runs. Not a kernel: the machinery.
+
+Triton compiles a kernel specialization when it is first launched, in the launching thread, one after another:
+0.3-2 s each (LLVM and ptxas), and a first SD1.5 image on the fast engine needs about 60 of them, most of its
+51-59 s cold start on an H100. So a call is first run as a *dry run* under `recording_kernels()`: Triton's
+jit_cache_hook records each kernel that would be compiled and skips it (no compile, no launch), while torch's own
+ops run as usual. Every later kernel therefore sees the real call's shapes, strides and dtypes; their values are
+garbage, which no kernel here reads for an address or a branch. Worker processes (`CompileWorkers`, started
+before the dry run so that their imports overlap it) then build the recorded kernels, and their launchers, into
+Triton's on-disk cache, and the real call loads them from there. A kernel a worker
+could not build is compiled by its launch, as without this module: correctness never rests on the workers.
+
+The workers are plain subprocesses running this module (`python -m sdaccel.kernels.precompile`), not
+multiprocessing, whose spawn would re-import the user's __main__. They compile for the parent's GPU target through a
+stand-in driver and never touch the GPU: no CUDA context, no GPU memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+MAX_WORKERS = 32
+_RECORDING = threading.local()
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel specialization as Triton's jit_cache_hook describes it: JITFunction.preload rebuilds it."""
+    module: str
+    name: str  # the kernel's __qualname__ in `module`
+    data: str  # Triton's specialization data (JSON)
+
+
+@dataclass
+class CompileReport:
+    kernels: int = 0
+    built: int = 0
+    workers: int = 0
+    seconds: float = 0.0  # wall time, start-up included
+    startup_s: float = 0.0  # the slowest worker's start (Python, torch and Triton imports)
+    compile_s: float = 0.0  # the workers' compile times added up: what the launches would have spent in turn
+    failures: list[str] = field(default_factory=list)  # "module.name: error", compiled at launch instead
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _runtime_knobs():
+    """Triton's runtime knobs (Triton >= 3.4), or None: then nothing is recorded and launches compile as usual."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return None
+    runtime = getattr(knobs, "runtime", None)
+    return runtime if runtime is not None and hasattr(runtime, "jit_cache_hook") else None
+
+
+def supported() -> bool:
+    return _runtime_knobs() is not None
+
+
+def is_recording() -> bool:
+    """True inside `recording_kernels()` in this thread: callers that would time kernels (kernel picks) must not."""
+    return getattr(_RECORDING, "active", False)
+
+
+@contextlib.contextmanager
+def recording_kernels():
+    """Inside, a Triton launch that would compile a kernel records it in the yielded list instead and returns at
+    once: no compile, no launch (its output keeps whatever its buffer held). Kernels already compiled in this
+    process launch as usual."""
+    runtime = _runtime_knobs()
+    if runtime is None:
+        raise RuntimeError("recording Triton kernels needs triton >= 3.4 (triton.knobs.runtime.jit_cache_hook)")
+    found: list[KernelSpec] = []
+
+    def record(*, fn, compile, **_):
+        spec = KernelSpec(fn.module, fn.name, compile["specialization_data"])
+        if spec not in found:
+            found.append(spec)
+        return True  # skip compiling (and so launching)
+
+    previous, runtime.jit_cache_hook = runtime.jit_cache_hook, record
+    _RECORDING.active = True
+    try:
+        yield found
+    finally:
+        runtime.jit_cache_hook = previous
+        _RECORDING.active = False
+
+
+def default_workers() -> int:
+    """SDACCEL_COMPILE_WORKERS, else one per CPU this process may run on (at most MAX_WORKERS)."""
+    env = os.environ.get("SDACCEL_COMPILE_WORKERS")
+    if env is not None and env.strip():
+        return max(0, int(env))
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return min(cpus, MAX_WORKERS)
+
+
+def current_target() -> dict:
+    """The GPU target Triton compiles for in this process (backend, arch, warp size), as plain data."""
+    from triton.runtime.driver import driver
+
+    return dict(driver.active.get_current_target().__dict__)
+
+
+def _worker_env() -> dict[str, str]:
+    from . import NO_OPS_ENV
+
+    env = dict(os.environ)
+    env["CUDA_VISIBLE_DEVICES"] = ""  # belt and braces: a worker that reached for the GPU fails instead of using it
+    env.pop("TRITON_INTERPRET", None)  # the workers compile, whatever this process does
+    env[NO_OPS_ENV] = "1"  # they build kernels, never call them through torch.ops
+    # The workers import each kernel's module by name, so they search where this process does.
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(os.path.abspath(p) for p in sys.path if p))
+    return env
+
+
+class CompileWorkers:
+    """Worker processes that build kernel specs into Triton's on-disk cache (TRITON_CACHE_DIR, inherited).
+
+    They start at construction and take a few seconds to import torch and Triton, so an engine starts them before
+    its dry run and gives them the kernels when it has them. `build` hands each free worker the next kernel; the
+    workers stay for the next `build` until `close` (or `idle_close_s` seconds without one). A worker also exits
+    when this process does (its stdin closes)."""
+
+    def __init__(self, count: int, target: dict | None = None, idle_close_s: float | None = None):
+        self.target = target if target is not None else current_target()
+        self.idle_close_s = idle_close_s
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        command = [sys.executable, "-m", __name__, json.dumps(self.target)]
+        env = _worker_env()
+        self._procs: list[subprocess.Popen] = []
+        self._ready: list[bool] = []
+        self.start_failures: list[str] = []
+        for _ in range(count):
+            try:
+                self._procs.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                    stderr=subprocess.DEVNULL, text=True, env=env))
+                self._ready.append(False)
+            except OSError as exc:
+                self.start_failures.append(f"worker did not start: {exc}")
+        with self._lock:
+            self._arm_idle_timer()
+
+    def _arm_idle_timer(self) -> None:
+        if self.idle_close_s is not None and self._procs:
+            self._timer = threading.Timer(self.idle_close_s, self.close)
+            self._timer.daemon = True
+            self._timer.start()
+
+    @property
+    def alive(self) -> int:
+        return len(self._procs)
+
+    def build(self, specs: list[KernelSpec], timeout_s: float = 600.0) -> CompileReport:
+        """Build `specs`. Never raises for a kernel or a worker that fails: the report lists them, and their
+        launches compile them as before."""
+        report = CompileReport(kernels=len(specs), failures=list(self.start_failures))
+        self.start_failures = []
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            procs = list(enumerate(self._procs))[:len(specs)]
+        if not specs or not procs:
+            return report
+        start = time.perf_counter()
+        jobs: queue.SimpleQueue[KernelSpec] = queue.SimpleQueue()
+        for spec in specs:
+            jobs.put(spec)
+        lost: list[subprocess.Popen] = []
+
+        def drive(index: int, proc: subprocess.Popen) -> None:
+            # One thread per worker: it hands the worker one kernel at a time and waits on the pipe (GIL released).
+            try:
+                if not self._ready[index]:
+                    if not proc.stdout.readline():  # the worker has imported what compiling needs
+                        raise OSError("the worker exited before it was ready")
+                    self._ready[index] = True
+                    with self._lock:
+                        report.startup_s = max(report.startup_s, time.perf_counter() - start)
+                while time.perf_counter() - start < timeout_s:
+                    try:
+                        spec = jobs.get_nowait()
+                    except queue.Empty:
+                        return
+                    try:
+                        proc.stdin.write(json.dumps(asdict(spec)) + "\n")
+                        proc.stdin.flush()
+                        line = proc.stdout.readline()
+                        if not line:
+                            raise OSError("the worker exited")
+                        reply = json.loads(line)
+                    except (OSError, ValueError):
+                        jobs.put(spec)  # another worker may still build it
+                        raise
+                    with self._lock:
+                        report.compile_s += reply.get("seconds", 0.0)
+                        if reply.get("error"):
+                            report.failures.append(f"{spec.module}.{spec.name}: {reply['error']}")
+                        else:
+                            report.built += 1
+            except (OSError, ValueError) as exc:  # a dead worker or a garbled reply: it is not used again
+                with self._lock:
+                    report.failures.append(f"worker failed: {exc}")
+                    lost.append(proc)
+
+        threads = [threading.Thread(target=drive, args=pair, daemon=True) for pair in procs]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        report.workers = len(threads)
+        report.seconds = time.perf_counter() - start
+        with self._lock:
+            for proc in lost:
+                self._stop(proc)
+                index = self._procs.index(proc)
+                del self._procs[index], self._ready[index]
+            self._arm_idle_timer()
+        return report
+
+    @staticmethod
+    def _stop(proc: subprocess.Popen) -> None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()  # the worker's loop ends
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            procs, self._procs, self._ready = self._procs, [], []
+        for proc in procs:
+            self._stop(proc)
+
+    def __enter__(self) -> CompileWorkers:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def compile_in_workers(specs: list[KernelSpec], workers: int | None = None, target: dict | None = None,
+                       timeout_s: float = 600.0) -> CompileReport:
+    """Build `specs` with up to `workers` fresh processes (default_workers()), then stop them."""
+    workers = default_workers() if workers is None else workers
+    if not specs or workers <= 0:
+        return CompileReport(kernels=len(specs))
+    with CompileWorkers(min(workers, len(specs)), target) as pool:
+        report = pool.build(specs, timeout_s)
+    report.seconds = max(report.seconds, report.startup_s)
+    return report
+
+
+class _CompileOnlyDriver:
+    """What JITFunction.preload asks of Triton's driver (the device and its target), answered without a GPU."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+    def is_active(self) -> bool:
+        return True
+
+
+def _jit_function(module: str, qualname: str):
+    from triton.runtime.jit import JITFunction
+
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    while not isinstance(obj, JITFunction) and hasattr(obj, "fn"):  # an autotuner or heuristics wrapper
+        obj = obj.fn
+    if not isinstance(obj, JITFunction):
+        raise TypeError(f"{module}.{qualname} is not a Triton kernel")
+    return obj
+
+
+def _build_launcher(kernel) -> None:
+    """Triton 3.6 and older launch each kernel signature through a small C module that gcc builds at the first
+    launch (cached in Triton's cache beside the kernel): build it here too. Newer Triton launches generically,
+    through the real driver, which a worker lacks: nothing to build then, and the attempt fails quietly."""
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+
+        CudaLauncher(kernel.src, kernel.metadata)
+    except Exception:  # noqa: BLE001 - only an optimization: the launch builds what is missing
+        pass
+
+
+def _serve(target_json: str) -> None:
+    """Worker: compile each kernel spec read from stdin (one JSON line each), answer one JSON line per kernel."""
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # anything else printed (by Triton, LLVM, ptxas) must not garble the replies
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    import sdaccel.kernels  # noqa: F401 - torch and the kernel modules, imported before the first kernel arrives
+
+    target = json.loads(target_json)
+    driver.set_active(_CompileOnlyDriver(GPUTarget(**target)))
+    replies.write(json.dumps({"ready": True}) + "\n")
+    replies.flush()
+    for line in sys.stdin:
+        spec = json.loads(line)
+        start = time.perf_counter()
+        try:
+            kernel = _jit_function(spec["module"], spec["name"]).preload(spec["data"])
+            _build_launcher(kernel)
+            error = None
+        except Exception as exc:  # noqa: BLE001 - reported; the parent's launch compiles it instead
+            error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        replies.write(json.dumps({"error": error, "seconds": round(time.perf_counter() - start, 3)}) + "\n")
+        replies.flush()
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1])
