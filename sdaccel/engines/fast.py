@@ -1,7 +1,8 @@
 """sdaccel's own engine: fused Triton kernels in the UNet/VAE, fastest-attention dispatch, whole-call CUDA graphs.
 
-No torch.compile: a first start costs the Triton kernels' JIT (a few seconds, cached on disk by Triton under
-sdaccel's cache folder) plus one warm-up and capture per shape, instead of a minute of Inductor per shape.
+No torch.compile: a first start costs the Triton kernels' JIT (about 60 kernels for SD1.5, built side by side by
+worker processes and cached on disk by Triton under sdaccel's cache folder) plus one warm-up and capture per shape,
+instead of a minute of Inductor per shape: SD1.5's cold start on an H100 is 17.5 s, 5.7 s with the caches warm.
 
 Options (each can be switched off for ablations):
   fused        swap ResNet / transformer blocks for fused-kernel versions (GroupNorm+SiLU NHWC, SkipLayerNorm,

@@ -1,8 +1,9 @@
 """Compiling a call's Triton kernels side by side, before the call first runs. Not a kernel: the machinery.
 
 Triton compiles a kernel specialization when it is first launched, in the launching thread, one after another:
-0.3-2 s each (LLVM and ptxas), and a first SD1.5 image on the fast engine needs about 60 of them, most of its
-51-59 s cold start on an H100. So a call is first run as a *dry run* under `recording_kernels()`: Triton's
+0.3-1.6 s each (LLVM, ptxas and, up to Triton 3.6, gcc for its C launcher). A first SD1.5 image on the fast engine
+needs 61 of them, 45 s of its 50 s cold start on an H100 host; with 16 workers that start was 17.5 s
+(benchmarks/results/H100-2026-11-27/cold-start-parallel-compile/). So a call is first run as a *dry run* under `recording_kernels()`: Triton's
 jit_cache_hook records each kernel that would be compiled and skips it (no compile, no launch), while torch's own
 ops run as usual. Every later kernel therefore sees the real call's shapes, strides and dtypes; their values are
 garbage, which no kernel here reads for an address or a branch. Worker processes (`CompileWorkers`, started
