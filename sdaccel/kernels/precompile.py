@@ -29,7 +29,8 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-MAX_WORKERS = 32
+MAX_WORKERS = 16  # a first SD1.5 image needs about 60 kernels: 16 build them in 4 rounds
+WORKER_MEMORY = 1 << 30
 _RECORDING = threading.local()
 
 
@@ -100,15 +101,33 @@ def recording_kernels():
 
 
 def default_workers() -> int:
-    """SDACCEL_COMPILE_WORKERS, else one per CPU this process may run on (at most MAX_WORKERS)."""
-    env = os.environ.get("SDACCEL_COMPILE_WORKERS")
-    if env is not None and env.strip():
-        return max(0, int(env))
+    """SDACCEL_COMPILE_WORKERS, else one per CPU this process may run on, at most MAX_WORKERS and one per
+    WORKER_MEMORY of available memory (a worker holds torch, Triton and LLVM: about 0.5 GB)."""
+    env = os.environ.get("SDACCEL_COMPILE_WORKERS", "").strip()
+    if env:
+        try:
+            return max(0, int(env))
+        except ValueError:
+            from ..errors import UsageError
+
+            raise UsageError(f"SDACCEL_COMPILE_WORKERS must be an integer >= 0, got {env!r}") from None
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 1
-    return min(cpus, MAX_WORKERS)
+    return min(cpus, MAX_WORKERS, _available_memory() // WORKER_MEMORY)
+
+
+def _available_memory() -> int:
+    """MemAvailable from /proc/meminfo in bytes; unlimited where there is none."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 1 << 62
 
 
 def current_target() -> dict:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from sdaccel.errors import UsageError
 from sdaccel.kernels import precompile
 
 H100 = {"backend": "cuda", "arch": 90, "warp_size": 32}
@@ -24,6 +25,7 @@ RECORD = r"""
 import json, torch
 from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
+from sdaccel.errors import UsageError
 from sdaccel.kernels import precompile
 from sdaccel.kernels.bias_add import _bias_add_kernel
 
@@ -118,11 +120,20 @@ def test_no_kernels_or_no_workers_start_nothing():
     assert precompile.compile_in_workers([spec], workers=0, target=H100).workers == 0
 
 
-def test_worker_count_follows_the_environment(monkeypatch):
+def test_worker_count_follows_the_environment_cpus_and_memory(monkeypatch):
     monkeypatch.setenv("SDACCEL_COMPILE_WORKERS", "3")
     assert precompile.default_workers() == 3
+    monkeypatch.setenv("SDACCEL_COMPILE_WORKERS", "many")
+    with pytest.raises(UsageError, match="SDACCEL_COMPILE_WORKERS must be an integer >= 0, got 'many'"):
+        precompile.default_workers()
     monkeypatch.delenv("SDACCEL_COMPILE_WORKERS")
-    assert 1 <= precompile.default_workers() <= precompile.MAX_WORKERS
+    monkeypatch.setattr(precompile.os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setattr(precompile, "_available_memory", lambda: 1 << 40)
+    assert precompile.default_workers() == precompile.MAX_WORKERS
+    monkeypatch.setattr(precompile, "_available_memory", lambda: 5 * precompile.WORKER_MEMORY + 1)
+    assert precompile.default_workers() == 5
+    monkeypatch.setattr(precompile.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert precompile.default_workers() == 2
 
 
 @pytest.mark.gpu
