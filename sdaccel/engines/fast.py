@@ -32,6 +32,7 @@ Options (each can be switched off for ablations):
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
@@ -191,13 +192,15 @@ class FastEngine(Engine):
             key = f"{name} {input_signature(args)}"
             if key not in self._precompiled:
                 self._precompiled.add(key)  # once, even if it fails: it only saves time
+                start = time.perf_counter()
                 specs = record_call_kernels(fn, args)
+                dry_run_s = time.perf_counter() - start
                 if len(specs) >= MIN_KERNELS_FOR_WORKERS or (specs and self._workers and self._workers.alive):
                     self._start_workers(workers)
                     report = self._workers.build(specs)
                 else:  # too few to pay for starting workers: their launches compile them
                     report = precompile.CompileReport(kernels=len(specs))
-                self.compile_reports.append({"stage": key, **report.as_dict()})
+                self.compile_reports.append({"stage": key, "dry_run_s": dry_run_s, **report.as_dict()})
             return fn(*args)
 
         return call
