@@ -193,13 +193,17 @@ class FastEngine(Engine):
             if key not in self._precompiled:
                 self._precompiled.add(key)  # once, even if it fails: it only saves time
                 start = time.perf_counter()
-                specs = record_call_kernels(fn, args)
+                try:
+                    specs, failure = record_call_kernels(fn, args), None
+                except Exception as exc:  # noqa: BLE001 - the real call below raises it again if it is real
+                    specs, failure = [], f"dry run failed: {type(exc).__name__}: {exc}"
                 dry_run_s = time.perf_counter() - start
                 if len(specs) >= MIN_KERNELS_FOR_WORKERS or (specs and self._workers and self._workers.alive):
                     self._start_workers(workers)
                     report = self._workers.build(specs)
                 else:  # too few to pay for starting workers: their launches compile them
                     report = precompile.CompileReport(kernels=len(specs))
+                report.failures += [failure] if failure else []
                 self.compile_reports.append({"stage": key, "dry_run_s": dry_run_s, **report.as_dict()})
             return fn(*args)
 

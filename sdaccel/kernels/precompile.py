@@ -47,8 +47,8 @@ class CompileReport:
     kernels: int = 0
     built: int = 0
     workers: int = 0
-    seconds: float = 0.0  # wall time, start-up included
-    startup_s: float = 0.0  # the slowest worker's start (Python, torch and Triton imports)
+    seconds: float = 0.0  # wall time of the build, waiting for workers still starting included
+    startup_s: float = 0.0  # how long the build waited for the slowest worker to finish starting
     compile_s: float = 0.0  # the workers' compile times added up: what the launches would have spent in turn
     failures: list[str] = field(default_factory=list)  # "module.name: error", compiled at launch instead
 
@@ -72,37 +72,55 @@ def supported() -> bool:
 
 def is_recording() -> bool:
     """True inside `recording_kernels()` in this thread: callers that would time kernels (kernel picks) must not."""
-    return getattr(_RECORDING, "active", False)
+    return getattr(_RECORDING, "found", None) is not None
+
+
+_HOOK_LOCK = threading.Lock()
+_hook_users = 0
+_previous_hook = None
+
+
+def _record(*, fn, compile, **kwargs):
+    """Triton's jit_cache_hook while any thread records: a launch in a recording thread is recorded and skipped
+    (True); one in any other thread goes on as if no hook of ours were there."""
+    found = getattr(_RECORDING, "found", None)
+    if found is None:
+        return _previous_hook(fn=fn, compile=compile, **kwargs) if _previous_hook is not None else None
+    spec = KernelSpec(fn.module, fn.name, compile["specialization_data"])
+    if spec not in found:
+        found.append(spec)
+    return True  # skip compiling (and so launching)
 
 
 @contextlib.contextmanager
 def recording_kernels():
-    """Inside, a Triton launch that would compile a kernel records it in the yielded list instead and returns at
-    once: no compile, no launch (its output keeps whatever its buffer held). Kernels already compiled in this
-    process launch as usual."""
+    """Inside, a Triton launch in this thread that would compile a kernel records it in the yielded list instead and
+    returns at once: no compile, no launch (its output keeps whatever its buffer held). Kernels already compiled in
+    this process launch as usual, as do launches in other threads."""
+    global _hook_users, _previous_hook
     runtime = _runtime_knobs()
     if runtime is None:
         raise RuntimeError("recording Triton kernels needs triton >= 3.4 (triton.knobs.runtime.jit_cache_hook)")
-    found: list[KernelSpec] = []
-
-    def record(*, fn, compile, **_):
-        spec = KernelSpec(fn.module, fn.name, compile["specialization_data"])
-        if spec not in found:
-            found.append(spec)
-        return True  # skip compiling (and so launching)
-
-    previous, runtime.jit_cache_hook = runtime.jit_cache_hook, record
-    _RECORDING.active = True
+    if is_recording():
+        raise RuntimeError("recording_kernels() is already active in this thread")
+    with _HOOK_LOCK:
+        if _hook_users == 0:
+            _previous_hook, runtime.jit_cache_hook = runtime.jit_cache_hook, _record
+        _hook_users += 1
+    _RECORDING.found = found = []
     try:
         yield found
     finally:
-        runtime.jit_cache_hook = previous
-        _RECORDING.active = False
+        _RECORDING.found = None
+        with _HOOK_LOCK:
+            _hook_users -= 1
+            if _hook_users == 0:
+                runtime.jit_cache_hook, _previous_hook = _previous_hook, None
 
 
 def default_workers() -> int:
     """SDACCEL_COMPILE_WORKERS, else one per CPU this process may run on, at most MAX_WORKERS and one per
-    WORKER_MEMORY of available memory (a worker holds torch, Triton and LLVM: about 0.5 GB)."""
+    WORKER_MEMORY of available memory (a worker holds torch, Triton and LLVM: about 0.5 GB); 0 below two."""
     env = os.environ.get("SDACCEL_COMPILE_WORKERS", "").strip()
     if env:
         try:
@@ -115,7 +133,8 @@ def default_workers() -> int:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 1
-    return min(cpus, MAX_WORKERS, _available_memory() // WORKER_MEMORY)
+    count = min(cpus, MAX_WORKERS, _available_memory() // WORKER_MEMORY)
+    return count if count >= 2 else 0  # one worker would only add its start-up to the same builds in turn
 
 
 def _available_memory() -> int:
@@ -286,9 +305,7 @@ def compile_in_workers(specs: list[KernelSpec], workers: int | None = None, targ
     if not specs or workers <= 0:
         return CompileReport(kernels=len(specs))
     with CompileWorkers(min(workers, len(specs)), target) as pool:
-        report = pool.build(specs, timeout_s)
-    report.seconds = max(report.seconds, report.startup_s)
-    return report
+        return pool.build(specs, timeout_s)
 
 
 class _CompileOnlyDriver:

@@ -134,6 +134,8 @@ def test_worker_count_follows_the_environment_cpus_and_memory(monkeypatch):
     assert precompile.default_workers() == 5
     monkeypatch.setattr(precompile.os, "sched_getaffinity", lambda pid: {0, 1})
     assert precompile.default_workers() == 2
+    monkeypatch.setattr(precompile.os, "sched_getaffinity", lambda pid: {0})
+    assert precompile.default_workers() == 0  # a lone worker would only add its start-up
 
 
 @pytest.mark.gpu
@@ -159,3 +161,46 @@ def test_the_real_launch_after_the_workers_compiles_nothing(tmp_path, monkeypatc
     torch.testing.assert_close(out, x + bias.repeat(100))
     # Nothing new in the cache: neither the kernel nor (Triton <= 3.6) its C launcher was built by the launch.
     assert sorted(Path(tmp_path / "triton").rglob("*")) == built, "the launch compiled instead of loading"
+
+
+def test_recording_is_per_thread_and_restores_the_previous_hook():
+    import threading
+
+    from triton import knobs
+
+    seen = []
+
+    def earlier_hook(**kwargs):
+        seen.append(kwargs["fn"].name)
+
+    knobs.runtime.jit_cache_hook = earlier_hook
+    try:
+        inside = threading.Event()
+        leave = threading.Event()
+        states = {}
+
+        def record_in_another_thread():
+            with precompile.recording_kernels():
+                states["other thread"] = precompile.is_recording()
+                inside.set()
+                leave.wait(10)
+
+        thread = threading.Thread(target=record_in_another_thread)
+        thread.start()
+        assert inside.wait(10)
+        states["this thread"] = precompile.is_recording()
+        # A launch here (not recording) reaches the earlier hook through ours, and is not skipped.
+        fn = type("Info", (), {"module": "m", "name": "k"})()
+        assert precompile._record(fn=fn, compile={"specialization_data": "{}"}, key=None) is None
+        with precompile.recording_kernels() as mine:  # both threads at once
+            assert precompile._record(fn=fn, compile={"specialization_data": "{}"}) is True
+            with pytest.raises(RuntimeError, match="already active in this thread"):
+                with precompile.recording_kernels():
+                    pass
+        leave.set()
+        thread.join(10)
+        assert states == {"other thread": True, "this thread": False}
+        assert seen == ["k"] and mine == [precompile.KernelSpec("m", "k", "{}")]
+        assert knobs.runtime.jit_cache_hook is earlier_hook
+    finally:
+        knobs.runtime.jit_cache_hook = None
