@@ -184,13 +184,12 @@ class CompileWorkers:
         command = [sys.executable, "-m", __name__, json.dumps(self.target)]
         env = _worker_env()
         self._procs: list[subprocess.Popen] = []
-        self._ready: list[bool] = []
+        self._ready: set[subprocess.Popen] = set()  # those that said they finished starting
         self.start_failures: list[str] = []
         for _ in range(count):
             try:
                 self._procs.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                     stderr=subprocess.DEVNULL, text=True, env=env))
-                self._ready.append(False)
             except OSError as exc:
                 self.start_failures.append(f"worker did not start: {exc}")
         with self._lock:
@@ -214,7 +213,7 @@ class CompileWorkers:
         with self._lock:
             if self._timer is not None:
                 self._timer.cancel()
-            procs = list(enumerate(self._procs))[:len(specs)]
+            procs = self._procs[:len(specs)]
         if not specs or not procs:
             return report
         start = time.perf_counter()
@@ -223,13 +222,13 @@ class CompileWorkers:
             jobs.put(spec)
         lost: list[subprocess.Popen] = []
 
-        def drive(index: int, proc: subprocess.Popen) -> None:
+        def drive(proc: subprocess.Popen) -> None:
             # One thread per worker: it hands the worker one kernel at a time and waits on the pipe (GIL released).
             try:
-                if not self._ready[index]:
+                if proc not in self._ready:
                     if not proc.stdout.readline():  # the worker has imported what compiling needs
                         raise OSError("the worker exited before it was ready")
-                    self._ready[index] = True
+                    self._ready.add(proc)
                     with self._lock:
                         report.startup_s = max(report.startup_s, time.perf_counter() - start)
                 while time.perf_counter() - start < timeout_s:
@@ -258,7 +257,7 @@ class CompileWorkers:
                     report.failures.append(f"worker failed: {exc}")
                     lost.append(proc)
 
-        threads = [threading.Thread(target=drive, args=pair, daemon=True) for pair in procs]
+        threads = [threading.Thread(target=drive, args=(proc,), daemon=True) for proc in procs]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -268,8 +267,9 @@ class CompileWorkers:
         with self._lock:
             for proc in lost:
                 self._stop(proc)
-                index = self._procs.index(proc)
-                del self._procs[index], self._ready[index]
+                if proc in self._procs:  # unless close() took them all meanwhile
+                    self._procs.remove(proc)
+                self._ready.discard(proc)
             self._arm_idle_timer()
         return report
 
@@ -287,7 +287,7 @@ class CompileWorkers:
         with self._lock:
             if self._timer is not None:
                 self._timer.cancel()
-            procs, self._procs, self._ready = self._procs, [], []
+            procs, self._procs, self._ready = self._procs, [], set()
         for proc in procs:
             self._stop(proc)
 
