@@ -2,14 +2,16 @@
 
 Triton compiles a kernel specialization when it is first launched, in the launching thread, one after another:
 0.3-1.6 s each (LLVM, ptxas and, up to Triton 3.6, gcc for its C launcher). A first SD1.5 image on the fast engine
-needs 61 of them, 45 s of its 50 s cold start on an H100 host; with 16 workers that start was 17.5 s
-(benchmarks/results/H100-2026-11-27/cold-start-parallel-compile/). So a call is first run as a *dry run* under `recording_kernels()`: Triton's
-jit_cache_hook records each kernel that would be compiled and skips it (no compile, no launch), while torch's own
-ops run as usual. Every later kernel therefore sees the real call's shapes, strides and dtypes; their values are
-garbage, which no kernel here reads for an address or a branch. Worker processes (`CompileWorkers`, started
-before the dry run so that their imports overlap it) then build the recorded kernels, and their launchers, into
-Triton's on-disk cache, and the real call loads them from there. A kernel a worker
-could not build is compiled by its launch, as without this module: correctness never rests on the workers.
+needs 61 of them, about 45 s of a 50 s cold start on an H100 host; with 16 workers that start took 17.5 s
+(benchmarks/results/H100-2026-11-27/cold-start-parallel-compile/).
+
+So a call first runs as a *dry run* under `recording_kernels()`: Triton's jit_cache_hook records each kernel that
+would be compiled and skips it (no compile, no launch), while torch's own ops run as usual. Every later kernel
+therefore sees the real call's shapes, strides and dtypes; their values are garbage, which no kernel here reads for
+an address or a branch. Worker processes (`CompileWorkers`, started before the dry run so that their imports
+overlap it) then build the recorded kernels, and their launchers, into Triton's on-disk cache, and the real call
+loads them from there. A kernel a worker could not build is compiled by its launch, as without this module:
+correctness never rests on the workers.
 
 The workers are plain subprocesses running this module (`python -m sdaccel.kernels.precompile`), not
 multiprocessing, whose spawn would re-import the user's __main__. They compile for the parent's GPU target through a
