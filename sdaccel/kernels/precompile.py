@@ -171,7 +171,8 @@ def _worker_env() -> dict[str, str]:
 
 
 class CompileWorkers:
-    """Worker processes that build kernel specs into Triton's on-disk cache (TRITON_CACHE_DIR, inherited).
+    """Worker processes that build kernel specs into Triton's on-disk cache (the folder this process's Triton uses
+    when `build` is called).
 
     They start at construction and take a few seconds to import torch and Triton, so an engine starts them before
     its dry run and gives them the kernels when it has them. `build` hands each free worker the next kernel; the
@@ -219,6 +220,10 @@ class CompileWorkers:
         if not specs or not procs:
             return report
         start = time.perf_counter()
+        # Where this process's launches will look, now: the workers write there, whatever it was at their start.
+        from triton import knobs
+
+        cache_dir = knobs.cache.dir
         jobs: queue.SimpleQueue[KernelSpec] = queue.SimpleQueue()
         for spec in specs:
             jobs.put(spec)
@@ -239,7 +244,7 @@ class CompileWorkers:
                     except queue.Empty:
                         return
                     try:
-                        proc.stdin.write(json.dumps(asdict(spec)) + "\n")
+                        proc.stdin.write(json.dumps({**asdict(spec), "cache_dir": cache_dir}) + "\n")
                         proc.stdin.flush()
                         line = proc.stdout.readline()
                         if not line:
@@ -364,10 +369,13 @@ def _serve(target_json: str) -> None:
     driver.set_active(_CompileOnlyDriver(GPUTarget(**target)))
     replies.write(json.dumps({"ready": True}) + "\n")
     replies.flush()
+    from triton import knobs
+
     for line in sys.stdin:
         spec = json.loads(line)
         start = time.perf_counter()
         try:
+            knobs.cache.dir = spec["cache_dir"]
             kernel = _jit_function(spec["module"], spec["name"]).preload(spec["data"])
             _build_launcher(kernel)
             error = None

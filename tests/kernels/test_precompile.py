@@ -114,6 +114,18 @@ def test_workers_stay_for_the_next_build_survive_a_lost_worker_and_close_when_id
         pool.close()
 
 
+def test_workers_write_where_this_process_looks_when_it_builds(tmp_path, monkeypatch):
+    specs = _record_without_gpu()[:1]
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "at-start"))
+    with precompile.CompileWorkers(1, target=H100) as pool:
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "at-build"))  # e.g. an engine's own cache folder
+        report = pool.build(specs)
+    assert report.built + len(report.failures) == 1
+    assert not (tmp_path / "at-start").exists()
+    if report.built:
+        assert [p.name for p in (tmp_path / "at-build").rglob("*.cubin")] == ["_bias_add_kernel.cubin"]
+
+
 def test_no_kernels_or_no_workers_start_nothing():
     assert precompile.compile_in_workers([], workers=4, target=H100).workers == 0
     spec = precompile.KernelSpec("sdaccel.kernels.bias_add", "_bias_add_kernel", "{}")
