@@ -210,7 +210,8 @@ class CompileWorkers:
 
     def build(self, specs: list[KernelSpec], timeout_s: float = 600.0) -> CompileReport:
         """Build `specs`. Never raises for a kernel or a worker that fails: the report lists them, and their
-        launches compile them as before."""
+        launches compile them as before. No kernel is handed out after `timeout_s` (one already being built is
+        waited for: a compiler that hangs would hang its launch just the same)."""
         report = CompileReport(kernels=len(specs), failures=list(self.start_failures))
         self.start_failures = []
         with self._lock:
@@ -360,6 +361,7 @@ def _serve(target_json: str) -> None:
     """Worker: compile each kernel spec read from stdin (one JSON line each), answer one JSON line per kernel."""
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # anything else printed (by Triton, LLVM, ptxas) must not garble the replies
+    from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.runtime.driver import driver
 
@@ -369,8 +371,6 @@ def _serve(target_json: str) -> None:
     driver.set_active(_CompileOnlyDriver(GPUTarget(**target)))
     replies.write(json.dumps({"ready": True}) + "\n")
     replies.flush()
-    from triton import knobs
-
     for line in sys.stdin:
         spec = json.loads(line)
         start = time.perf_counter()
