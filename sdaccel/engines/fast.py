@@ -225,7 +225,7 @@ class FastEngine(Engine):
         self.compile_reports = []
         workers = self._worker_count(device)
         if workers and not self._precompiled:
-            # A first start here: the workers import torch and Triton (seconds) while the model is placed and
+            # A first start here: the workers import torch and Triton (about 6 s) while the modules are fused and
             # the first call runs dry.
             self._start_workers(workers)
         restore_backends(learned.get("attention", {}))
