@@ -189,6 +189,25 @@ def test_compile_workers_option(tmp_path, monkeypatch):
     assert one.compile_reports == other.compile_reports == []
 
 
+def test_build_note_says_what_the_workers_did():
+    from sdaccel.engines.fast import build_note
+    from sdaccel.kernels.precompile import CompileReport
+
+    args = (torch.zeros(2, 4, 64, 64), torch.tensor(3), None)
+    done = CompileReport(kernels=49, built=49, workers=16, seconds=7.04, startup_s=3.82, compile_s=52.83)
+    assert build_note("unet", args, 1.71, done) == (
+        "unet 2x4x64x64: 49 of 49 Triton kernels built by 16 worker processes in 7.0 s (3.8 s waiting for them to "
+        "start; 52.8 s of compiling), after a 1.7 s dry run")
+    few = CompileReport(kernels=3)
+    assert build_note("decode", args[:1], 0.31, few) == (
+        "decode 2x4x64x64: 3 Triton kernels left to their launches (too few to start workers for), after a 0.3 s "
+        "dry run")
+    failed = CompileReport(failures=["dry run failed: RuntimeError: boom"])
+    assert build_note("unet", args, 0.1, failed) == (
+        "unet 2x4x64x64: no Triton kernels recorded, after a 0.1 s dry run; 1 failure(s), first: dry run failed: "
+        "RuntimeError: boom")
+
+
 @pytest.mark.gpu
 def test_each_new_shape_compiles_its_kernels_side_by_side_once(tmp_path, monkeypatch):
     monkeypatch.setenv("SDACCEL_CACHE", str(tmp_path))
@@ -199,6 +218,7 @@ def test_each_new_shape_compiles_its_kernels_side_by_side_once(tmp_path, monkeyp
     pipe("a cat", steps=2, scheduler="ddim", output="tensor")
     assert [r["stage"].split()[0] for r in engine.compile_reports] == ["text_encoder0", "unet", "decode"]
     assert all(not r["failures"] and r["built"] == r["kernels"] for r in engine.compile_reports)
+    assert len(pipe.stages.info["notes"]) == sum(r["kernels"] > 0 for r in engine.compile_reports)
     eager = sdaccel.load("synthetic:sd15-tiny", engine="eager", device="cuda", dtype="fp16")
     reference = eager("a cat", steps=2, scheduler="ddim", output="tensor")
     assert (first.latents - reference.latents).norm() / reference.latents.norm() < 2e-2
