@@ -199,6 +199,8 @@ class CompileWorkers:
             self._arm_idle_timer()
 
     def _arm_idle_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         if self.idle_close_s is not None and self._procs:
             self._timer = threading.Timer(self.idle_close_s, self.close)
             self._timer.daemon = True
@@ -271,13 +273,23 @@ class CompileWorkers:
         for thread in threads:
             thread.join()
         report.workers = len(threads)
-        report.seconds = time.perf_counter() - start
         with self._lock:
             for proc in lost:
                 self._stop(proc)
                 if proc in self._procs:  # unless close() took them all meanwhile
                     self._procs.remove(proc)
                 self._ready.discard(proc)
+        # A kernel put back by a worker that died after the others had run out of work: another round.
+        leftover = []
+        while not jobs.empty():
+            leftover.append(jobs.get_nowait())
+        if leftover and lost and self._procs and time.perf_counter() - start < timeout_s:
+            again = self.build(leftover, timeout_s - (time.perf_counter() - start))
+            report.built += again.built
+            report.compile_s += again.compile_s
+            report.failures += again.failures
+        report.seconds = time.perf_counter() - start
+        with self._lock:
             self._arm_idle_timer()
         return report
 

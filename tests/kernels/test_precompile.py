@@ -126,6 +126,19 @@ def test_workers_write_where_this_process_looks_when_it_builds(tmp_path, monkeyp
         assert [p.name for p in (tmp_path / "at-build").rglob("*.cubin")] == ["_bias_add_kernel.cubin"]
 
 
+def test_a_kernel_put_back_after_the_others_ran_out_of_work_gets_another_round():
+    with precompile.CompileWorkers(1, target=H100, idle_close_s=60) as pool:
+        # A stand-in worker: ready at once, takes a kernel, dies 2 s later without answering.
+        late = subprocess.Popen([sys.executable, "-c", "import sys, time; print('{}', flush=True); "
+                                 "sys.stdin.readline(); time.sleep(2)"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        pool._procs.insert(0, late)
+        report = pool.build([_bogus(0), _bogus(1)])
+        assert pool.alive == 1
+    assert sum("ModuleNotFoundError" in f for f in report.failures) == 2, report.failures
+    assert sum(f.startswith("worker failed") for f in report.failures) == 1
+
+
 def test_no_kernels_or_no_workers_start_nothing():
     assert precompile.compile_in_workers([], workers=4, target=H100).workers == 0
     spec = precompile.KernelSpec("sdaccel.kernels.bias_add", "_bias_add_kernel", "{}")
