@@ -205,8 +205,14 @@ class FastEngine(Engine):
         if workers == 0:
             return fn
 
+        seen: set[tuple] = set()  # signatures this process has checked: every call after the first is a set lookup
+
         def call(*args):
-            key = f"{name} {input_signature(args)}"
+            signature = input_signature(args)
+            if signature in seen:
+                return fn(*args)
+            seen.add(signature)
+            key = f"{name} {signature}"  # the engine cache's text form, also kept by earlier processes
             if key not in self._precompiled:
                 self._precompiled.add(key)  # once, even if it fails: it only saves time
                 start = time.perf_counter()
