@@ -17,7 +17,9 @@ Options (each can be switched off for ablations):
                GEMM-GEGLU kernel where it times faster for the shape (feed_forward.py). On an H100 it wins
                alone at K = 320 but bought nothing measurable in the UNet call, for 14 s of cold-start JIT: opt-in
   fp32_ops     ("attention",): q, k, v and softmax in fp32 (slower; for models whose attention overflows fp16)
-  vae_dtype    "auto": the model's (fp32 for a VAE whose config says force_upcast, SDXL's: it overflows fp16);
+  vae_dtype    "auto": the model's; for a VAE whose config says force_upcast (SDXL's, whose activations overflow
+               fp16), fp16 with the decoder's activations scaled down by 2^-8, exactly (vae_scaling.py), or fp32
+               where the decoder has a layer that cannot be scaled; "fp16": the same for such VAEs;
                "bf16": decode in bf16 even there (fp32's range, so no overflow; SDXL 1024x1024 on an H100: decode
                56.7 -> 27.8 ms, first-run peak 9793 -> 8203 MB, PSNR against fp32 62.5 -> 52.5 dB); "fp16"/"fp32"
   workspace_mb cuDNN autotunes each captured shape with at most this much trial workspace (cudagraph.py: without
@@ -47,6 +49,7 @@ from .cudagraph import input_signature
 from .engine_cache import EngineCache, environment, weights_digest
 from .eager import cast_stages, place_modules
 from .fused_modules import fuse_modules
+from .vae_scaling import STREAM_SCALE, rescale_decoder
 
 
 def record_call_kernels(fn, args) -> list[precompile.KernelSpec]:
@@ -146,6 +149,14 @@ class FastEngine(Engine):
             return "needs the triton package"
         return None
 
+    def _vae_plan(self, components: Components, dtype: torch.dtype) -> tuple[torch.dtype | None, bool]:
+        """The VAE's dtype (None: the model's), and whether its decoder runs with its activations scaled down to fit
+        fp16 (vae_scaling.py: for VAEs that overflow fp16, which diffusers decodes in fp32)."""
+        wants_fp16 = self.vae_dtype == "fp16" or (self.vae_dtype == "auto" and dtype == torch.float16)
+        if self.fused and components.spec.vae_force_upcast and wants_fp16:
+            return torch.float16, True
+        return VAE_DTYPES[self.vae_dtype], False
+
     def refresh_weights(self, components: Components) -> dict[str, int]:
         """Weights replaced after prepare (e.g. `param.data = merged` by a LoRA fuse) are copied back into the
         storage the captured CUDA graphs read, and packed QKV/KV weights are rebuilt in place: no recapture."""
@@ -240,7 +251,8 @@ class FastEngine(Engine):
         _use_persistent_triton_cache()
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # pick conv algorithms per shape during warm-up
-        place_modules(components, dtype, device, self.channels_last, VAE_DTYPES[self.vae_dtype])
+        vae_dtype, rescale_vae = self._vae_plan(components, dtype)
+        place_modules(components, dtype, device, self.channels_last, vae_dtype)
         # What an earlier process learned about this model on this machine (stale or corrupt files are ignored).
         cache = EngineCache(os.path.join(cache_root(), "fast"), dict(
             environment(device), weights=weights_digest(components.modules()), dtype=str(dtype),
@@ -262,18 +274,28 @@ class FastEngine(Engine):
             for key, value in fuse_modules(components.vae.decoder).items():
                 counts[f"vae_{key}"] = value
             self.fusion_counts = counts
+        vae_scale = 1.0
+        if rescale_vae:
+            try:
+                rescale_decoder(components.vae.decoder, STREAM_SCALE)
+                vae_scale = STREAM_SCALE
+            except UsageError as exc:
+                if self.vae_dtype == "auto":  # what diffusers does for this VAE
+                    vae_dtype = torch.float32
+                    torch.nn.Module.to(components.vae, dtype=vae_dtype)
+                self.notes.append(f"VAE decodes in {str(vae_dtype).replace('torch.', '')}, unscaled: {exc}")
         set_autotune(self.attention == "auto")
         feed_forward.set_autotune(self.gemm_geglu == "auto")
         convolution.set_autotune(self.conv == "auto")
         # The tensors the stages (and graphs captured from them) read: refresh_weights copies new values into them.
         self._weights = weight_storages(components)
-        stages = cast_stages(components, dtype, VAE_DTYPES[self.vae_dtype])
+        stages = cast_stages(components, dtype, vae_dtype)
         stages = Stages([self._compiling_first(f"text_encoder{i}", encode, device)
                          for i, encode in enumerate(stages.text_encoders)],
                         self._compiling_first("unet", stages.unet, device),
                         self._compiling_first("decode", stages.decode, device),
                         info=dict(stages.info, fusions=self.fusion_counts, parallel_compile=self.compile_reports,
-                                  notes=self.notes))
+                                  notes=self.notes, vae_stream_scale=vae_scale))
         if not (self.cuda_graphs and device.type == "cuda"):
             return stages
         from .cudagraph import GraphedCallable

@@ -83,6 +83,7 @@ class FusedResnetBlock(nn.Module):
         self.time_slice: tuple[int, int] | None = None  # this block's columns of the shared projections
         convs = [block.conv1, block.conv2] + ([block.conv_shortcut] if block.conv_shortcut is not None else [])
         self.split_biases = all(_plain_conv(c) for c in convs)
+        self.stream_scale = 1.0  # activations kept times this (vae_scaling.py): 1 but in a rescaled VAE decoder
         if self.split_biases:
             # conv2's bias plus the shortcut conv's: one buffer, rebuilt in place by refresh().
             self.register_buffer("out_bias", self._out_bias(), persistent=False)
@@ -104,7 +105,14 @@ class FusedResnetBlock(nn.Module):
         bias = b.conv2.bias if b.conv2.bias is not None else torch.zeros_like(b.conv2.weight[:, 0, 0, 0])
         if b.conv_shortcut is not None and b.conv_shortcut.bias is not None:
             bias = bias + b.conv_shortcut.bias
-        return bias.detach().clone()
+        return (bias * self.stream_scale).detach()
+
+    def can_scale_stream(self) -> bool:
+        return self.split_biases and self.block.time_emb_proj is None
+
+    def set_stream_scale(self, scale: float) -> None:
+        self.stream_scale = scale
+        self.refresh()
 
     def refresh(self) -> None:
         """Rebuild the combined bias in place (captured CUDA graphs read its address)."""
@@ -113,8 +121,10 @@ class FusedResnetBlock(nn.Module):
                 self.out_bias.copy_(self._out_bias())
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor | None = None, *args, **kwargs) -> torch.Tensor:
-        b = self.block
-        h = group_norm(x, b.norm1.num_groups, b.norm1.weight, b.norm1.bias, b.norm1.eps, silu=True)
+        b, s = self.block, self.stream_scale
+        # Scaled activations (s != 1): the norms see x and conv1's output times s (eps times s^2 keeps them
+        # exact) and hand the convolutions inputs times s, so that their outputs come out times s.
+        h = group_norm(x, b.norm1.num_groups, b.norm1.weight, b.norm1.bias, b.norm1.eps * s * s, silu=True, scale=s)
         has_temb = temb is not None and b.time_emb_proj is not None
         if not self.split_biases:
             h = b.conv1(h)
@@ -126,9 +136,10 @@ class FusedResnetBlock(nn.Module):
             elif has_temb:
                 add = b.time_emb_proj(F.silu(temb))
                 add = add + b.conv1.bias if b.conv1.bias is not None else add
-            else:
-                add = b.conv1.bias  # (C,): broadcast over samples and positions by the kernel
-        h = group_norm(h, b.norm2.num_groups, b.norm2.weight, b.norm2.bias, b.norm2.eps, silu=True, add=add)
+            else:  # (C,): broadcast over samples and positions by the kernel
+                add = b.conv1.bias if b.conv1.bias is None or s == 1.0 else b.conv1.bias * s
+        h = group_norm(h, b.norm2.num_groups, b.norm2.weight, b.norm2.bias, b.norm2.eps * s * s, silu=True, add=add,
+                       scale=s)
         if not self.split_biases:
             h = b.conv2(h)
             shortcut = b.conv_shortcut(x) if b.conv_shortcut is not None else x
@@ -430,7 +441,8 @@ def _clear_per_call(module: nn.Module, *args) -> None:
 
 
 def _fuse_children(root: nn.Module, fp32_attention: bool) -> dict[str, int]:
-    counts = {"resnet": 0, "transformer": 0, "transformer_block": 0, "upsample": 0, "group_norm_silu": 0}
+    counts = {"resnet": 0, "transformer": 0, "transformer_block": 0, "upsample": 0, "spatial_attention": 0,
+              "group_norm_silu": 0}
     for name, child in list(root.named_children()):
         if FusedResnetBlock.supports(child):
             setattr(root, name, FusedResnetBlock(child))
@@ -438,6 +450,9 @@ def _fuse_children(root: nn.Module, fp32_attention: bool) -> dict[str, int]:
         elif FusedUpsample2D.supports(child):
             setattr(root, name, FusedUpsample2D(child))
             counts["upsample"] += 1
+        elif FusedSpatialAttention.supports(child):
+            setattr(root, name, FusedSpatialAttention(child))
+            counts["spatial_attention"] += 1
         elif FusedTransformer2D.supports(child):
             fused = FusedTransformer2D(child, fp32_attention)
             setattr(root, name, fused)
@@ -461,25 +476,98 @@ class FusedUpsample2D(nn.Module):
     def __init__(self, module: nn.Module):
         super().__init__()
         self.module = module
+        self.stream_scale = 1.0  # its input is scaled by this (vae_scaling.py): the conv's bias is too
 
     @staticmethod
     def supports(module: nn.Module) -> bool:
         return (type(module).__name__ == "Upsample2D" and module.interpolate and not module.use_conv_transpose
                 and module.norm is None and (not module.use_conv or module.name == "conv"))
 
+    def can_scale_stream(self) -> bool:
+        return not self.module.use_conv or type(self.module.conv) is nn.Conv2d
+
+    def set_stream_scale(self, scale: float) -> None:
+        self.stream_scale = scale
+
     def forward(self, x: torch.Tensor, output_size=None, *args, **kwargs) -> torch.Tensor:
-        m = self.module
+        m, s = self.module, self.stream_scale
         if output_size is not None and tuple(output_size) != (2 * x.shape[-2], 2 * x.shape[-1]):
+            if s != 1.0:
+                raise UsageError("a rescaled VAE decoder upsamples by 2 only")
             return m(x, output_size)  # an odd size the UNet asks for: diffusers' own path
         h = upsample_nearest2x(x)
-        return m.conv(h) if m.use_conv else h
+        if not m.use_conv:
+            return h
+        if s == 1.0:
+            return m.conv(h)
+        c = m.conv
+        bias = None if c.bias is None else c.bias * s
+        return F.conv2d(h, c.weight, bias, c.stride, c.padding, c.dilation, c.groups)
 
 
 class GroupNormSiLU(nn.Module):
     def __init__(self, norm: nn.GroupNorm):
         super().__init__()
         self.norm = norm
+        self.stream_scale = 1.0  # its input is scaled by this (vae_scaling.py); its output is not
 
     def forward(self, x):
-        n = self.norm
-        return group_norm(x, n.num_groups, n.weight, n.bias, n.eps, silu=True)
+        n, s = self.norm, self.stream_scale
+        return group_norm(x, n.num_groups, n.weight, n.bias, n.eps * s * s, silu=True)
+
+
+class FusedSpatialAttention(nn.Module):
+    """A VAE mid-block's self-attention (GroupNorm, heads over all positions, biased projections, + residual) on
+    NHWC activations: no layout transposes, sdaccel's GroupNorm, bias and residual in one kernel. With
+    ``stream_scale`` s != 1 (vae_scaling.py) its input is the stream times s: V is computed times s, so the output
+    and the residual share the scale."""
+
+    def __init__(self, attn: nn.Module):
+        super().__init__()
+        self.attn = attn
+        self.stream_scale = 1.0
+
+    @staticmethod
+    def supports(attn: nn.Module) -> bool:
+        proc = type(getattr(attn, "processor", None)).__name__
+        layers = (attn.to_q, attn.to_k, attn.to_v, attn.to_out[0]) if hasattr(attn, "to_out") else ()
+        return (type(attn).__name__ == "Attention" and proc in ("AttnProcessor2_0", "AttnProcessor")
+                and isinstance(attn.group_norm, nn.GroupNorm) and attn.spatial_norm is None
+                and attn.residual_connection and attn.rescale_output_factor == 1.0 and not attn.is_cross_attention
+                and attn.norm_cross is None and getattr(attn, "norm_q", None) is None and attn.scale_qk
+                and len(layers) == 4 and all(type(layer) is nn.Linear for layer in layers))
+
+    def can_scale_stream(self) -> bool:
+        return True
+
+    def set_stream_scale(self, scale: float) -> None:
+        self.stream_scale = scale
+
+    def forward(self, x: torch.Tensor, encoder_hidden_states=None, attention_mask=None, **kwargs) -> torch.Tensor:
+        a, s = self.attn, self.stream_scale
+        if encoder_hidden_states is not None or attention_mask is not None or x.dim() != 4:
+            if s != 1.0:
+                raise UsageError("a rescaled VAE decoder's attention takes no context or mask")
+            return a(x, encoder_hidden_states, attention_mask, **kwargs)
+        batch, channels, height, width = x.shape
+        x = x.contiguous(memory_format=torch.channels_last)
+        g = a.group_norm
+        n = group_norm(x, g.num_groups, g.weight, g.bias, g.eps * s * s)
+        tokens = n.permute(0, 2, 3, 1).reshape(batch, height * width, channels)  # free: NHWC memory
+        q, k = a.to_q(tokens), a.to_k(tokens)
+        if s == 1.0:
+            v = a.to_v(tokens)
+        else:  # s * (t W^T + b) in the GEMM (cuBLAS's alpha)
+            v_bias = None if a.to_v.bias is None else a.to_v.bias * s
+            v = torch.addmm(v_bias if v_bias is not None else tokens.new_zeros(()),
+                            tokens.reshape(-1, channels), a.to_v.weight.t(), alpha=s)
+            v = v.view(batch, -1, a.to_v.out_features)
+        heads = a.heads
+        q, k, v = (t.view(batch, -1, heads, t.shape[-1] // heads).transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, height * width, -1)
+        proj = a.to_out[0]
+        out = F.linear(out, proj.weight)
+        bias = proj.bias if proj.bias is None or s == 1.0 else proj.bias * s
+        residual = x.permute(0, 2, 3, 1).reshape(batch, height * width, channels)
+        out = bias_add(out, bias, residual) if bias is not None else out + residual
+        return out.view(batch, height, width, channels).permute(0, 3, 1, 2)  # NCHW view of NHWC memory

@@ -3,6 +3,8 @@
     s = x + skip + add[n, c]                      (skip and add are optional)
     y = (s - mean[n, g]) * rstd[n, g] * weight[c] + bias[c]
     y = silu(y) = y * sigmoid(y)                  (optional)
+    y = y * scale                                 (optional; a VAE decoder whose activations are kept scaled
+                                                   down to stay inside fp16, engines/vae_scaling.py)
 
 mean and var run over the C/G channels of group g and all H*W positions of
 sample n; rstd = 1 / sqrt(var + eps). Statistics accumulate in fp32.
@@ -61,6 +63,7 @@ def group_norm_reference(
     add: Optional[torch.Tensor] = None,
     skip: Optional[torch.Tensor] = None,
     return_sum: bool = False,
+    scale: float = 1.0,
 ):
     """Plain-torch GroupNorm with the same fusions; what the tests trust.
 
@@ -87,6 +90,8 @@ def group_norm_reference(
         y = y + bias.to(compute_dtype).reshape(1, C, 1, 1)
     if silu:
         y = F.silu(y)
+    if scale != 1.0:
+        y = y * scale
     y = y.to(x.dtype).contiguous(memory_format=memory_format)
     if return_sum:
         return y, s.contiguous(memory_format=memory_format)
@@ -181,7 +186,7 @@ if triton is not None:
     def _group_norm_apply_kernel(
         x_ptr, skip_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr,
         part_mean_ptr, part_m2_ptr,
-        HW, C, G, rows_per_chunk, num_chunks, eps,
+        HW, C, G, rows_per_chunk, num_chunks, eps, out_scale,
         stride_n, stride_c, stride_hw, stride_add_n, stride_add_c,
         GROUP_SIZE: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
         BLOCK_HW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
@@ -259,12 +264,12 @@ if triton is not None:
             y = (v - mean_c[None, :]) * scale[None, :] + shift[None, :]
             if APPLY_SILU:
                 y = y * tl.sigmoid(y)
-            tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.store(out_ptr + offs, (y * out_scale).to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit(do_not_specialize=["HW"])
     def _group_norm_single_kernel(
         x_ptr, skip_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr,
-        HW, C, eps,
+        HW, C, eps, out_scale,
         stride_n, stride_c, stride_hw, stride_add_n, stride_add_c,
         GROUP_SIZE: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_C: tl.constexpr,
         HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, WRITE_SUM: tl.constexpr,
@@ -300,7 +305,7 @@ if triton is not None:
             y += tl.load(bias_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
         if APPLY_SILU:
             y = y * tl.sigmoid(y)
-        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + offs, (y * out_scale).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 # ----------------------------------------------------------------- launcher
@@ -382,6 +387,7 @@ def launch_group_norm(
     skip: Optional[torch.Tensor],
     write_sum: bool,
     *,
+    out_scale: float = 1.0,
     tile_elems: int = 8192,
     rows_per_chunk: Optional[int] = None,
     num_warps: int = 4,
@@ -435,7 +441,7 @@ def launch_group_norm(
             x, skip if skip is not None else dummy, add if add is not None else dummy,
             s if s is not None else dummy,
             weight if weight is not None else dummy, bias if bias is not None else dummy, out,
-            HW, C, eps, x.stride(0), x.stride(1), stride_hw, *add_strides,
+            HW, C, eps, out_scale, x.stride(0), x.stride(1), stride_hw, *add_strides,
             GROUP_SIZE=group_size, BLOCK_HW=block_hw, BLOCK_C=block_c,
             HAS_SKIP=skip is not None, HAS_ADD=add is not None, WRITE_SUM=write_sum,
             HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, APPLY_SILU=silu,
@@ -484,7 +490,7 @@ def launch_group_norm(
         s if s is not None else dummy,
         weight if weight is not None else dummy, bias if bias is not None else dummy,
         out, part_mean, part_m2,
-        HW, C, num_groups, rows_per_chunk, num_chunks, eps,
+        HW, C, num_groups, rows_per_chunk, num_chunks, eps, out_scale,
         x.stride(0), x.stride(1), stride_hw, *add_strides,
         CHUNK_TILE=CHUNK_TILE, READ_SUM=write_sum,
         HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, APPLY_SILU=silu,
@@ -495,14 +501,14 @@ def launch_group_norm(
 
 # ---------------------------------------------------------------- public op
 
-def _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, write_sum, traceable):
+def _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, write_sum, traceable, scale=1.0):
     """The reference where Triton cannot run, else the kernels: y, or (y, s)."""
     if not use_triton(x):
         return group_norm_reference(
-            x, num_groups, weight, bias, eps, silu=silu, add=add, skip=skip, return_sum=write_sum
+            x, num_groups, weight, bias, eps, silu=silu, add=add, skip=skip, return_sum=write_sum, scale=scale
         )
     y, s = launch_group_norm(
-        x, num_groups, weight, bias, eps, silu, add, skip, write_sum, traceable=traceable
+        x, num_groups, weight, bias, eps, silu, add, skip, write_sum, out_scale=scale, traceable=traceable
     )
     return (y, s) if write_sum else y
 
@@ -517,8 +523,9 @@ def _group_norm_op_body(
     silu: bool,
     add: Optional[torch.Tensor],
     skip: Optional[torch.Tensor],
+    scale: float = 1.0,
 ) -> torch.Tensor:
-    return _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, False, True)
+    return _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, False, True, scale)
 
 
 def _group_norm_with_sum_op_body(
@@ -530,8 +537,9 @@ def _group_norm_with_sum_op_body(
     silu: bool,
     add: Optional[torch.Tensor],
     skip: Optional[torch.Tensor],
+    scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, True, True)
+    return _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, True, True, scale)
 
 
 _group_norm_op = register_triton_op("group_norm", _group_norm_op_body)
@@ -549,20 +557,22 @@ def group_norm(
     add: Optional[torch.Tensor] = None,
     skip: Optional[torch.Tensor] = None,
     return_sum: bool = False,
+    scale: float = 1.0,
 ):
-    """GroupNorm of ``x + skip + add`` (then SiLU if ``silu``), fused.
+    """GroupNorm of ``x + skip + add`` (then SiLU if ``silu``, then times ``scale``), fused.
 
     x: (N, C, H, W), channels_last preferred; the output keeps x's memory format.
     add: N*C values, e.g. (N, C) or (N, C, 1, 1), broadcast over H, W
          (the ResNet time-embedding projection). skip: same shape as x.
     return_sum: also return s = x + skip + add (x itself when there is
          nothing to add), for SkipGroupNorm.
+    scale: multiplies the output (last, after the SiLU); the sum is not scaled.
     """
     if return_sum and skip is None and add is None:
         # An op may not return its own input, so the trivial sum stays out here.
-        return group_norm(x, num_groups, weight, bias, eps, silu=silu), x
+        return group_norm(x, num_groups, weight, bias, eps, silu=silu, scale=scale), x
     if compiling():  # torch.compile must see one registered op
         op = _group_norm_with_sum_op if return_sum else _group_norm_op
-        return op(x, num_groups, weight, bias, eps, silu, add, skip)
+        return op(x, num_groups, weight, bias, eps, silu, add, skip, scale)
     # Eager: launch directly, skipping the dispatcher.
-    return _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, return_sum, False)
+    return _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, return_sum, False, scale)

@@ -228,3 +228,13 @@ def test_a_new_resolution_or_batch_compiles_nothing_new(check_against_reference)
         assert built[len(first):] == [], f"recompiled for a new size: {built[len(first):]}"
     finally:
         knobs.runtime.jit_post_compile_hook = before
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_output_scale(dtype, device, check_against_reference, kernel_path):
+    """y = silu(GN(x + add)) * scale: a rescaled VAE decoder's norms (engines/vae_scaling.py)."""
+    x, w, b, add, _ = _inputs((2, 64, 6, 5), 32, dtype, device, offset=3.0)
+    y = group_norm(x, 32, w, b, silu=True, add=add, scale=2.0 ** -8)
+    check_against_reference(y, *_references(x, 32, w, b, silu=True, add=add, scale=2.0 ** -8), what=kernel_path)
+    unscaled = group_norm(x, 32, w, b, silu=True, add=add)
+    torch.testing.assert_close(y.float() * 2.0 ** 8, unscaled.float(), rtol=1e-3, atol=1e-3)
