@@ -4,6 +4,7 @@ channels_last tensors: sdaccel's Triton op vs eager PyTorch.
     python benchmarks/kernels/bench_group_norm.py [--dtype fp16] [--csv out.csv]
     python benchmarks/kernels/bench_group_norm.py --sweep   # launcher knobs
     python benchmarks/kernels/bench_group_norm.py --sweep --stages   # the row loop's pipelining
+    python benchmarks/kernels/bench_group_norm.py --sweep --blocks   # channels per program (16-channel aligned)
 """
 
 import inspect
@@ -16,7 +17,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from _timing import DTYPES, bench_pair, compare, finish, measure, parse_args, start  # noqa: E402
 
-from sdaccel.kernels.group_norm import group_norm, group_norm_reference, launch_group_norm  # noqa: E402
+from sdaccel.kernels import next_pow2  # noqa: E402
+from sdaccel.kernels.group_norm import (  # noqa: E402
+    group_norm, group_norm_reference, launch_group_norm, pick_channel_block, single_pass_fits)
 
 SHAPES = [
     # (N, C, H, W): SD1.5 UNet at 512x512 (latent 64x64), batch 2 (CFG)
@@ -38,42 +41,73 @@ SHAPES = [
     (1, 128, 512, 512),
 ]
 GROUPS = 32
+# --blocks: SD1.5's split-kernel shapes at CFG batch 2 and 16, and the VAE's largest at 512x512 (each channel block is
+# its own compile: a few minutes for all)
+BLOCK_SHAPES = [(2, 320, 64, 64), (2, 640, 32, 32), (2, 960, 64, 64), (16, 320, 64, 64), (16, 640, 32, 32),
+                (16, 960, 64, 64), (1, 256, 256, 256)]
 # the launcher's own tile size, what the sweep calls default
 DEFAULT_TILE = inspect.signature(launch_group_norm).parameters["tile_elems"].default
+
+
+def aligned_blocks(C: int) -> list[tuple[int, int]]:
+    """(BLOCK_C, groups per program) whose channel span is a multiple of 16 (32-byte sectors in fp16) and whose lane
+    count is at most 1024, besides the launcher's own pick."""
+    group_size = C // GROUPS
+    blocks = [pick_channel_block(C, GROUPS)]
+    for per in range(1, GROUPS + 1):
+        span = per * group_size
+        if (span % 16 == 0 or per == GROUPS) and 64 <= next_pow2(span) <= 1024 and GROUPS % per == 0:
+            blocks.append((next_pow2(span), per))
+    return list(dict.fromkeys(blocks))
 
 
 def sweep(args):
     """Median ms of GN+SiLU over the launcher's tuning knobs, per shape."""
     dtype = DTYPES[args.dtype]
-    # (tile_elems, num_warps, rows_per_chunk, loop_stages); None = the launcher's own choice
-    knobs = [(tile, warps, rows, None) for tile in (4096, 8192) for warps in (4, 8) for rows in (None, 64, 128, 256)]
+    # (tile_elems, num_warps, rows_per_chunk, loop_stages, channel_block); None = the launcher's own choice
+    knobs = [(tile, warps, rows, None, None) for tile in (4096, 8192) for warps in (4, 8)
+             for rows in (None, 64, 128, 256)]
     if args.stages:  # the row loop's pipelining instead, at the default tile and warps
-        knobs = [(DEFAULT_TILE, 4, rows, stages) for rows in (None, 128, 256) for stages in (None, 1, 2, 3, 4)]
-    print("# shape, then median ms per tile_elems/num_warps/rows_per_chunk/loop_stages; None = the launcher's choice")
+        knobs = [(DEFAULT_TILE, 4, rows, stages, None) for rows in (None, 128, 256) for stages in (None, 1, 2, 3, 4)]
+    print("# shape, then median ms per tile_elems/num_warps/rows_per_chunk/loop_stages/channel_block; "
+          "None = the launcher's choice")
     for N, C, H, W in SHAPES:
+        if args.blocks:
+            if single_pass_fits(H * W, C // GROUPS):
+                continue
+            if (N, C, H, W) not in BLOCK_SHAPES:
+                continue
+            knobs = [(DEFAULT_TILE, warps, None, None, block) for block in aligned_blocks(C) for warps in (4, 8)]
         x = torch.randn(N, C, H, W, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
         w, b = torch.ones(C, device="cuda", dtype=dtype), torch.zeros(C, device="cuda", dtype=dtype)
         results = []
         for knob in knobs:
-            tile, warps, rows, stages = knob
+            tile, warps, rows, stages, block = knob
             if rows is not None and rows > H * W:
                 continue
             fn = lambda: launch_group_norm(x, GROUPS, w, b, 1e-5, True, None, None, False,  # noqa: E731
-                                           tile_elems=tile, rows_per_chunk=rows, num_warps=warps, loop_stages=stages)
+                                           tile_elems=tile, rows_per_chunk=rows, num_warps=warps, loop_stages=stages,
+                                           channel_block=block)
             try:
                 t = measure(fn, iters=args.iters, warmup=args.warmup, cold_l2=args.l2 == "cold")
             except ValueError:  # too many chunks for this shape
                 continue
             results.append((t.median_ms, knob))
-        default = next(ms for ms, knob in results if knob == (DEFAULT_TILE, 4, None, None))
+        default = next(ms for ms, knob in results
+                       if knob[:4] == (DEFAULT_TILE, 4, None, None) and knob[4] in (None, pick_channel_block(C, GROUPS)))
         results.sort(key=lambda r: r[0])
-        best = ", ".join(f"{ms:.4f}@{'/'.join(map(str, knob))}" for ms, knob in results[:4])
+        best = ", ".join(f"{ms:.4f}@{'/'.join(map(str, knob))}" for ms, knob in results[:5])
         print(f"{N}x{C}x{H}x{W}: default {default:.4f} | best {best}", flush=True)
 
 
 def main():
-    args = parse_args(__doc__, sweep=True, add_arguments=lambda p: p.add_argument(
-        "--stages", action="store_true", help="with --sweep: time the row loop's pipelining (loop_stages) instead"))
+    def arguments(p):
+        p.add_argument("--stages", action="store_true",
+                       help="with --sweep: time the row loop's pipelining (loop_stages) instead")
+        p.add_argument("--blocks", action="store_true",
+                       help="with --sweep: time channel blocks (split-kernel shapes only) instead")
+
+    args = parse_args(__doc__, sweep=True, add_arguments=arguments)
     if args.sweep:
         return sweep(args)
     dtype = DTYPES[args.dtype]

@@ -34,12 +34,17 @@ def cudnn_conv(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int)
     return F.conv2d(x, weight, None, stride, padding)
 
 
+def _gemm_layout(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """channels_last input and weight: the GEMM reads both as matrices without a copy."""
+    return weight.permute(0, 2, 3, 1).is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+
+
 def gemm_conv(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int) -> torch.Tensor:
     """The convolution (no bias) as one GEMM; the result is a channels_last (N, Cout, Ho, Wo) tensor."""
     n, c, h, w = x.shape
     cout, _, k, _ = weight.shape
     w_nhwc = weight.permute(0, 2, 3, 1)
-    if not (w_nhwc.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)):
+    if not _gemm_layout(x, weight):
         raise ValueError("gemm_conv: needs channels_last input and weight")
     ho, wo = output_size(h, k, stride, padding), output_size(w, k, stride, padding)
     if k == 1 and stride == 1 and padding == 0:
@@ -69,8 +74,11 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, padding: int 
     # Picks are made only while cuDNN autotunes (benchmark mode): the graph warm-up's first run, on cuDNN's
     # heuristics, would otherwise time cuDNN at an algorithm it is about to replace. A dry run recording Triton
     # kernels (no benchmark mode there) goes on to the pick, which then runs both paths and chooses nothing.
+    # The picks are keyed by shape: a tensor of a picked shape in another layout (NCHW) takes cuDNN, which the GEMM
+    # path could only match by copying it.
     if not (x.is_cuda and _PICKS.enabled and (torch.backends.cudnn.benchmark or is_recording()) and x.dim() == 4
-            and weight.shape[-1] == weight.shape[-2] and gemm_may_pay(x, weight, stride, padding)):
+            and weight.shape[-1] == weight.shape[-2] and _gemm_layout(x, weight)
+            and gemm_may_pay(x, weight, stride, padding)):
         return cudnn_conv(x, weight, stride, padding)
     key = (f"x{list(x.shape)} w{list(weight.shape)} s{stride} p{padding} "
            f"{str(x.dtype).removeprefix('torch.')}")

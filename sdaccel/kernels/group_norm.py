@@ -393,16 +393,18 @@ def launch_group_norm(
     num_warps: int = 4,
     loop_stages: Optional[int] = None,
     single_pass: Optional[bool] = None,
+    channel_block: Optional[tuple[int, int]] = None,
     traceable: bool = False,
 ):
     """Run the kernels; returns (y, s) with s None unless ``write_sum``.
 
     ``single_pass``: one kernel per (sample, group) when True, the split
     two-pass kernels when False; None picks by size (``single_pass_fits``).
-    ``tile_elems`` (elements per loop iteration), ``rows_per_chunk`` and
-    ``num_warps`` (and ``loop_stages``: tiles of the row loop in flight; None:
-    LOOP_STAGES) are the two-pass kernels' tuning knobs; the defaults pick
-    them from the shape. ``traceable``: called from the registered op (see
+    ``tile_elems`` (elements per loop iteration), ``rows_per_chunk``,
+    ``num_warps``, ``loop_stages`` (tiles of the row loop in flight; None:
+    LOOP_STAGES) and ``channel_block`` ((BLOCK_C, groups per program); None:
+    pick_channel_block) are the two-pass kernels' tuning knobs; the defaults
+    pick them from the shape. ``traceable``: called from the registered op (see
     ``launchable``).
     """
     if x.dim() != 4:
@@ -449,7 +451,7 @@ def launch_group_norm(
         )
         return out, s
 
-    block_c, groups_per_block = pick_channel_block(C, num_groups)
+    block_c, groups_per_block = channel_block or pick_channel_block(C, num_groups)
     num_cblocks = _cdiv(num_groups, groups_per_block)
     block_g = next_pow2(groups_per_block)
     # Rows per chunk (one program's share), the larger of:

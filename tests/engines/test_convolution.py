@@ -63,3 +63,19 @@ def test_pick_on_the_gpu_keeps_a_correct_path():
     want = F.conv2d(x.float(), w.float(), None, 1, 1)
     assert ((got.float() - want).norm() / want.norm()) < 2e-3
     torch.testing.assert_close(convolution.gemm_conv(x, w, 1, 1).float(), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_a_picked_gemm_shape_in_nchw_layout_takes_cudnn():
+    """Picks are keyed by shape: the same shape in NCHW memory (a module called outside the engine) must not be
+    sent to the GEMM path, which needs channels_last (it raised before)."""
+    x, w = _conv_inputs(2, 64, 8, 64, 3, dtype=torch.float16)
+    x, w = x.cuda().contiguous(), w.cuda()  # NCHW input, channels_last weight
+    convolution.restore_paths({f"x{list(x.shape)} w{list(w.shape)} s1 p1 float16": convolution.GEMM})
+    saved = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        got = convolution.conv2d(x, w, 1, 1)
+    finally:
+        torch.backends.cudnn.benchmark = saved
+    torch.testing.assert_close(got, F.conv2d(x, w, None, 1, 1))

@@ -238,3 +238,13 @@ def test_output_scale(dtype, device, check_against_reference, kernel_path):
     check_against_reference(y, *_references(x, 32, w, b, silu=True, add=add, scale=2.0 ** -8), what=kernel_path)
     unscaled = group_norm(x, 32, w, b, silu=True, add=add)
     torch.testing.assert_close(y.float() * 2.0 ** 8, unscaled.float(), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("block", [(16, 1), (128, 8), (512, 32)], ids=str)
+def test_any_channel_block_of_whole_groups(block, device):
+    """The split kernels' channel_block knob (the blocks benchmark sweeps it): ragged last blocks included."""
+    x, w, b, add, skip = _inputs((2, 320, 5, 7), 32, torch.float32, device)
+    y, s = launch_group_norm(x, 32, w, b, 1e-5, True, add, skip, True, single_pass=False, channel_block=block)
+    y_ref, s_ref = group_norm_reference(x, 32, w, b, silu=True, add=add, skip=skip, return_sum=True)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=1e-6)
