@@ -529,9 +529,11 @@ class FusedSpatialAttention(nn.Module):
 
     @staticmethod
     def supports(attn: nn.Module) -> bool:
+        if type(attn).__name__ != "Attention":
+            return False
         proc = type(getattr(attn, "processor", None)).__name__
-        layers = (attn.to_q, attn.to_k, attn.to_v, attn.to_out[0]) if hasattr(attn, "to_out") else ()
-        return (type(attn).__name__ == "Attention" and proc in ("AttnProcessor2_0", "AttnProcessor")
+        layers = (attn.to_q, attn.to_k, attn.to_v, attn.to_out[0])
+        return (proc in ("AttnProcessor2_0", "AttnProcessor")
                 and isinstance(attn.group_norm, nn.GroupNorm) and attn.spatial_norm is None
                 and attn.residual_connection and attn.rescale_output_factor == 1.0 and not attn.is_cross_attention
                 and attn.norm_cross is None and getattr(attn, "norm_q", None) is None and attn.scale_qk

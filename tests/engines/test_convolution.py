@@ -1,10 +1,22 @@
 """The convolution pick's GEMM path computes the convolution, and the pick only offers it where it may pay."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from sdaccel.engines import convolution
+
+
+@contextlib.contextmanager
+def _benchmark_mode():
+    saved = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = saved
 
 
 def _conv_inputs(n, c, h, cout, k, dtype=torch.float32, seed=0):
@@ -52,12 +64,8 @@ def test_off_the_gpu_it_is_plain_conv2d():
 def test_pick_on_the_gpu_keeps_a_correct_path():
     x, w = _conv_inputs(2, 256, 8, 256, 3, dtype=torch.float16)
     x, w = x.cuda(), w.cuda()
-    saved = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = True
-    try:
+    with _benchmark_mode():  # the picks time only while cuDNN autotunes
         got = convolution.conv2d(x, w, 1, 1)
-    finally:
-        torch.backends.cudnn.benchmark = saved
     key = next(k for k in convolution.chosen_paths() if "x[2, 256, 8, 8]" in k)
     assert convolution.chosen_paths()[key] in (convolution.CUDNN, convolution.GEMM)
     want = F.conv2d(x.float(), w.float(), None, 1, 1)
@@ -72,10 +80,6 @@ def test_a_picked_gemm_shape_in_nchw_layout_takes_cudnn():
     x, w = _conv_inputs(2, 64, 8, 64, 3, dtype=torch.float16)
     x, w = x.cuda().contiguous(), w.cuda()  # NCHW input, channels_last weight
     convolution.restore_paths({f"x{list(x.shape)} w{list(w.shape)} s1 p1 float16": convolution.GEMM})
-    saved = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = True
-    try:
+    with _benchmark_mode():
         got = convolution.conv2d(x, w, 1, 1)
-    finally:
-        torch.backends.cudnn.benchmark = saved
     torch.testing.assert_close(got, F.conv2d(x, w, None, 1, 1))
