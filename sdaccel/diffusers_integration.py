@@ -48,6 +48,11 @@ def accelerate(pipe, engine="eager", dtype=None, **engine_options: Any):
     device = pipe.unet.device
     dt = resolve_dtype(dtype or pipe.unet.dtype, device)
     eng = get_engine(engine, device, **engine_options)
+    if getattr(eng, "vae_dtype", None) == "auto" and components.spec.vae_force_upcast:
+        # diffusers' SDXL pipeline casts a force_upcast VAE it finds in fp16 to fp32 around every decode: under it
+        # the fast engine's scaled fp16 decode (engines/vae_scaling.py) would be cast back and forth at each call.
+        # "auto" here means what that pipeline wants: fp32.
+        eng.vae_dtype = "fp32"
     stages = eng.prepare(components, dt, device)
     unet, vae = pipe.unet, pipe.vae
     original_forward, original_decode = unet.forward, vae.decode

@@ -51,3 +51,18 @@ def test_refresh_weights_on_an_accelerated_diffusers_pipeline(tokenizer_dir):
         sdaccel.refresh_weights(pipe)
     sdaccel.accelerate(pipe, engine="eager")
     assert sdaccel.refresh_weights(pipe) == {}  # eager reads the weights at every call: nothing to do
+
+
+def test_accelerate_keeps_an_sdxl_vae_in_fp32_for_the_pipelines_own_upcast(tokenizer_dir):
+    """diffusers' SDXL pipeline casts a force_upcast VAE found in fp16 to fp32 around each decode: accelerate() keeps
+    such a VAE in fp32 on the fast engine (unless told otherwise) instead of its scaled fp16 decode."""
+    from sdaccel.engines.fast import FastEngine
+
+    pipe = diffusers_pipeline("sdxl-tiny", tokenizer_dir)
+    sdaccel.accelerate(pipe, engine=FastEngine(allow_cpu=True))  # vae_dtype "auto"
+    assert pipe._sdaccel_engine.vae_dtype == "fp32" and pipe.vae.dtype == torch.float32
+    other = diffusers_pipeline("sdxl-tiny", tokenizer_dir)
+    sdaccel.accelerate(other, engine=FastEngine(allow_cpu=True, vae_dtype="bf16"))
+    assert other._sdaccel_engine.vae_dtype == "bf16" and other.vae.dtype == torch.bfloat16
+    images = pipe("a lighthouse", num_inference_steps=1, height=64, width=64, output_type="pt").images
+    assert torch.isfinite(images).all()
