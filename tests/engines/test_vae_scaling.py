@@ -48,6 +48,31 @@ def test_rescaled_decoder_computes_the_same_in_fp32():
     torch.testing.assert_close(inner, inner_ref * STREAM_SCALE, rtol=1e-5, atol=1e-6)
 
 
+def test_weights_swapped_after_rescaling_need_only_the_usual_refresh():
+    """The weights are not scaled (the modules read them at every call); the combined biases the fused blocks keep
+    are rebuilt, scaled, by the refresh that refresh_weights() runs."""
+    from sdaccel.engines.fast import FastEngine
+
+    decoder = _decoder()
+    scaled = copy.deepcopy(decoder)
+    fuse_modules(scaled)
+    rescale_decoder(scaled)
+    gen = torch.Generator().manual_seed(5)
+    new = {n: p + 0.05 * torch.randn(p.shape, generator=gen) for n, p in decoder.named_parameters()}
+    with torch.no_grad():
+        for n, p in decoder.named_parameters():
+            p.copy_(new[n])  # the same swap on both copies
+        for p_scaled, (n, p) in zip(scaled.parameters(), decoder.named_parameters(), strict=True):
+            assert p_scaled.shape == p.shape  # the fused modules wrap the originals in place: same order
+            p_scaled.copy_(new[n])
+    components = type("C", (), {"unet": torch.nn.Module(), "vae": torch.nn.Module()})()
+    components.vae.decoder = scaled
+    FastEngine._rebuild_fused(components)
+    z = _latents(decoder)
+    with torch.no_grad():
+        torch.testing.assert_close(scaled(z), decoder(z), rtol=1e-5, atol=1e-5)
+
+
 def test_rescaled_fp16_decoder_does_not_overflow_where_plain_fp16_does():
     decoder = _decoder()
     with torch.no_grad():  # a stream far past fp16's 65504, as SDXL's VAE produces for some latents
