@@ -21,7 +21,8 @@ Options (each can be switched off for ablations):
                fp16), fp16 with the decoder's activations scaled down by 2^-8, exactly (vae_scaling.py), or fp32
                where the decoder has a layer that cannot be scaled; "fp16": the same for such VAEs;
                "bf16": decode in bf16 even there (fp32's range, so no overflow; SDXL 1024x1024 on an H100: decode
-               56.7 -> 27.8 ms, first-run peak 9793 -> 8203 MB, PSNR against fp32 62.5 -> 52.5 dB); "fp16"/"fp32"
+               56.7 -> 27.8 ms, first-run peak 9793 -> 8203 MB, PSNR against fp32 62.5 -> 52.5 dB);
+               "fp32": diffusers' choice for such VAEs
   workspace_mb cuDNN autotunes each captured shape with at most this much trial workspace (cudagraph.py: without
                a cap it takes as much as the GPU has free, which was the first run's memory peak); 0: no cap
   compile_workers  a stage's first call with a new input shape is first run dry to record the Triton kernels it

@@ -110,10 +110,6 @@ class FusedResnetBlock(nn.Module):
     def can_scale_stream(self) -> bool:
         return self.split_biases and self.block.time_emb_proj is None
 
-    def set_stream_scale(self, scale: float) -> None:
-        self.stream_scale = scale
-        self.refresh()
-
     def refresh(self) -> None:
         """Rebuild the combined bias in place (captured CUDA graphs read its address)."""
         if self.split_biases:
@@ -486,9 +482,6 @@ class FusedUpsample2D(nn.Module):
     def can_scale_stream(self) -> bool:
         return not self.module.use_conv or type(self.module.conv) is nn.Conv2d
 
-    def set_stream_scale(self, scale: float) -> None:
-        self.stream_scale = scale
-
     def forward(self, x: torch.Tensor, output_size=None, *args, **kwargs) -> torch.Tensor:
         m, s = self.module, self.stream_scale
         if output_size is not None and tuple(output_size) != (2 * x.shape[-2], 2 * x.shape[-1]):
@@ -541,9 +534,6 @@ class FusedSpatialAttention(nn.Module):
 
     def can_scale_stream(self) -> bool:
         return True
-
-    def set_stream_scale(self, scale: float) -> None:
-        self.stream_scale = scale
 
     def forward(self, x: torch.Tensor, encoder_hidden_states=None, attention_mask=None, **kwargs) -> torch.Tensor:
         a, s = self.attn, self.stream_scale

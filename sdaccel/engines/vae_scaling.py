@@ -68,8 +68,9 @@ def rescale_decoder(decoder: nn.Module, scale: float = STREAM_SCALE) -> int:
     if left or unscalable:
         what = left[0] if left else type(unscalable[0]).__name__
         raise UsageError(f"cannot rescale this VAE decoder's activations ({what} is not a layer sdaccel scales)")
-    for module in stream:
-        module.set_stream_scale(scale)
-    norm_out.stream_scale = scale
+    for module in [*stream, norm_out]:
+        module.stream_scale = scale
+        if isinstance(module, FusedResnetBlock):
+            module.refresh()  # its combined bias carries the scale
     decoder.conv_in = ScaledInputConv(conv_in, scale)
     return len(stream) + 2
