@@ -23,7 +23,7 @@ run() {  # NAME ENGINE [OPT...]
   for opt in "$@"; do opts+=(--engine-opt "$opt"); done
   echo "== $name"
   python3 -m sdaccel bench --model synthetic:sd15 --height 512 --width 512 --steps 50 \
-    --batch-sizes "${BATCH_SIZES:-1,8}" --runs "${RUNS:-3}" --warmup 2 --engines "$engine" "${opts[@]}" \
+    --batch-sizes "${BATCH_SIZES:-1,8}" --runs "${RUNS:-3}" --warmup 2 --engines "$engine" ${opts[@]+"${opts[@]}"} \
     --out "$out/$name" 2>&1 | grep -E "^\| *(eager|fast)" || true
 }
 run 1-eager eager
