@@ -53,6 +53,11 @@ def _pack_weights(layers: list[nn.Module], packed: torch.Tensor | None = None) -
     return packed
 
 
+def scaled_bias(bias: torch.Tensor | None, scale: float) -> torch.Tensor | None:
+    """A bias times a rescaled VAE decoder's stream scale (vae_scaling.py); the bias itself when there is none."""
+    return bias if bias is None or scale == 1.0 else bias * scale
+
+
 def _plain_conv(conv: nn.Module) -> bool:
     """A conv whose weight and bias can be applied separately (no adapter wrapped around it)."""
     return type(conv) is nn.Conv2d and conv.padding_mode == "zeros"
@@ -133,7 +138,7 @@ class FusedResnetBlock(nn.Module):
                 add = b.time_emb_proj(F.silu(temb))
                 add = add + b.conv1.bias if b.conv1.bias is not None else add
             else:  # (C,): broadcast over samples and positions by the kernel
-                add = b.conv1.bias if b.conv1.bias is None or s == 1.0 else b.conv1.bias * s
+                add = scaled_bias(b.conv1.bias, s)
         h = group_norm(h, b.norm2.num_groups, b.norm2.weight, b.norm2.bias, b.norm2.eps * s * s, silu=True, add=add,
                        scale=s)
         if not self.split_biases:
@@ -494,8 +499,7 @@ class FusedUpsample2D(nn.Module):
         if s == 1.0:
             return m.conv(h)
         c = m.conv
-        bias = None if c.bias is None else c.bias * s
-        return F.conv2d(h, c.weight, bias, c.stride, c.padding, c.dilation, c.groups)
+        return F.conv2d(h, c.weight, scaled_bias(c.bias, s), c.stride, c.padding, c.dilation, c.groups)
 
 
 class GroupNormSiLU(nn.Module):
@@ -530,7 +534,7 @@ class FusedSpatialAttention(nn.Module):
                 and isinstance(attn.group_norm, nn.GroupNorm) and attn.spatial_norm is None
                 and attn.residual_connection and attn.rescale_output_factor == 1.0 and not attn.is_cross_attention
                 and attn.norm_cross is None and getattr(attn, "norm_q", None) is None and attn.scale_qk
-                and len(layers) == 4 and all(type(layer) is nn.Linear for layer in layers))
+                and all(type(layer) is nn.Linear for layer in layers))
 
     def can_scale_stream(self) -> bool:
         return True
@@ -550,7 +554,7 @@ class FusedSpatialAttention(nn.Module):
         if s == 1.0:
             v = a.to_v(tokens)
         else:  # s * (t W^T + b) in the GEMM (cuBLAS's alpha)
-            v_bias = None if a.to_v.bias is None else a.to_v.bias * s
+            v_bias = scaled_bias(a.to_v.bias, s)
             v = torch.addmm(v_bias if v_bias is not None else tokens.new_zeros(()),
                             tokens.reshape(-1, channels), a.to_v.weight.t(), alpha=s)
             v = v.view(batch, -1, a.to_v.out_features)
@@ -559,7 +563,7 @@ class FusedSpatialAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, height * width, -1)
         proj = a.to_out[0]
         out = F.linear(out, proj.weight)
-        bias = proj.bias if proj.bias is None or s == 1.0 else proj.bias * s
+        bias = scaled_bias(proj.bias, s)
         residual = x.permute(0, 2, 3, 1).reshape(batch, height * width, channels)
         out = bias_add(out, bias, residual) if bias is not None else out + residual
         return out.view(batch, height, width, channels).permute(0, 3, 1, 2)  # NCHW view of NHWC memory

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from .fused_modules import FusedResnetBlock, FusedSpatialAttention, FusedUpsample2D, GroupNormSiLU
+from .fused_modules import FusedResnetBlock, FusedSpatialAttention, FusedUpsample2D, GroupNormSiLU, scaled_bias
 
 STREAM_SCALE = 2.0 ** -8
 
@@ -43,8 +43,8 @@ class ScaledInputConv(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = self.conv
-        bias = None if c.bias is None else c.bias * self.scale
-        return nn.functional.conv2d(x * self.scale, c.weight, bias, c.stride, c.padding, c.dilation, c.groups)
+        return nn.functional.conv2d(x * self.scale, c.weight, scaled_bias(c.bias, self.scale), c.stride, c.padding,
+                                    c.dilation, c.groups)
 
 
 def rescale_decoder(decoder: nn.Module, scale: float = STREAM_SCALE) -> int:
