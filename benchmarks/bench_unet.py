@@ -15,6 +15,8 @@ Variants (the ablation ladder):
                  that times faster for the shape than cuBLAS + the GEGLU kernel (the default)
   fast-cudnn     fast with cuDNN for every convolution (no per-shape pick against im2col + cuBLAS GEMM); run it in
                  its own process (the picks are process-wide)
+  fast-gnsplit   fast with every GroupNorm too large for the single-pass kernel on the split statistics + normalize
+                 kernels (none on the looped kernel: one program per sample and group, one launch)
   compile-ro     torch.compile(mode="reduce-overhead"), compile time reported separately
   onnxruntime    ONNX Runtime CUDA EP over an `sdaccel optimize --provider cuda --fp16` folder (--onnx-folder; without
                  it the engine builds one in its cache first), IO binding, CUDA graph per shape
@@ -30,7 +32,9 @@ check of the script itself, e.g. `--arch sd15-tiny --device cpu --dtype fp32 --v
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import importlib
 import json
 import statistics
 import time
@@ -108,6 +112,7 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
         "fast-nocap": lambda: get_engine("fast", workspace_mb=0),  # cuDNN autotunes with all free memory
         "fast-ffpick": lambda: get_engine("fast", gemm_geglu="auto"),
         "fast-cudnn": lambda: get_engine("fast", conv="cudnn"),
+        "fast-gnsplit": lambda: get_engine("fast"),
         "compile-ro": lambda: get_engine("compile", mode="reduce-overhead"),
         "onnxruntime": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=True),
         "onnxruntime-nograph": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=False),
@@ -116,7 +121,29 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
     return comps, engine, stages
 
 
+@contextlib.contextmanager
+def kernel_knobs(name: str):
+    """Module-level kernel switches a variant runs under, from its build through its graphs' capture to its timing
+    (captured graphs keep the kernels they were captured with; later variants get the defaults back)."""
+    gn = importlib.import_module("sdaccel.kernels.group_norm")  # the package re-exports the function by this name
+
+    knobs = {"fast-gnsplit": [(gn, "LOOPED_MAX_ROWS", 0)]}.get(name, [])
+    saved = [(module, attr, getattr(module, attr)) for module, attr, _ in knobs]
+    try:
+        for module, attr, value in knobs:
+            setattr(module, attr, value)
+        yield
+    finally:
+        for module, attr, value in saved:
+            setattr(module, attr, value)
+
+
 def measure_variant(name: str, spec, dtype, inputs, refs, args) -> dict:
+    with kernel_knobs(name):
+        return _measure_variant(name, spec, dtype, inputs, refs, args)
+
+
+def _measure_variant(name: str, spec, dtype, inputs, refs, args) -> dict:
     synchronize()
     # device-wide: sees ONNX Runtime's memory, which torch's counters don't
     free_before = torch.cuda.mem_get_info()[0] if on_gpu() else None

@@ -7,7 +7,6 @@ channels_last tensors: sdaccel's Triton op vs eager PyTorch.
     python benchmarks/kernels/bench_group_norm.py --sweep --blocks   # channels per program (16-channel aligned)
 """
 
-import inspect
 import os
 import sys
 
@@ -19,7 +18,7 @@ from _timing import DTYPES, bench_pair, compare, finish, measure, parse_args, st
 
 from sdaccel.kernels import next_pow2  # noqa: E402
 from sdaccel.kernels.group_norm import (  # noqa: E402
-    group_norm, group_norm_reference, launch_group_norm, pick_channel_block, single_pass_fits)
+    SPLIT_TILE_ELEMS, group_norm, group_norm_reference, launch_group_norm, pick_channel_block, single_pass_fits)
 
 SHAPES = [
     # (N, C, H, W): SD1.5 UNet at 512x512 (latent 64x64), batch 2 (CFG)
@@ -46,7 +45,7 @@ GROUPS = 32
 BLOCK_SHAPES = [(2, 320, 64, 64), (2, 640, 32, 32), (2, 960, 64, 64), (16, 320, 64, 64), (16, 640, 32, 32),
                 (16, 960, 64, 64), (1, 256, 256, 256)]
 # the launcher's own tile size, what the sweep calls default
-DEFAULT_TILE = inspect.signature(launch_group_norm).parameters["tile_elems"].default
+DEFAULT_TILE = SPLIT_TILE_ELEMS
 
 
 def aligned_blocks(C: int) -> list[tuple[int, int]]:
@@ -87,7 +86,7 @@ def sweep(args):
                 continue
             fn = lambda: launch_group_norm(x, GROUPS, w, b, 1e-5, True, None, None, False,  # noqa: E731
                                            tile_elems=tile, rows_per_chunk=rows, num_warps=warps, loop_stages=stages,
-                                           channel_block=block)
+                                           channel_block=block, path="split")
             try:
                 t = measure(fn, iters=args.iters, warmup=args.warmup, cold_l2=args.l2 == "cold")
             except ValueError:  # too many chunks for this shape

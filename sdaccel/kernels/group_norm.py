@@ -23,10 +23,15 @@ far too few programs for an H100, so:
       each program merges the partials of its groups over all chunks and then
       normalizes its (rows x channels) tile; pass 1 has just pulled x through
       L2, so at UNet sizes this second read mostly hits L2.
-Small groups (the UNet's 8x8 to 32x32 levels, every group's tile fitting in one
-program's registers) take one kernel instead (_group_norm_single_kernel, grid
-(G, N)): load the group once, mean, then the variance of the loaded values
+Small groups (the UNet's 8x8 and 16x16 levels, every group's tile fitting in
+one program's registers) take one kernel instead (_group_norm_single_kernel,
+grid (G, N)): load the group once, mean, then the variance of the loaded values
 about it, normalize and store; one launch and one read instead of two of each.
+Groups of few rows that do not fit (the 32x32 level, 16x16 at 2560 channels)
+take _group_norm_looped_kernel, also grid (G, N): each program sweeps its group
+twice (statistics, then normalize; the second sweep hits L2). Fewer programs
+than the split kernels, but one launch and no partials: faster up to
+LOOPED_MAX_ROWS rows, slower beyond, where each program's sweeps get long.
 No step forms E[x^2] - mean^2 over a whole group (that cancels badly in fp32
 when |mean| >> std): a chunk sums d = x - K with K one of its own samples, and
 partials merge with Chan et al.'s parallel-variance formula,
@@ -308,6 +313,86 @@ if triton is not None:
         tl.store(out_ptr + offs, (y * out_scale).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+    @triton.jit(do_not_specialize=["HW"])
+    def _group_norm_looped_kernel(
+        x_ptr, skip_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr,
+        HW, C, eps, out_scale,
+        stride_n, stride_c, stride_hw, stride_add_n, stride_add_c,
+        GROUP_SIZE: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_C: tl.constexpr,
+        HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, WRITE_SUM: tl.constexpr,
+        HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, APPLY_SILU: tl.constexpr, LOOP_STAGES: tl.constexpr,
+    ):
+        # One program per (group, sample) streams its group twice: statistics, then normalize. The second sweep
+        # re-reads what the first has just pulled into L2; no partials, no second launch.
+        g = tl.program_id(0)
+        n = tl.program_id(1)
+        j = tl.arange(0, BLOCK_C)
+        c = g * GROUP_SIZE + j
+        c_ok = j < GROUP_SIZE
+        base = n.to(tl.int64) * stride_n
+        if HAS_ADD:
+            add = tl.load(add_ptr + n * stride_add_n + c * stride_add_c, mask=c_ok, other=0.0).to(tl.float32)
+
+        # Shifted sums per channel (K = the first row), as in the statistics pass of the split kernels.
+        shift = tl.load(x_ptr + base + c * stride_c, mask=c_ok, other=0.0).to(tl.float32)
+        if HAS_SKIP:
+            shift += tl.load(skip_ptr + base + c * stride_c, mask=c_ok, other=0.0).to(tl.float32)
+        if HAS_ADD:
+            shift += add
+        acc1 = tl.zeros([BLOCK_HW, BLOCK_C], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_HW, BLOCK_C], dtype=tl.float32)
+        for r0 in tl.range(0, HW, BLOCK_HW, num_stages=LOOP_STAGES):
+            rows = r0 + tl.arange(0, BLOCK_HW)
+            mask = (rows < HW)[:, None] & c_ok[None, :]
+            offs = base + rows[:, None] * stride_hw + c[None, :] * stride_c
+            v = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            if HAS_SKIP:
+                v += tl.load(skip_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            if HAS_ADD:
+                v += add[None, :]
+            if WRITE_SUM:
+                s = v.to(sum_ptr.dtype.element_ty)  # normalize the rounded sum the caller gets back
+                tl.store(sum_ptr + offs, s, mask=mask)
+                v = s.to(tl.float32)
+            d = tl.where(mask, v - shift[None, :], 0.0)
+            acc1 += d
+            acc2 += d * d
+        rows_f = HW.to(tl.float32)
+        s1 = tl.sum(acc1, axis=0)
+        mean_c = shift + s1 / rows_f
+        m2_c = tl.maximum(tl.sum(acc2, axis=0) - s1 * s1 / rows_f, 0.0)
+        mean = tl.sum(tl.where(c_ok, mean_c, 0.0), axis=0) / GROUP_SIZE
+        dev = mean_c - mean
+        m2 = tl.sum(tl.where(c_ok, m2_c + rows_f * dev * dev, 0.0), axis=0)
+        rstd = tl.rsqrt(m2 / (rows_f * GROUP_SIZE) + eps)
+        scale = tl.zeros([BLOCK_C], dtype=tl.float32) + rstd
+        if HAS_WEIGHT:
+            scale *= tl.load(weight_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            beta = tl.load(bias_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+        else:
+            beta = tl.zeros([BLOCK_C], dtype=tl.float32)
+        if WRITE_SUM:
+            tl.debug_barrier()  # the sum this program stored is read back by other threads of it
+
+        for r0 in tl.range(0, HW, BLOCK_HW, num_stages=LOOP_STAGES):
+            rows = r0 + tl.arange(0, BLOCK_HW)
+            mask = (rows < HW)[:, None] & c_ok[None, :]
+            offs = base + rows[:, None] * stride_hw + c[None, :] * stride_c
+            if WRITE_SUM:
+                v = tl.load(sum_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            else:
+                v = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                if HAS_SKIP:
+                    v += tl.load(skip_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                if HAS_ADD:
+                    v += add[None, :]
+            y = (v - mean) * scale[None, :] + beta[None, :]
+            if APPLY_SILU:
+                y = y * tl.sigmoid(y)
+            tl.store(out_ptr + offs, (y * out_scale).to(out_ptr.dtype.element_ty), mask=mask)
+
+
 # ----------------------------------------------------------------- launcher
 
 def _cdiv(a: int, b: int) -> int:
@@ -359,6 +444,23 @@ def single_pass_fits(hw: int, group_size: int) -> bool:
     return next_pow2(hw) * next_pow2(group_size) <= SINGLE_PASS_MAX_TILE
 
 
+# Most rows (H*W) a group may have to take the looped kernel (one program per sample and group, two sweeps over its
+# rows, one launch) instead of the split ones. With few rows the split kernels' second launch and partials cost
+# more than the looped kernel loses by running only N*G programs; with many, each program's serial sweeps do.
+# On an H100, graphed, GroupNorm + SiLU (benchmarks/kernels/bench_group_norm_paths.py): 2 x 640 x 32 x 32 18.9 ->
+# 11.3 us, 2 x 2560 x 16 x 16 18.3 -> 11.3, 16 x 640 x 32 x 32 48.7 -> 29.7; but 2 x 320 x 64 x 64 19.3 -> 26.1 and
+# the VAE's 1 x 128 x 512 x 512 117 -> 706.
+LOOPED_MAX_ROWS = 1024
+
+# Elements per row-loop tile (the tile_elems default) of the split and looped kernels.
+SPLIT_TILE_ELEMS = 8192
+LOOPED_TILE_ELEMS = 2048
+
+
+def looped_fits(hw: int) -> bool:
+    return hw <= LOOPED_MAX_ROWS
+
+
 def _hw_stride(x: torch.Tensor) -> Optional[int]:
     """Stride of the merged H*W axis, or None when H and W don't merge."""
     _, _, H, W = x.shape
@@ -388,24 +490,27 @@ def launch_group_norm(
     write_sum: bool,
     *,
     out_scale: float = 1.0,
-    tile_elems: int = 8192,
+    tile_elems: Optional[int] = None,
     rows_per_chunk: Optional[int] = None,
-    num_warps: int = 4,
+    num_warps: Optional[int] = None,
     loop_stages: Optional[int] = None,
-    single_pass: Optional[bool] = None,
+    path: Optional[str] = None,
     channel_block: Optional[tuple[int, int]] = None,
     traceable: bool = False,
 ):
     """Run the kernels; returns (y, s) with s None unless ``write_sum``.
 
-    ``single_pass``: one kernel per (sample, group) when True, the split
-    two-pass kernels when False; None picks by size (``single_pass_fits``).
-    ``tile_elems`` (elements per loop iteration), ``rows_per_chunk``,
-    ``num_warps``, ``loop_stages`` (tiles of the row loop in flight; None:
-    LOOP_STAGES) and ``channel_block`` ((BLOCK_C, groups per program); None:
-    pick_channel_block) are the two-pass kernels' tuning knobs; the defaults
-    pick them from the shape. ``traceable``: called from the registered op (see
-    ``launchable``).
+    ``path``: "single" (one program per sample and group holding the group in
+    registers), "looped" (one program per sample and group, two sweeps over
+    its rows), "split" (statistics and normalize kernels over chunks of rows);
+    None picks by size: single where the group fits (``single_pass_fits``),
+    else looped for few rows (``looped_fits``), else split.
+    ``tile_elems`` (elements per loop iteration), ``num_warps`` and
+    ``loop_stages`` (tiles of the row loop in flight; None: LOOP_STAGES) tune
+    the looped and split kernels, ``rows_per_chunk`` and ``channel_block``
+    ((BLOCK_C, groups per program); None: pick_channel_block) the split ones;
+    the defaults pick them from the shape. ``traceable``: called from the
+    registered op (see ``launchable``).
     """
     if x.dim() != 4:
         raise ValueError(f"group_norm expects (N, C, H, W), got {tuple(x.shape)}")
@@ -433,9 +538,11 @@ def launch_group_norm(
     out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
     s = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device) if write_sum else None
 
-    if single_pass is None:
-        single_pass = single_pass_fits(HW, group_size)
-    if single_pass:
+    if path is None:
+        path = "single" if single_pass_fits(HW, group_size) else "looped" if looped_fits(HW) else "split"
+    if path not in ("single", "looped", "split"):
+        raise ValueError(f"unknown group_norm path {path!r}")
+    if path == "single":
         if not single_pass_fits(HW, group_size):
             raise ValueError(f"a group of {HW} x {group_size} values is too large for the single-pass kernel")
         block_hw, block_c = next_pow2(HW), next_pow2(group_size)
@@ -451,6 +558,23 @@ def launch_group_norm(
         )
         return out, s
 
+    if path == "looped":
+        block_c = next_pow2(group_size)
+        block_hw = max(1, min((tile_elems or LOOPED_TILE_ELEMS) // block_c, next_pow2(HW)))
+        if num_warps is None:  # few programs: more warps each to keep loads in flight (measured, see above)
+            num_warps = 8 if N * num_groups < parallel_target(x) else 4
+        launchable(_group_norm_looped_kernel, traceable)[(num_groups, N)](
+            x, skip if skip is not None else dummy, add if add is not None else dummy,
+            s if s is not None else dummy,
+            weight if weight is not None else dummy, bias if bias is not None else dummy, out,
+            HW, C, eps, out_scale, x.stride(0), x.stride(1), stride_hw, *add_strides,
+            GROUP_SIZE=group_size, BLOCK_HW=block_hw, BLOCK_C=block_c,
+            HAS_SKIP=skip is not None, HAS_ADD=add is not None, WRITE_SUM=write_sum,
+            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, APPLY_SILU=silu,
+            LOOP_STAGES=LOOP_STAGES if loop_stages is None else loop_stages, num_warps=num_warps,
+        )
+        return out, s
+
     block_c, groups_per_block = channel_block or pick_channel_block(C, num_groups)
     num_cblocks = _cdiv(num_groups, groups_per_block)
     block_g = next_pow2(groups_per_block)
@@ -461,7 +585,7 @@ def launch_group_norm(
     #    stays under 1/8 of its data: (HW/rows) * block_g * 8 <= rows * block_c,
     #    and under 4K partials in all.
     rows_wanted = _cdiv(N * HW * num_cblocks, parallel_target(x))
-    block_hw = max(1, min(tile_elems // block_c, next_pow2(rows_wanted), next_pow2(HW)))
+    block_hw = max(1, min((tile_elems or SPLIT_TILE_ELEMS) // block_c, next_pow2(rows_wanted), next_pow2(HW)))
     max_chunks = max(1, min(256, 4096 // block_g))
     if rows_per_chunk is None:
         rows_for_gather = math.isqrt(_cdiv(HW * block_g * 8, block_c)) + 1
@@ -477,7 +601,7 @@ def launch_group_norm(
     common = dict(
         GROUP_SIZE=group_size, GROUPS_PER_BLOCK=groups_per_block,
         BLOCK_HW=block_hw, BLOCK_C=block_c, BLOCK_G=block_g,
-        HAS_SKIP=skip is not None, HAS_ADD=add is not None, num_warps=num_warps,
+        HAS_SKIP=skip is not None, HAS_ADD=add is not None, num_warps=num_warps or 4,
         LOOP_STAGES=LOOP_STAGES if loop_stages is None else loop_stages,
     )
     launchable(_group_norm_stats_kernel, traceable)[grid](

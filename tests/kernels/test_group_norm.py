@@ -47,12 +47,13 @@ CASES = [
 ]
 
 
-@pytest.fixture(params=["single-pass", "split"])
+@pytest.fixture(params=["single-pass", "split", "looped"])
 def kernel_path(request, monkeypatch):
     """Run a test through each kernel path: these shapes are small enough for the single-pass kernel, so the
-    split two-pass kernels are forced by making no tile fit."""
-    if request.param == "split":
+    others are forced by making no tile fit, then by sending every launch to the looped kernel or none."""
+    if request.param != "single-pass":
         monkeypatch.setattr(gn_module, "SINGLE_PASS_MAX_TILE", 0)
+        monkeypatch.setattr(gn_module, "LOOPED_MAX_ROWS", 1 << 30 if request.param == "looped" else 0)
     return request.param
 
 
@@ -103,10 +104,24 @@ def test_many_chunks_and_channel_blocks(rows_per_chunk, channels_last, device):
     """Force several (ragged) HW chunks so pass 2 has to merge partials."""
     x, w, b, add, skip = _inputs((2, 320, 5, 7), 32, torch.float32, device, channels_last=channels_last)
     y, s = launch_group_norm(x, 32, w, b, 1e-5, True, add, skip, True, rows_per_chunk=rows_per_chunk,
-                             single_pass=False)
+                             path="split")
     y_ref, s_ref = group_norm_reference(x, 32, w, b, silu=True, add=add, skip=skip, return_sum=True)
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+@pytest.mark.parametrize("tile_elems", [16, 64])
+def test_looped_kernel_over_ragged_row_tiles(tile_elems, channels_last, device):
+    """The looped kernel's two sweeps over row tiles that do not divide H*W (35 rows of 16 or 4 per tile), with
+    the sum written in the first sweep and read back in the second."""
+    x, w, b, add, skip = _inputs((2, 320, 5, 7), 32, torch.float32, device, channels_last=channels_last, offset=5.0)
+    y, s = launch_group_norm(x, 32, w, b, 1e-5, True, add, skip, True, path="looped",
+                             tile_elems=tile_elems)
+    y_ref, s_ref = group_norm_reference(x, 32, w, b, silu=True, add=add, skip=skip, return_sum=True)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=1e-6)
+    assert y.stride() == x.stride()
 
 
 @pytest.mark.parametrize("mean", [0.0, 300.0])
@@ -117,20 +132,20 @@ def test_partials_of_more_chunks_than_one_merge_tile(mean, device):
     x = x + mean
     assert 7 * 10 > 2 * gn_module.CHUNK_TILE
     y, s = launch_group_norm(x, 32, w, b, 1e-5, True, add, skip, True, rows_per_chunk=1, tile_elems=16,
-                             single_pass=False)
+                             path="split")
     y_ref, s_ref = group_norm_reference(x.double(), 32, w.double(), b.double(), silu=True, add=add.double(),
                                         skip=skip.double(), return_sum=True)
     torch.testing.assert_close(y.double(), y_ref, rtol=1e-4, atol=2e-4)
     torch.testing.assert_close(s.double(), s_ref, rtol=1e-6, atol=1e-4)
 
 
-@pytest.mark.parametrize("single_pass", [True, False])
-def test_variance_is_stable_with_large_mean(single_pass, device):
+@pytest.mark.parametrize("path", ["single", "split", "looped"])
+def test_variance_is_stable_with_large_mean(path, device):
     """mean 300, std 0.5: E[x^2] - mean^2 in fp32 would lose all digits."""
     g = torch.Generator().manual_seed(1)
     x = (300.0 + 0.5 * torch.randn(2, 64, 12, 12, generator=g)).to(device).contiguous(memory_format=CL)
     y = launch_group_norm(x, 8, None, None, 1e-6, False, None, None, False, rows_per_chunk=16,
-                          single_pass=single_pass)[0]
+                          path=path, tile_elems=256)[0]
     y64 = group_norm_reference(x.double(), 8, eps=1e-6)
     # |y| ~ 3 and x carries fp32 rounding of ~300 (1.5e-5 relative to std): 2e-4 is tight.
     assert (y.double() - y64).abs().max().item() < 2e-4
@@ -203,7 +218,31 @@ def test_single_pass_is_picked_for_small_groups_only(device):
     assert not gn_module.single_pass_fits(32 * 32, 20) and not gn_module.single_pass_fits(64 * 64, 10)
     x, w, b, _, _ = _inputs((1, 64, 33, 33), 2, torch.float32, device)
     with pytest.raises(ValueError, match="too large for the single-pass kernel"):
-        launch_group_norm(x, 2, w, b, 1e-5, False, None, None, False, single_pass=True)
+        launch_group_norm(x, 2, w, b, 1e-5, False, None, None, False, path="single")
+    with pytest.raises(ValueError, match="unknown group_norm path"):
+        launch_group_norm(x, 2, w, b, 1e-5, False, None, None, False, path="fused")
+
+
+def test_looped_kernel_takes_groups_of_few_rows(device, monkeypatch):
+    """Groups too large for registers: up to LOOPED_MAX_ROWS rows (SD1.5's 32x32 and 16x16 levels) go to the looped
+    kernel, more (64x64, the VAE) to the split kernels; which kernel ran is seen by swapping the looped one out."""
+    assert gn_module.looped_fits(32 * 32) and not gn_module.looped_fits(64 * 64)
+    launched = []
+    real = gn_module._group_norm_looped_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(gn_module, "_group_norm_looped_kernel", Spy())
+    monkeypatch.setattr(gn_module, "LOOPED_MAX_ROWS", 6 * 6)
+    monkeypatch.setattr(gn_module, "SINGLE_PASS_MAX_TILE", 0)
+    for hw in (6, 7):
+        x, w, b, add, _ = _inputs((2, 64, hw, hw), 2, torch.float32, device)
+        y = launch_group_norm(x, 2, w, b, 1e-5, True, add, None, False)[0]
+        torch.testing.assert_close(y, group_norm_reference(x, 2, w, b, silu=True, add=add), rtol=1e-5, atol=1e-5)
+    assert launched == [(2, 2)]  # (groups, samples) for 6x6; 7x7 took the split kernels
 
 
 @pytest.mark.gpu
@@ -244,7 +283,7 @@ def test_output_scale(dtype, device, check_against_reference, kernel_path):
 def test_any_channel_block_of_whole_groups(block, device):
     """The split kernels' channel_block knob (the blocks benchmark sweeps it): ragged last blocks included."""
     x, w, b, add, skip = _inputs((2, 320, 5, 7), 32, torch.float32, device)
-    y, s = launch_group_norm(x, 32, w, b, 1e-5, True, add, skip, True, single_pass=False, channel_block=block)
+    y, s = launch_group_norm(x, 32, w, b, 1e-5, True, add, skip, True, path="split", channel_block=block)
     y_ref, s_ref = group_norm_reference(x, 32, w, b, silu=True, add=add, skip=skip, return_sum=True)
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=1e-6)
