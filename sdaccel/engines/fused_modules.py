@@ -121,11 +121,21 @@ class FusedResnetBlock(nn.Module):
             with torch.no_grad():
                 self.out_bias.copy_(self._out_bias())
 
-    def forward(self, x: torch.Tensor, temb: torch.Tensor | None = None, *args, **kwargs) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, temb: torch.Tensor | None = None, *args,
+                concat: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        """``concat``: channels appended to x's (an up block's skip connection), read in place by the first norm,
+        which also writes the concatenation the shortcut convolution takes: no separate torch.cat."""
         b, s = self.block, self.stream_scale
         # Scaled activations (s != 1): the norms see x and conv1's output times s (eps times s^2 keeps them
         # exact) and hand the convolutions inputs times s, so that their outputs come out times s.
-        h = group_norm(x, b.norm1.num_groups, b.norm1.weight, b.norm1.bias, b.norm1.eps * s * s, silu=True, scale=s)
+        if concat is None:
+            h = group_norm(x, b.norm1.num_groups, b.norm1.weight, b.norm1.bias, b.norm1.eps * s * s, silu=True,
+                           scale=s)
+        else:
+            if s != 1.0:
+                raise UsageError("a rescaled VAE decoder's ResNet blocks take no concatenated input")
+            h, x = group_norm(x, b.norm1.num_groups, b.norm1.weight, b.norm1.bias, b.norm1.eps, silu=True,
+                              concat=concat, return_sum=True)
         has_temb = temb is not None and b.time_emb_proj is not None
         if not self.split_biases:
             h = b.conv1(h)
@@ -443,7 +453,7 @@ def _clear_per_call(module: nn.Module, *args) -> None:
 
 def _fuse_children(root: nn.Module, fp32_attention: bool) -> dict[str, int]:
     counts = {"resnet": 0, "transformer": 0, "transformer_block": 0, "upsample": 0, "spatial_attention": 0,
-              "group_norm_silu": 0}
+              "group_norm_silu": 0, "up_block": 0}
     for name, child in list(root.named_children()):
         if FusedResnetBlock.supports(child):
             setattr(root, name, FusedResnetBlock(child))
@@ -462,6 +472,9 @@ def _fuse_children(root: nn.Module, fp32_attention: bool) -> dict[str, int]:
         else:
             for key, value in _fuse_children(child, fp32_attention).items():
                 counts[key] += value
+            if FusedUpBlock.supports(child):  # after its own ResNet blocks were fused
+                setattr(root, name, FusedUpBlock(child))
+                counts["up_block"] += 1
     # The final norm + SiLU of a UNet or VAE decoder.
     norm_out, act = getattr(root, "conv_norm_out", None), getattr(root, "conv_act", None)
     if isinstance(norm_out, nn.GroupNorm) and act is not None and _silu(act):
@@ -469,6 +482,61 @@ def _fuse_children(root: nn.Module, fp32_attention: bool) -> dict[str, int]:
         root.conv_act = nn.Identity()
         counts["group_norm_silu"] += 1
     return counts
+
+
+class FusedUpBlock(nn.Module):
+    """A UNet up block (diffusers' UpBlock2D, CrossAttnUpBlock2D) whose fused ResNet blocks read the skip
+    connection in place (FusedResnetBlock's ``concat``) instead of after a torch.cat: one launch and one pass over
+    the concatenation less per block. The UNet's loop reads ``resnets`` and ``has_cross_attention`` from it, so
+    both pass through. FreeU (which the UNet's enable_freeu sets on this wrapper) and gradient checkpointing go
+    to diffusers' own forward."""
+
+    FREEU = ("s1", "s2", "b1", "b2")
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    @staticmethod
+    def supports(block: nn.Module) -> bool:
+        return (type(block).__name__ in ("UpBlock2D", "CrossAttnUpBlock2D")
+                and all(isinstance(r, FusedResnetBlock) and r.stream_scale == 1.0 for r in block.resnets))
+
+    @property
+    def resnets(self) -> nn.ModuleList:
+        return self.block.resnets
+
+    @property
+    def has_cross_attention(self) -> bool:
+        return bool(getattr(self.block, "has_cross_attention", False))
+
+    def forward(self, hidden_states: torch.Tensor, res_hidden_states_tuple: tuple[torch.Tensor, ...],
+                temb: torch.Tensor | None = None, encoder_hidden_states: torch.Tensor | None = None,
+                cross_attention_kwargs=None, upsample_size=None, attention_mask=None, encoder_attention_mask=None,
+                *args, **kwargs) -> torch.Tensor:
+        b = self.block
+        cross = self.has_cross_attention
+        # FreeU's factors as last set, on this wrapper (the UNet's enable/disable_freeu) or on the block itself.
+        freeu = {k: self.__dict__[k] if k in self.__dict__ else getattr(b, k, None) for k in self.FREEU}
+        if all(freeu.values()) or args or kwargs or (torch.is_grad_enabled() and b.gradient_checkpointing):
+            for k, value in freeu.items():
+                setattr(b, k, value)
+            if cross:
+                return b(hidden_states, res_hidden_states_tuple, temb, encoder_hidden_states, cross_attention_kwargs,
+                         upsample_size, attention_mask, encoder_attention_mask)
+            return b(hidden_states, res_hidden_states_tuple, temb, upsample_size, *args, **kwargs)
+        h = hidden_states
+        attentions = b.attentions if cross else [None] * len(b.resnets)
+        for resnet, attn in zip(b.resnets, attentions):
+            h = resnet(h, temb, concat=res_hidden_states_tuple[-1])
+            res_hidden_states_tuple = res_hidden_states_tuple[:-1]
+            if attn is not None:
+                h = attn(h, encoder_hidden_states=encoder_hidden_states, cross_attention_kwargs=cross_attention_kwargs,
+                         attention_mask=attention_mask, encoder_attention_mask=encoder_attention_mask,
+                         return_dict=False)[0]
+        for upsampler in b.upsamplers or ():
+            h = upsampler(h, upsample_size)
+        return h
 
 
 class FusedUpsample2D(nn.Module):

@@ -69,6 +69,7 @@ def group_norm_reference(
     skip: Optional[torch.Tensor] = None,
     return_sum: bool = False,
     scale: float = 1.0,
+    concat: Optional[torch.Tensor] = None,
 ):
     """Plain-torch GroupNorm with the same fusions; what the tests trust.
 
@@ -77,6 +78,8 @@ def group_norm_reference(
     two-pass, mean((s - mean)^2), rather than F.group_norm: on CPU in fp32 that
     was off by ~0.15 (of |y| ~ 3) for data with mean 300 and std 0.5.
     """
+    if concat is not None:
+        x = torch.cat([x, concat], 1).contiguous(memory_format=torch.channels_last)
     N, C = x.shape[:2]
     memory_format = _memory_format(x)
     s = x
@@ -113,15 +116,27 @@ def _memory_format(x: torch.Tensor) -> torch.memory_format:
 
 if triton is not None:
 
+    @triton.jit
+    def _load_input(x_ptr, x2_ptr, offs, n, rows, c, mask, HW, C1, C2, HAS_X2: tl.constexpr):
+        """The input at (sample n, rows, channels c) in fp32: x at ``offs``, or, with HAS_X2, the channel
+        concatenation [x, x2] read in place (both channels_last and dense, C1 and C2 channels)."""
+        if HAS_X2:
+            o1 = n.to(tl.int64) * HW * C1 + rows[:, None] * C1 + c[None, :]
+            o2 = n.to(tl.int64) * HW * C2 + rows[:, None] * C2 + (c - C1)[None, :]
+            v = tl.load(x_ptr + o1, mask=mask & (c < C1)[None, :], other=0.0).to(tl.float32)
+            v += tl.load(x2_ptr + o2, mask=mask & (c >= C1)[None, :], other=0.0).to(tl.float32)
+            return v
+        return tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+
     # Sizes are not specialized on: no recompile per resolution or batch (kernels/__init__.py).
     @triton.jit(do_not_specialize=["HW", "rows_per_chunk", "num_chunks"])
     def _group_norm_stats_kernel(
-        x_ptr, skip_ptr, add_ptr, sum_ptr, part_mean_ptr, part_m2_ptr,
-        HW, C, G, rows_per_chunk, num_chunks,
+        x_ptr, x2_ptr, skip_ptr, add_ptr, sum_ptr, part_mean_ptr, part_m2_ptr,
+        HW, C, C1, C2, G, rows_per_chunk, num_chunks,
         stride_n, stride_c, stride_hw, stride_add_n, stride_add_c,
         GROUP_SIZE: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
         BLOCK_HW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
-        HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, WRITE_SUM: tl.constexpr, LOOP_STAGES: tl.constexpr,
+        HAS_X2: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, WRITE_SUM: tl.constexpr, LOOP_STAGES: tl.constexpr,
     ):
         chunk = tl.program_id(0)
         cblock = tl.program_id(1)
@@ -143,7 +158,9 @@ if triton is not None:
         # K is a sample of the data, so |mean - K| ~ std and S2 - S1^2/r
         # does not cancel the way E[x^2] - mean^2 does.
         first = base + row_start * stride_hw + c * stride_c
-        shift = tl.load(x_ptr + first, mask=c_ok, other=0.0).to(tl.float32)
+        one_row = row_start + tl.arange(0, 1)
+        shift = tl.sum(_load_input(x_ptr, x2_ptr, first[None, :], n, one_row, c, c_ok[None, :], HW, C1, C2, HAS_X2),
+                       axis=0)
         if HAS_SKIP:
             shift += tl.load(skip_ptr + first, mask=c_ok, other=0.0).to(tl.float32)
         if HAS_ADD:
@@ -154,7 +171,7 @@ if triton is not None:
             rows = r0 + tl.arange(0, BLOCK_HW)
             mask = (rows < row_end)[:, None] & c_ok[None, :]
             offs = base + rows[:, None] * stride_hw + c[None, :] * stride_c
-            v = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            v = _load_input(x_ptr, x2_ptr, offs, n, rows, c, mask, HW, C1, C2, HAS_X2)
             if HAS_SKIP:
                 v += tl.load(skip_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             if HAS_ADD:
@@ -189,14 +206,14 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["HW", "rows_per_chunk", "num_chunks"])
     def _group_norm_apply_kernel(
-        x_ptr, skip_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr,
+        x_ptr, x2_ptr, skip_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr,
         part_mean_ptr, part_m2_ptr,
-        HW, C, G, rows_per_chunk, num_chunks, eps, out_scale,
+        HW, C, C1, C2, G, rows_per_chunk, num_chunks, eps, out_scale,
         stride_n, stride_c, stride_hw, stride_add_n, stride_add_c,
         GROUP_SIZE: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
         BLOCK_HW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
         CHUNK_TILE: tl.constexpr,
-        HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, READ_SUM: tl.constexpr,
+        HAS_X2: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, READ_SUM: tl.constexpr,
         HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, APPLY_SILU: tl.constexpr, LOOP_STAGES: tl.constexpr,
     ):
         chunk = tl.program_id(0)
@@ -261,7 +278,7 @@ if triton is not None:
             if READ_SUM:
                 v = tl.load(sum_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             else:
-                v = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                v = _load_input(x_ptr, x2_ptr, offs, n, rows, c, mask, HW, C1, C2, HAS_X2)
                 if HAS_SKIP:
                     v += tl.load(skip_ptr + offs, mask=mask, other=0.0).to(tl.float32)
                 if HAS_ADD:
@@ -273,11 +290,11 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["HW"])
     def _group_norm_single_kernel(
-        x_ptr, skip_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr,
-        HW, C, eps, out_scale,
+        x_ptr, x2_ptr, skip_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr,
+        HW, C, C1, C2, eps, out_scale,
         stride_n, stride_c, stride_hw, stride_add_n, stride_add_c,
         GROUP_SIZE: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_C: tl.constexpr,
-        HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, WRITE_SUM: tl.constexpr,
+        HAS_X2: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, WRITE_SUM: tl.constexpr,
         HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, APPLY_SILU: tl.constexpr,
     ):
         g = tl.program_id(0)
@@ -288,7 +305,7 @@ if triton is not None:
         rows = tl.arange(0, BLOCK_HW)
         mask = (rows < HW)[:, None] & c_ok[None, :]
         offs = n.to(tl.int64) * stride_n + rows[:, None] * stride_hw + c[None, :] * stride_c
-        v = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        v = _load_input(x_ptr, x2_ptr, offs, n, rows, c, mask, HW, C1, C2, HAS_X2)
         if HAS_SKIP:
             v += tl.load(skip_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         if HAS_ADD:
@@ -315,11 +332,11 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["HW"])
     def _group_norm_looped_kernel(
-        x_ptr, skip_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr,
-        HW, C, eps, out_scale,
+        x_ptr, x2_ptr, skip_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr,
+        HW, C, C1, C2, eps, out_scale,
         stride_n, stride_c, stride_hw, stride_add_n, stride_add_c,
         GROUP_SIZE: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_C: tl.constexpr,
-        HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, WRITE_SUM: tl.constexpr,
+        HAS_X2: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, WRITE_SUM: tl.constexpr,
         HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, APPLY_SILU: tl.constexpr, LOOP_STAGES: tl.constexpr,
     ):
         # One program per (group, sample) streams its group twice: statistics, then normalize. The second sweep
@@ -334,7 +351,9 @@ if triton is not None:
             add = tl.load(add_ptr + n * stride_add_n + c * stride_add_c, mask=c_ok, other=0.0).to(tl.float32)
 
         # Shifted sums per channel (K = the first row), as in the statistics pass of the split kernels.
-        shift = tl.load(x_ptr + base + c * stride_c, mask=c_ok, other=0.0).to(tl.float32)
+        one_row = tl.arange(0, 1)
+        shift = tl.sum(_load_input(x_ptr, x2_ptr, base + c[None, :] * stride_c, n, one_row, c, c_ok[None, :],
+                                   HW, C1, C2, HAS_X2), axis=0)
         if HAS_SKIP:
             shift += tl.load(skip_ptr + base + c * stride_c, mask=c_ok, other=0.0).to(tl.float32)
         if HAS_ADD:
@@ -345,7 +364,7 @@ if triton is not None:
             rows = r0 + tl.arange(0, BLOCK_HW)
             mask = (rows < HW)[:, None] & c_ok[None, :]
             offs = base + rows[:, None] * stride_hw + c[None, :] * stride_c
-            v = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            v = _load_input(x_ptr, x2_ptr, offs, n, rows, c, mask, HW, C1, C2, HAS_X2)
             if HAS_SKIP:
                 v += tl.load(skip_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             if HAS_ADD:
@@ -382,7 +401,7 @@ if triton is not None:
             if WRITE_SUM:
                 v = tl.load(sum_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             else:
-                v = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                v = _load_input(x_ptr, x2_ptr, offs, n, rows, c, mask, HW, C1, C2, HAS_X2)
                 if HAS_SKIP:
                     v += tl.load(skip_ptr + offs, mask=mask, other=0.0).to(tl.float32)
                 if HAS_ADD:
@@ -496,9 +515,14 @@ def launch_group_norm(
     loop_stages: Optional[int] = None,
     path: Optional[str] = None,
     channel_block: Optional[tuple[int, int]] = None,
+    concat: Optional[torch.Tensor] = None,
     traceable: bool = False,
 ):
     """Run the kernels; returns (y, s) with s None unless ``write_sum``.
+
+    ``concat``: channels appended to x's (same N, H, W), read in place: the
+    norm of torch.cat([x, concat], 1) without forming it (s is that
+    concatenation, output channels_last).
 
     ``path``: "single" (one program per sample and group holding the group in
     registers), "looped" (one program per sample and group, two sweeps over
@@ -514,7 +538,19 @@ def launch_group_norm(
     """
     if x.dim() != 4:
         raise ValueError(f"group_norm expects (N, C, H, W), got {tuple(x.shape)}")
-    N, C, H, W = x.shape
+    N, C1, H, W = x.shape
+    C2 = 0
+    if concat is not None:
+        if concat.dim() != 4 or concat.shape[0] != N or concat.shape[2:] != x.shape[2:] or concat.dtype != x.dtype:
+            raise ValueError(f"concat {tuple(concat.shape)} {concat.dtype} does not extend x {tuple(x.shape)} "
+                             f"{x.dtype} along channels")
+        if skip is not None:
+            raise ValueError("group_norm takes skip or concat, not both")
+        # Both sources dense channels_last: the kernels address them by channel counts alone.
+        x = x.contiguous(memory_format=torch.channels_last)
+        concat = concat.contiguous(memory_format=torch.channels_last)
+        C2 = concat.shape[1]
+    C = C1 + C2
     if C % num_groups:
         raise ValueError(f"{C} channels do not split into {num_groups} groups")
     if not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)) or _hw_stride(x) is None:
@@ -531,12 +567,17 @@ def launch_group_norm(
     weight = weight.contiguous() if weight is not None else None
     bias = bias.contiguous() if bias is not None else None
     HW = H * W
-    stride_hw = _hw_stride(x)
     group_size = C // num_groups
     dummy = x  # stands in for absent optional pointers (never dereferenced)
     add_strides = (add.stride(0), add.stride(1)) if add is not None else (0, 0)
-    out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
-    s = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device) if write_sum else None
+    if concat is None:
+        out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+    else:
+        out = torch.empty((N, C, H, W), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    s = torch.empty_strided(out.shape, out.stride(), dtype=x.dtype, device=x.device) if write_sum else None
+    # The kernels address out, s and skip (and x itself when there is no concat) by out's strides.
+    strides = (out.stride(0), out.stride(1), _hw_stride(out))
+    sources = (x, concat if concat is not None else dummy)
 
     if path is None:
         path = "single" if single_pass_fits(HW, group_size) else "looped" if looped_fits(HW) else "split"
@@ -547,12 +588,12 @@ def launch_group_norm(
             raise ValueError(f"a group of {HW} x {group_size} values is too large for the single-pass kernel")
         block_hw, block_c = next_pow2(HW), next_pow2(group_size)
         launchable(_group_norm_single_kernel, traceable)[(num_groups, N)](
-            x, skip if skip is not None else dummy, add if add is not None else dummy,
+            *sources, skip if skip is not None else dummy, add if add is not None else dummy,
             s if s is not None else dummy,
             weight if weight is not None else dummy, bias if bias is not None else dummy, out,
-            HW, C, eps, out_scale, x.stride(0), x.stride(1), stride_hw, *add_strides,
+            HW, C, C1, C2, eps, out_scale, *strides, *add_strides,
             GROUP_SIZE=group_size, BLOCK_HW=block_hw, BLOCK_C=block_c,
-            HAS_SKIP=skip is not None, HAS_ADD=add is not None, WRITE_SUM=write_sum,
+            HAS_X2=concat is not None, HAS_SKIP=skip is not None, HAS_ADD=add is not None, WRITE_SUM=write_sum,
             HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, APPLY_SILU=silu,
             num_warps=8 if block_hw * block_c > 4096 else 4,
         )
@@ -564,12 +605,12 @@ def launch_group_norm(
         if num_warps is None:  # few programs: more warps each to keep loads in flight (measured, see above)
             num_warps = 8 if N * num_groups < parallel_target(x) else 4
         launchable(_group_norm_looped_kernel, traceable)[(num_groups, N)](
-            x, skip if skip is not None else dummy, add if add is not None else dummy,
+            *sources, skip if skip is not None else dummy, add if add is not None else dummy,
             s if s is not None else dummy,
             weight if weight is not None else dummy, bias if bias is not None else dummy, out,
-            HW, C, eps, out_scale, x.stride(0), x.stride(1), stride_hw, *add_strides,
+            HW, C, C1, C2, eps, out_scale, *strides, *add_strides,
             GROUP_SIZE=group_size, BLOCK_HW=block_hw, BLOCK_C=block_c,
-            HAS_SKIP=skip is not None, HAS_ADD=add is not None, WRITE_SUM=write_sum,
+            HAS_X2=concat is not None, HAS_SKIP=skip is not None, HAS_ADD=add is not None, WRITE_SUM=write_sum,
             HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, APPLY_SILU=silu,
             LOOP_STAGES=LOOP_STAGES if loop_stages is None else loop_stages, num_warps=num_warps,
         )
@@ -601,23 +642,21 @@ def launch_group_norm(
     common = dict(
         GROUP_SIZE=group_size, GROUPS_PER_BLOCK=groups_per_block,
         BLOCK_HW=block_hw, BLOCK_C=block_c, BLOCK_G=block_g,
-        HAS_SKIP=skip is not None, HAS_ADD=add is not None, num_warps=num_warps or 4,
+        HAS_X2=concat is not None, HAS_SKIP=skip is not None, HAS_ADD=add is not None, num_warps=num_warps or 4,
         LOOP_STAGES=LOOP_STAGES if loop_stages is None else loop_stages,
     )
     launchable(_group_norm_stats_kernel, traceable)[grid](
-        x, skip if skip is not None else dummy, add if add is not None else dummy,
+        *sources, skip if skip is not None else dummy, add if add is not None else dummy,
         s if s is not None else dummy, part_mean, part_m2,
-        HW, C, num_groups, rows_per_chunk, num_chunks,
-        x.stride(0), x.stride(1), stride_hw, *add_strides,
+        HW, C, C1, C2, num_groups, rows_per_chunk, num_chunks, *strides, *add_strides,
         WRITE_SUM=write_sum, **common,
     )
     launchable(_group_norm_apply_kernel, traceable)[grid](
-        x, skip if skip is not None else dummy, add if add is not None else dummy,
+        *sources, skip if skip is not None else dummy, add if add is not None else dummy,
         s if s is not None else dummy,
         weight if weight is not None else dummy, bias if bias is not None else dummy,
         out, part_mean, part_m2,
-        HW, C, num_groups, rows_per_chunk, num_chunks, eps, out_scale,
-        x.stride(0), x.stride(1), stride_hw, *add_strides,
+        HW, C, C1, C2, num_groups, rows_per_chunk, num_chunks, eps, out_scale, *strides, *add_strides,
         CHUNK_TILE=CHUNK_TILE, READ_SUM=write_sum,
         HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, APPLY_SILU=silu,
         **common,
@@ -627,15 +666,14 @@ def launch_group_norm(
 
 # ---------------------------------------------------------------- public op
 
-def _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, write_sum, traceable, scale=1.0):
+def _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, write_sum, traceable, scale=1.0,
+                    concat=None):
     """The reference where Triton cannot run, else the kernels: y, or (y, s)."""
     if not use_triton(x):
-        return group_norm_reference(
-            x, num_groups, weight, bias, eps, silu=silu, add=add, skip=skip, return_sum=write_sum, scale=scale
-        )
-    y, s = launch_group_norm(
-        x, num_groups, weight, bias, eps, silu, add, skip, write_sum, out_scale=scale, traceable=traceable
-    )
+        return group_norm_reference(x, num_groups, weight, bias, eps, silu=silu, add=add, skip=skip,
+                                    return_sum=write_sum, scale=scale, concat=concat)
+    y, s = launch_group_norm(x, num_groups, weight, bias, eps, silu, add, skip, write_sum, out_scale=scale,
+                             concat=concat, traceable=traceable)
     return (y, s) if write_sum else y
 
 
@@ -650,8 +688,9 @@ def _group_norm_op_body(
     add: Optional[torch.Tensor],
     skip: Optional[torch.Tensor],
     scale: float = 1.0,
+    concat: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    return _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, False, True, scale)
+    return _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, False, True, scale, concat)
 
 
 def _group_norm_with_sum_op_body(
@@ -664,8 +703,9 @@ def _group_norm_with_sum_op_body(
     add: Optional[torch.Tensor],
     skip: Optional[torch.Tensor],
     scale: float = 1.0,
+    concat: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, True, True, scale)
+    return _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, True, True, scale, concat)
 
 
 _group_norm_op = register_triton_op("group_norm", _group_norm_op_body)
@@ -684,21 +724,24 @@ def group_norm(
     skip: Optional[torch.Tensor] = None,
     return_sum: bool = False,
     scale: float = 1.0,
+    concat: Optional[torch.Tensor] = None,
 ):
     """GroupNorm of ``x + skip + add`` (then SiLU if ``silu``, then times ``scale``), fused.
 
     x: (N, C, H, W), channels_last preferred; the output keeps x's memory format.
+    concat: (N, C2, H, W) channels appended to x's: the norm of torch.cat([x, concat], 1), read from both in
+         place (a UNet up block's skip connection); the output is channels_last, s the concatenation.
     add: N*C values, e.g. (N, C) or (N, C, 1, 1), broadcast over H, W
          (the ResNet time-embedding projection). skip: same shape as x.
     return_sum: also return s = x + skip + add (x itself when there is
          nothing to add), for SkipGroupNorm.
     scale: multiplies the output (last, after the SiLU); the sum is not scaled.
     """
-    if return_sum and skip is None and add is None:
+    if return_sum and skip is None and add is None and concat is None:
         # An op may not return its own input, so the trivial sum stays out here.
         return group_norm(x, num_groups, weight, bias, eps, silu=silu, scale=scale), x
     if compiling():  # torch.compile must see one registered op
         op = _group_norm_with_sum_op if return_sum else _group_norm_op
-        return op(x, num_groups, weight, bias, eps, silu, add, skip, scale)
+        return op(x, num_groups, weight, bias, eps, silu, add, skip, scale, concat)
     # Eager: launch directly, skipping the dispatcher.
-    return _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, return_sum, False, scale)
+    return _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, return_sum, False, scale, concat)

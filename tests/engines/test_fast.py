@@ -91,6 +91,41 @@ def test_fused_resnet_block_matches_diffusers_block():
     torch.testing.assert_close(got_again, want_again, rtol=1e-4, atol=1e-4)
 
 
+def test_up_blocks_read_skip_connections_in_place_and_keep_freeu():
+    """Fused up blocks hand each ResNet block its skip connection as a second source (no torch.cat). FreeU, set
+    and unset through the UNet as diffusers users do, still applies: its factors reach diffusers' own forward."""
+    import copy
+
+    from sdaccel.engines.fused_modules import FusedUpBlock
+
+    comps = build_synthetic(get_spec("sd15-tiny"))
+    unet = comps.unet
+    reference = copy.deepcopy(unet)
+    counts = fuse_modules(unet)
+    assert counts["up_block"] == len(unet.up_blocks) >= 2
+    assert all(isinstance(block, FusedUpBlock) for block in unet.up_blocks)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 16, 16, generator=gen)
+    ctx = torch.randn(2, 77, unet.config.cross_attention_dim, generator=gen)
+
+    def both():
+        with torch.no_grad():
+            return (unet(x, 500, encoder_hidden_states=ctx).sample,
+                    reference(x, 500, encoder_hidden_states=ctx).sample)
+
+    got, want = both()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for model in (unet, reference):
+        model.enable_freeu(s1=0.9, s2=0.2, b1=1.5, b2=1.6)
+    got_freeu, want_freeu = both()
+    torch.testing.assert_close(got_freeu, want_freeu, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(got_freeu, got, atol=1e-3)  # FreeU changed the output on both sides
+    for model in (unet, reference):
+        model.disable_freeu()
+    got_off, _ = both()
+    torch.testing.assert_close(got_off, got, rtol=1e-5, atol=1e-5)
+
+
 def test_cross_attention_kv_is_one_gemm_recomputed_every_call():
     """All cross-attentions' K/V projections come from one packed weight (views, no copy), computed once per UNet
     call: a context changed in place between calls (a graph's static input is) is never served stale, also when

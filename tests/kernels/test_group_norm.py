@@ -85,6 +85,32 @@ def test_skip_return_sum(shape, groups, dtype, device, check_against_reference, 
     check_against_reference(y_only, *_references(x, groups, w, b, skip=skip), what="skip only")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("channels", [(64, 32), (40, 56)], ids=str)  # 40 | 56: a group of 12 straddles the seam
+def test_concat_is_read_in_place(channels, dtype, device, check_against_reference, kernel_path):
+    """GroupNorm of torch.cat([x, concat], 1) from both sources (a UNet up block's skip connection), its sum the
+    concatenation plus add; x NCHW and concat channels_last, the output channels_last either way."""
+    c1, c2 = channels
+    x, _, _, _, _ = _inputs((2, c1, 5, 7), 8, dtype, device, channels_last=False, offset=2.0)
+    concat, w, b, add, _ = _inputs((2, c1 + c2, 5, 7), 8, dtype, device, seed=1)
+    concat = concat[:, :c2]
+    y, s = group_norm(x, 8, w, b, silu=True, add=add, concat=concat, return_sum=True)
+    check_against_reference(y, *_references(x, 8, w, b, silu=True, add=add, concat=concat), what=kernel_path)
+    s_ref = group_norm_reference(x, 8, w, b, silu=True, add=add, concat=concat, return_sum=True)[1]
+    torch.testing.assert_close(s, s_ref, rtol=0, atol=0)
+    assert y.is_contiguous(memory_format=CL) and s.is_contiguous(memory_format=CL)
+    y = group_norm(x, 8, w, b, silu=True, add=add, concat=concat)  # no sum written: the fp32 sum is normalized
+    check_against_reference(y, *_references(x, 8, w, b, silu=True, add=add, concat=concat), what=kernel_path)
+
+
+def test_concat_shape_and_skip_are_checked(device):
+    x, w, b, _, skip = _inputs((2, 32, 4, 4), 8, torch.float32, device)
+    with pytest.raises(ValueError, match="does not extend x"):
+        launch_group_norm(x, 8, w.repeat(2), b.repeat(2), 1e-5, False, None, None, False, concat=x[:, :, :2])
+    with pytest.raises(ValueError, match="skip or concat"):
+        launch_group_norm(x, 8, w.repeat(2), b.repeat(2), 1e-5, False, None, skip, False, concat=x)
+
+
 def test_return_sum_without_addends_returns_x(device):
     x, w, b, _, _ = _inputs((1, 32, 8, 8), 8, torch.float32, device)
     y, s = group_norm(x, 8, w, b, return_sum=True)
