@@ -6,6 +6,8 @@ Each timing is a graph of --calls back-to-back calls on one L2-resident input (i
 convolution before it has just written), replayed --iters times; microseconds per call, median.
 
     python benchmarks/kernels/bench_group_norm_paths.py [--json out.json] [--quick]
+    python benchmarks/kernels/bench_group_norm_paths.py --shapes large --tiles 4096,8192,16384 --warps 8,16 \
+        --stages 2,3     # the looped kernel at 64x64 and above, with larger tiles and more warps
 """
 
 import argparse
@@ -30,6 +32,14 @@ SHAPES = [
     # the VAE decoder at 512x512, batch 1 and 8
     (1, 512, 64, 64), (1, 512, 128, 128), (1, 256, 256, 256), (1, 128, 512, 512), (8, 256, 256, 256),
 ]
+
+
+LARGE_SHAPES = [(2, 320, 64, 64), (2, 640, 64, 64), (2, 960, 64, 64), (16, 320, 64, 64), (16, 960, 64, 64),
+                (2, 320, 128, 128), (1, 512, 128, 128), (2, 640, 32, 32), (16, 640, 32, 32)]
+
+
+def ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(","))
 
 
 def graph_time_us(fn, calls: int, iters: int) -> float:
@@ -63,13 +73,17 @@ def main():
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--quick", action="store_true", help="fewer looped knobs")
+    p.add_argument("--shapes", choices=["all", "large"], default="all")
+    p.add_argument("--tiles", type=ints)
+    p.add_argument("--warps", type=ints)
+    p.add_argument("--stages", type=ints)
     args = p.parse_args()
-    tiles = (2048, 4096) if args.quick else (1024, 2048, 4096, 8192)
-    warps = (4, 8) if args.quick else (2, 4, 8)
-    stages = (3,) if args.quick else (2, 3, 4)
+    tiles = args.tiles or ((2048, 4096) if args.quick else (1024, 2048, 4096, 8192))
+    warps = args.warps or ((4, 8) if args.quick else (2, 4, 8))
+    stages = args.stages or ((3,) if args.quick else (2, 3, 4))
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     results = []
-    for N, C, H, W in SHAPES:
+    for N, C, H, W in LARGE_SHAPES if args.shapes == "large" else SHAPES:
         g = torch.Generator(device="cuda").manual_seed(0)
         x = (torch.randn(N, C, H, W, device="cuda", generator=g) * 1.5 + 0.3).half()
         x = x.contiguous(memory_format=torch.channels_last)
@@ -85,8 +99,8 @@ def main():
         if single_pass_fits(H * W, C // GROUPS):
             variants["single"] = dict(path="single")
         for tile, nw, st in itertools.product(tiles, warps, stages):
-            variants[f"looped t{tile} w{nw} s{st}"] = dict(path="looped", tile_elems=tile,
-                                                          num_warps=nw, loop_stages=st)
+            variants[f"looped t{tile} w{nw} s{st}"] = dict(path="looped", tile_elems=tile, num_warps=nw,
+                                                          loop_stages=st)
         row = {"shape": [N, C, H, W], "us": {}, "max_err": {}}
         for name, kw in variants.items():
             try:
