@@ -128,6 +128,80 @@ if triton is not None:
             return v
         return tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
 
+    @triton.jit
+    def _input_tile(x_ptr, x2_ptr, skip_ptr, offs, n, rows, c, mask, add, HW, C1, C2,
+                    HAS_X2: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr):
+        """x (+ skip) (+ add[c]) over one tile, in fp32."""
+        v = _load_input(x_ptr, x2_ptr, offs, n, rows, c, mask, HW, C1, C2, HAS_X2)
+        if HAS_SKIP:
+            v += tl.load(skip_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_ADD:
+            v += add[None, :]
+        return v
+
+    @triton.jit
+    def _channel_moments(
+        x_ptr, x2_ptr, skip_ptr, sum_ptr, base, n, row_start, row_end, c, c_ok, add, HW, C1, C2,
+        stride_c, stride_hw,
+        BLOCK_HW: tl.constexpr, BLOCK_C: tl.constexpr,
+        HAS_X2: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, WRITE_SUM: tl.constexpr,
+        LOOP_STAGES: tl.constexpr,
+    ):
+        """Per channel, the mean and M2 (sum of squared deviations) of the input over rows [row_start, row_end);
+        with WRITE_SUM the input sum is also stored, rounded, and the rounded values are what is measured.
+
+        Shifted sums: accumulate d = v - K and d^2 elementwise in registers (no cross-thread traffic inside the
+        loop), K = the first row. Then with r rows: mean = K + S1/r, M2 = S2 - S1^2/r; K is a sample of the data,
+        so |mean - K| ~ std and S2 - S1^2/r does not cancel the way E[x^2] - mean^2 does."""
+        one_row = row_start + tl.arange(0, 1)
+        first = base + one_row[:, None] * stride_hw + c[None, :] * stride_c
+        shift = tl.sum(_input_tile(x_ptr, x2_ptr, skip_ptr, first, n, one_row, c, c_ok[None, :], add, HW, C1, C2,
+                                   HAS_X2, HAS_SKIP, HAS_ADD), axis=0)
+        acc1 = tl.zeros([BLOCK_HW, BLOCK_C], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_HW, BLOCK_C], dtype=tl.float32)
+        for r0 in tl.range(row_start, row_end, BLOCK_HW, num_stages=LOOP_STAGES):
+            rows = r0 + tl.arange(0, BLOCK_HW)
+            mask = (rows < row_end)[:, None] & c_ok[None, :]
+            offs = base + rows[:, None] * stride_hw + c[None, :] * stride_c
+            v = _input_tile(x_ptr, x2_ptr, skip_ptr, offs, n, rows, c, mask, add, HW, C1, C2,
+                            HAS_X2, HAS_SKIP, HAS_ADD)
+            if WRITE_SUM:
+                # Normalize the rounded sum the caller gets back: y == GN(s).
+                s = v.to(sum_ptr.dtype.element_ty)
+                tl.store(sum_ptr + offs, s, mask=mask)
+                v = s.to(tl.float32)
+            d = tl.where(mask, v - shift[None, :], 0.0)
+            acc1 += d
+            acc2 += d * d
+        rows_here = (row_end - row_start).to(tl.float32)
+        s1 = tl.sum(acc1, axis=0)
+        mean = shift + s1 / rows_here
+        m2 = tl.maximum(tl.sum(acc2, axis=0) - s1 * s1 / rows_here, 0.0)
+        return mean, m2
+
+    @triton.jit
+    def _normalize_rows(
+        x_ptr, x2_ptr, skip_ptr, sum_ptr, out_ptr, base, n, row_start, row_end, c, c_ok, add,
+        mean_c, scale, shift, out_scale, HW, C1, C2, stride_c, stride_hw,
+        BLOCK_HW: tl.constexpr, HAS_X2: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr,
+        READ_SUM: tl.constexpr, APPLY_SILU: tl.constexpr, LOOP_STAGES: tl.constexpr,
+    ):
+        """out = act((v - mean_c) * scale + shift) * out_scale over rows [row_start, row_end), v the stored sum
+        (READ_SUM) or the input. (Subtracting the mean first keeps digits when |mean| >> std.)"""
+        for r0 in tl.range(row_start, row_end, BLOCK_HW, num_stages=LOOP_STAGES):
+            rows = r0 + tl.arange(0, BLOCK_HW)
+            mask = (rows < row_end)[:, None] & c_ok[None, :]
+            offs = base + rows[:, None] * stride_hw + c[None, :] * stride_c
+            if READ_SUM:
+                v = tl.load(sum_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            else:
+                v = _input_tile(x_ptr, x2_ptr, skip_ptr, offs, n, rows, c, mask, add, HW, C1, C2,
+                                HAS_X2, HAS_SKIP, HAS_ADD)
+            y = (v - mean_c[None, :]) * scale[None, :] + shift[None, :]
+            if APPLY_SILU:
+                y = y * tl.sigmoid(y)
+            tl.store(out_ptr + offs, (y * out_scale).to(out_ptr.dtype.element_ty), mask=mask)
+
     # Sizes are not specialized on: no recompile per resolution or batch (kernels/__init__.py).
     @triton.jit(do_not_specialize=["HW", "rows_per_chunk", "num_chunks"])
     def _group_norm_stats_kernel(
@@ -146,48 +220,16 @@ if triton is not None:
         c = cblock * (GROUPS_PER_BLOCK * GROUP_SIZE) + j
         c_ok = (j < GROUPS_PER_BLOCK * GROUP_SIZE) & (c < C)
         base = n.to(tl.int64) * stride_n
+        add = tl.zeros([BLOCK_C], dtype=tl.float32)
         if HAS_ADD:
             add = tl.load(add_ptr + n * stride_add_n + c * stride_add_c, mask=c_ok, other=0.0).to(tl.float32)
 
         row_start = chunk * rows_per_chunk
         row_end = tl.minimum(row_start + rows_per_chunk, HW)
-
-        # Shifted sums: accumulate d = v - K and d^2 elementwise in registers
-        # (no cross-thread traffic inside the loop), K = the chunk's first row.
-        # Then per channel, with r rows: mean = K + S1/r, M2 = S2 - S1^2/r;
-        # K is a sample of the data, so |mean - K| ~ std and S2 - S1^2/r
-        # does not cancel the way E[x^2] - mean^2 does.
-        first = base + row_start * stride_hw + c * stride_c
-        one_row = row_start + tl.arange(0, 1)
-        shift = tl.sum(_load_input(x_ptr, x2_ptr, first[None, :], n, one_row, c, c_ok[None, :], HW, C1, C2, HAS_X2),
-                       axis=0)
-        if HAS_SKIP:
-            shift += tl.load(skip_ptr + first, mask=c_ok, other=0.0).to(tl.float32)
-        if HAS_ADD:
-            shift += add
-        acc1 = tl.zeros([BLOCK_HW, BLOCK_C], dtype=tl.float32)
-        acc2 = tl.zeros([BLOCK_HW, BLOCK_C], dtype=tl.float32)
-        for r0 in tl.range(row_start, row_end, BLOCK_HW, num_stages=LOOP_STAGES):
-            rows = r0 + tl.arange(0, BLOCK_HW)
-            mask = (rows < row_end)[:, None] & c_ok[None, :]
-            offs = base + rows[:, None] * stride_hw + c[None, :] * stride_c
-            v = _load_input(x_ptr, x2_ptr, offs, n, rows, c, mask, HW, C1, C2, HAS_X2)
-            if HAS_SKIP:
-                v += tl.load(skip_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            if HAS_ADD:
-                v += add[None, :]
-            if WRITE_SUM:
-                # Normalize the rounded sum the caller gets back: y == GN(s).
-                s = v.to(sum_ptr.dtype.element_ty)
-                tl.store(sum_ptr + offs, s, mask=mask)
-                v = s.to(tl.float32)
-            d = tl.where(mask, v - shift[None, :], 0.0)
-            acc1 += d
-            acc2 += d * d
+        mean, m2 = _channel_moments(x_ptr, x2_ptr, skip_ptr, sum_ptr, base, n, row_start, row_end, c, c_ok, add,
+                                    HW, C1, C2, stride_c, stride_hw, BLOCK_HW, BLOCK_C,
+                                    HAS_X2, HAS_SKIP, HAS_ADD, WRITE_SUM, LOOP_STAGES)
         rows_here = (row_end - row_start).to(tl.float32)
-        s1 = tl.sum(acc1, axis=0)
-        mean = shift + s1 / rows_here
-        m2 = tl.maximum(tl.sum(acc2, axis=0) - s1 * s1 / rows_here, 0.0)
 
         # Channels -> groups. Every channel saw the same row count r, so
         #   mean_g = avg_c mean_c,  M2_g = sum_c [M2_c + r (mean_c - mean_g)^2].
@@ -252,7 +294,6 @@ if triton is not None:
         g_rstd = tl.rsqrt(g_var + eps)
 
         # Groups -> channels: y = (v - mean) * scale + shift, scale = rstd * weight.
-        # (Subtracting the mean first keeps digits when |mean| >> std.)
         j = tl.arange(0, BLOCK_C)
         c = cblock * (GROUPS_PER_BLOCK * GROUP_SIZE) + j
         c_ok = (j < GROUPS_PER_BLOCK * GROUP_SIZE) & (c < C)
@@ -265,28 +306,15 @@ if triton is not None:
             shift = tl.load(bias_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
         else:
             shift = tl.zeros([BLOCK_C], dtype=tl.float32)
+        add = tl.zeros([BLOCK_C], dtype=tl.float32)
         if HAS_ADD:
             add = tl.load(add_ptr + n * stride_add_n + c * stride_add_c, mask=c_ok, other=0.0).to(tl.float32)
 
-        base = n.to(tl.int64) * stride_n
         row_start = chunk * rows_per_chunk
-        row_end = tl.minimum(row_start + rows_per_chunk, HW)
-        for r0 in tl.range(row_start, row_end, BLOCK_HW, num_stages=LOOP_STAGES):
-            rows = r0 + tl.arange(0, BLOCK_HW)
-            mask = (rows < row_end)[:, None] & c_ok[None, :]
-            offs = base + rows[:, None] * stride_hw + c[None, :] * stride_c
-            if READ_SUM:
-                v = tl.load(sum_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            else:
-                v = _load_input(x_ptr, x2_ptr, offs, n, rows, c, mask, HW, C1, C2, HAS_X2)
-                if HAS_SKIP:
-                    v += tl.load(skip_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-                if HAS_ADD:
-                    v += add[None, :]
-            y = (v - mean_c[None, :]) * scale[None, :] + shift[None, :]
-            if APPLY_SILU:
-                y = y * tl.sigmoid(y)
-            tl.store(out_ptr + offs, (y * out_scale).to(out_ptr.dtype.element_ty), mask=mask)
+        _normalize_rows(x_ptr, x2_ptr, skip_ptr, sum_ptr, out_ptr, n.to(tl.int64) * stride_n, n, row_start,
+                        tl.minimum(row_start + rows_per_chunk, HW), c, c_ok, add, mean_c, scale, shift, out_scale,
+                        HW, C1, C2, stride_c, stride_hw, BLOCK_HW, HAS_X2, HAS_SKIP, HAS_ADD, READ_SUM, APPLY_SILU,
+                        LOOP_STAGES)
 
     @triton.jit(do_not_specialize=["HW"])
     def _group_norm_single_kernel(
@@ -347,39 +375,15 @@ if triton is not None:
         c = g * GROUP_SIZE + j
         c_ok = j < GROUP_SIZE
         base = n.to(tl.int64) * stride_n
+        add = tl.zeros([BLOCK_C], dtype=tl.float32)
         if HAS_ADD:
             add = tl.load(add_ptr + n * stride_add_n + c * stride_add_c, mask=c_ok, other=0.0).to(tl.float32)
 
-        # Shifted sums per channel (K = the first row), as in the statistics pass of the split kernels.
-        one_row = tl.arange(0, 1)
-        shift = tl.sum(_load_input(x_ptr, x2_ptr, base + c[None, :] * stride_c, n, one_row, c, c_ok[None, :],
-                                   HW, C1, C2, HAS_X2), axis=0)
-        if HAS_SKIP:
-            shift += tl.load(skip_ptr + base + c * stride_c, mask=c_ok, other=0.0).to(tl.float32)
-        if HAS_ADD:
-            shift += add
-        acc1 = tl.zeros([BLOCK_HW, BLOCK_C], dtype=tl.float32)
-        acc2 = tl.zeros([BLOCK_HW, BLOCK_C], dtype=tl.float32)
-        for r0 in tl.range(0, HW, BLOCK_HW, num_stages=LOOP_STAGES):
-            rows = r0 + tl.arange(0, BLOCK_HW)
-            mask = (rows < HW)[:, None] & c_ok[None, :]
-            offs = base + rows[:, None] * stride_hw + c[None, :] * stride_c
-            v = _load_input(x_ptr, x2_ptr, offs, n, rows, c, mask, HW, C1, C2, HAS_X2)
-            if HAS_SKIP:
-                v += tl.load(skip_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            if HAS_ADD:
-                v += add[None, :]
-            if WRITE_SUM:
-                s = v.to(sum_ptr.dtype.element_ty)  # normalize the rounded sum the caller gets back
-                tl.store(sum_ptr + offs, s, mask=mask)
-                v = s.to(tl.float32)
-            d = tl.where(mask, v - shift[None, :], 0.0)
-            acc1 += d
-            acc2 += d * d
+        mean_c, m2_c = _channel_moments(x_ptr, x2_ptr, skip_ptr, sum_ptr, base, n, 0, HW, c, c_ok, add,
+                                        HW, C1, C2, stride_c, stride_hw, BLOCK_HW, BLOCK_C,
+                                        HAS_X2, HAS_SKIP, HAS_ADD, WRITE_SUM, LOOP_STAGES)
+        # Channels -> the group (every channel saw all HW rows): Chan's merge, as in the split kernels.
         rows_f = HW.to(tl.float32)
-        s1 = tl.sum(acc1, axis=0)
-        mean_c = shift + s1 / rows_f
-        m2_c = tl.maximum(tl.sum(acc2, axis=0) - s1 * s1 / rows_f, 0.0)
         mean = tl.sum(tl.where(c_ok, mean_c, 0.0), axis=0) / GROUP_SIZE
         dev = mean_c - mean
         m2 = tl.sum(tl.where(c_ok, m2_c + rows_f * dev * dev, 0.0), axis=0)
@@ -393,23 +397,9 @@ if triton is not None:
             beta = tl.zeros([BLOCK_C], dtype=tl.float32)
         if WRITE_SUM:
             tl.debug_barrier()  # the sum this program stored is read back by other threads of it
-
-        for r0 in tl.range(0, HW, BLOCK_HW, num_stages=LOOP_STAGES):
-            rows = r0 + tl.arange(0, BLOCK_HW)
-            mask = (rows < HW)[:, None] & c_ok[None, :]
-            offs = base + rows[:, None] * stride_hw + c[None, :] * stride_c
-            if WRITE_SUM:
-                v = tl.load(sum_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            else:
-                v = _load_input(x_ptr, x2_ptr, offs, n, rows, c, mask, HW, C1, C2, HAS_X2)
-                if HAS_SKIP:
-                    v += tl.load(skip_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-                if HAS_ADD:
-                    v += add[None, :]
-            y = (v - mean) * scale[None, :] + beta[None, :]
-            if APPLY_SILU:
-                y = y * tl.sigmoid(y)
-            tl.store(out_ptr + offs, (y * out_scale).to(out_ptr.dtype.element_ty), mask=mask)
+        _normalize_rows(x_ptr, x2_ptr, skip_ptr, sum_ptr, out_ptr, base, n, 0, HW, c, c_ok, add,
+                        tl.zeros([BLOCK_C], dtype=tl.float32) + mean, scale, beta, out_scale, HW, C1, C2,
+                        stride_c, stride_hw, BLOCK_HW, HAS_X2, HAS_SKIP, HAS_ADD, WRITE_SUM, APPLY_SILU, LOOP_STAGES)
 
 
 # ----------------------------------------------------------------- launcher
