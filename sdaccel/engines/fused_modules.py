@@ -472,9 +472,10 @@ def _fuse_children(root: nn.Module, fp32_attention: bool) -> dict[str, int]:
         else:
             for key, value in _fuse_children(child, fp32_attention).items():
                 counts[key] += value
-            if FusedUpBlock.supports(child):  # after its own ResNet blocks were fused
-                setattr(root, name, FusedUpBlock(child))
-                counts["up_block"] += 1
+            for up_block in (FusedUpBlock, FusedCrossAttnUpBlock):
+                if up_block.supports(child):  # after its own ResNet blocks were fused
+                    setattr(root, name, up_block(child))
+                    counts["up_block"] += 1
     # The final norm + SiLU of a UNet or VAE decoder.
     norm_out, act = getattr(root, "conv_norm_out", None), getattr(root, "conv_act", None)
     if isinstance(norm_out, nn.GroupNorm) and act is not None and _silu(act):
@@ -485,21 +486,22 @@ def _fuse_children(root: nn.Module, fp32_attention: bool) -> dict[str, int]:
 
 
 class FusedUpBlock(nn.Module):
-    """A UNet up block (diffusers' UpBlock2D, CrossAttnUpBlock2D) whose fused ResNet blocks read the skip
-    connection in place (FusedResnetBlock's ``concat``) instead of after a torch.cat: one launch and one pass over
-    the concatenation less per block. The UNet's loop reads ``resnets`` and ``has_cross_attention`` from it, so
-    both pass through. FreeU (which the UNet's enable_freeu sets on this wrapper) and gradient checkpointing go
-    to diffusers' own forward."""
+    """A UNet up block (diffusers' UpBlock2D; FusedCrossAttnUpBlock below for CrossAttnUpBlock2D) whose fused
+    ResNet blocks read the skip connection in place (FusedResnetBlock's ``concat``) instead of after a torch.cat:
+    one launch and one pass over the concatenation less per block. The UNet's loop reads ``resnets`` and
+    ``has_cross_attention`` from it, so both pass through. FreeU (which the UNet's enable_freeu sets on this
+    wrapper) and gradient checkpointing go to diffusers' own forward."""
 
     FREEU = ("s1", "s2", "b1", "b2")
+    KIND = "UpBlock2D"
 
     def __init__(self, block: nn.Module):
         super().__init__()
         self.block = block
 
-    @staticmethod
-    def supports(block: nn.Module) -> bool:
-        return (type(block).__name__ in ("UpBlock2D", "CrossAttnUpBlock2D")
+    @classmethod
+    def supports(cls, block: nn.Module) -> bool:
+        return (type(block).__name__ == cls.KIND
                 and all(isinstance(r, FusedResnetBlock) and r.stream_scale == 1.0 for r in block.resnets))
 
     @property
@@ -510,33 +512,52 @@ class FusedUpBlock(nn.Module):
     def has_cross_attention(self) -> bool:
         return bool(getattr(self.block, "has_cross_attention", False))
 
-    def forward(self, hidden_states: torch.Tensor, res_hidden_states_tuple: tuple[torch.Tensor, ...],
-                temb: torch.Tensor | None = None, encoder_hidden_states: torch.Tensor | None = None,
-                cross_attention_kwargs=None, upsample_size=None, attention_mask=None, encoder_attention_mask=None,
-                *args, **kwargs) -> torch.Tensor:
+    def _needs_diffusers(self, extra_args: bool) -> bool:
+        """FreeU on, checkpointing or arguments this forward does not handle: diffusers' forward runs, with FreeU's
+        factors as last set (on this wrapper by the UNet's enable/disable_freeu, or on the block itself)."""
         b = self.block
-        cross = self.has_cross_attention
-        # FreeU's factors as last set, on this wrapper (the UNet's enable/disable_freeu) or on the block itself.
         freeu = {k: self.__dict__[k] if k in self.__dict__ else getattr(b, k, None) for k in self.FREEU}
-        if all(freeu.values()) or args or kwargs or (torch.is_grad_enabled() and b.gradient_checkpointing):
+        if all(freeu.values()) or extra_args or (torch.is_grad_enabled() and b.gradient_checkpointing):
             for k, value in freeu.items():
                 setattr(b, k, value)
-            if cross:
-                return b(hidden_states, res_hidden_states_tuple, temb, encoder_hidden_states, cross_attention_kwargs,
-                         upsample_size, attention_mask, encoder_attention_mask)
-            return b(hidden_states, res_hidden_states_tuple, temb, upsample_size, *args, **kwargs)
-        h = hidden_states
-        attentions = b.attentions if cross else [None] * len(b.resnets)
+            return True
+        return False
+
+    def _run(self, h: torch.Tensor, skips: tuple[torch.Tensor, ...], temb, upsample_size, attention_kwargs=None):
+        b = self.block
+        attentions = b.attentions if attention_kwargs is not None else [None] * len(b.resnets)
         for resnet, attn in zip(b.resnets, attentions):
-            h = resnet(h, temb, concat=res_hidden_states_tuple[-1])
-            res_hidden_states_tuple = res_hidden_states_tuple[:-1]
+            h = resnet(h, temb, concat=skips[-1])
+            skips = skips[:-1]
             if attn is not None:
-                h = attn(h, encoder_hidden_states=encoder_hidden_states, cross_attention_kwargs=cross_attention_kwargs,
-                         attention_mask=attention_mask, encoder_attention_mask=encoder_attention_mask,
-                         return_dict=False)[0]
+                h = attn(h, return_dict=False, **attention_kwargs)[0]
         for upsampler in b.upsamplers or ():
             h = upsampler(h, upsample_size)
         return h
+
+    def forward(self, hidden_states: torch.Tensor, res_hidden_states_tuple: tuple[torch.Tensor, ...],
+                temb: torch.Tensor | None = None, upsample_size=None, *args, **kwargs) -> torch.Tensor:
+        if self._needs_diffusers(bool(args or kwargs)):
+            return self.block(hidden_states, res_hidden_states_tuple, temb, upsample_size, *args, **kwargs)
+        return self._run(hidden_states, res_hidden_states_tuple, temb, upsample_size)
+
+
+class FusedCrossAttnUpBlock(FusedUpBlock):
+    """FusedUpBlock for diffusers' CrossAttnUpBlock2D: the same, with its transformers between the ResNet blocks."""
+
+    KIND = "CrossAttnUpBlock2D"
+
+    def forward(self, hidden_states: torch.Tensor, res_hidden_states_tuple: tuple[torch.Tensor, ...],
+                temb: torch.Tensor | None = None, encoder_hidden_states: torch.Tensor | None = None,
+                cross_attention_kwargs=None, upsample_size=None, attention_mask=None,
+                encoder_attention_mask=None) -> torch.Tensor:
+        if self._needs_diffusers(False):
+            return self.block(hidden_states, res_hidden_states_tuple, temb, encoder_hidden_states,
+                              cross_attention_kwargs, upsample_size, attention_mask, encoder_attention_mask)
+        attention_kwargs = dict(encoder_hidden_states=encoder_hidden_states,
+                                cross_attention_kwargs=cross_attention_kwargs, attention_mask=attention_mask,
+                                encoder_attention_mask=encoder_attention_mask)
+        return self._run(hidden_states, res_hidden_states_tuple, temb, upsample_size, attention_kwargs)
 
 
 class FusedUpsample2D(nn.Module):

@@ -210,7 +210,8 @@ if triton is not None:
         stride_n, stride_c, stride_hw, stride_add_n, stride_add_c,
         GROUP_SIZE: tl.constexpr, GROUPS_PER_BLOCK: tl.constexpr,
         BLOCK_HW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
-        HAS_X2: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, WRITE_SUM: tl.constexpr, LOOP_STAGES: tl.constexpr,
+        HAS_X2: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, WRITE_SUM: tl.constexpr,
+        LOOP_STAGES: tl.constexpr,
     ):
         chunk = tl.program_id(0)
         cblock = tl.program_id(1)
@@ -333,12 +334,10 @@ if triton is not None:
         rows = tl.arange(0, BLOCK_HW)
         mask = (rows < HW)[:, None] & c_ok[None, :]
         offs = n.to(tl.int64) * stride_n + rows[:, None] * stride_hw + c[None, :] * stride_c
-        v = _load_input(x_ptr, x2_ptr, offs, n, rows, c, mask, HW, C1, C2, HAS_X2)
-        if HAS_SKIP:
-            v += tl.load(skip_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        add = tl.zeros([BLOCK_C], dtype=tl.float32)
         if HAS_ADD:
             add = tl.load(add_ptr + n * stride_add_n + c * stride_add_c, mask=c_ok, other=0.0).to(tl.float32)
-            v += add[None, :]
+        v = _input_tile(x_ptr, x2_ptr, skip_ptr, offs, n, rows, c, mask, add, HW, C1, C2, HAS_X2, HAS_SKIP, HAS_ADD)
         if WRITE_SUM:
             s = v.to(sum_ptr.dtype.element_ty)  # normalize the rounded sum the caller gets back
             tl.store(sum_ptr + offs, s, mask=mask)
@@ -356,7 +355,6 @@ if triton is not None:
         if APPLY_SILU:
             y = y * tl.sigmoid(y)
         tl.store(out_ptr + offs, (y * out_scale).to(out_ptr.dtype.element_ty), mask=mask)
-
 
     @triton.jit(do_not_specialize=["HW"])
     def _group_norm_looped_kernel(
@@ -573,19 +571,23 @@ def launch_group_norm(
         path = "single" if single_pass_fits(HW, group_size) else "looped" if looped_fits(HW) else "split"
     if path not in ("single", "looped", "split"):
         raise ValueError(f"unknown group_norm path {path!r}")
+    # The single-pass and looped kernels (grid: groups x samples) take the same arguments.
+    group_args = (
+        *sources, skip if skip is not None else dummy, add if add is not None else dummy,
+        s if s is not None else dummy, weight if weight is not None else dummy, bias if bias is not None else dummy,
+        out, HW, C, C1, C2, eps, out_scale, *strides, *add_strides,
+    )
+    group_flags = dict(
+        GROUP_SIZE=group_size, HAS_X2=concat is not None, HAS_SKIP=skip is not None, HAS_ADD=add is not None,
+        WRITE_SUM=write_sum, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, APPLY_SILU=silu,
+    )
     if path == "single":
         if not single_pass_fits(HW, group_size):
             raise ValueError(f"a group of {HW} x {group_size} values is too large for the single-pass kernel")
         block_hw, block_c = next_pow2(HW), next_pow2(group_size)
         launchable(_group_norm_single_kernel, traceable)[(num_groups, N)](
-            *sources, skip if skip is not None else dummy, add if add is not None else dummy,
-            s if s is not None else dummy,
-            weight if weight is not None else dummy, bias if bias is not None else dummy, out,
-            HW, C, C1, C2, eps, out_scale, *strides, *add_strides,
-            GROUP_SIZE=group_size, BLOCK_HW=block_hw, BLOCK_C=block_c,
-            HAS_X2=concat is not None, HAS_SKIP=skip is not None, HAS_ADD=add is not None, WRITE_SUM=write_sum,
-            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, APPLY_SILU=silu,
-            num_warps=8 if block_hw * block_c > 4096 else 4,
+            *group_args, BLOCK_HW=block_hw, BLOCK_C=block_c, num_warps=8 if block_hw * block_c > 4096 else 4,
+            **group_flags,
         )
         return out, s
 
@@ -595,14 +597,8 @@ def launch_group_norm(
         if num_warps is None:  # few programs: more warps each to keep loads in flight (measured, see above)
             num_warps = 8 if N * num_groups < parallel_target(x) else 4
         launchable(_group_norm_looped_kernel, traceable)[(num_groups, N)](
-            *sources, skip if skip is not None else dummy, add if add is not None else dummy,
-            s if s is not None else dummy,
-            weight if weight is not None else dummy, bias if bias is not None else dummy, out,
-            HW, C, C1, C2, eps, out_scale, *strides, *add_strides,
-            GROUP_SIZE=group_size, BLOCK_HW=block_hw, BLOCK_C=block_c,
-            HAS_X2=concat is not None, HAS_SKIP=skip is not None, HAS_ADD=add is not None, WRITE_SUM=write_sum,
-            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, APPLY_SILU=silu,
-            LOOP_STAGES=LOOP_STAGES if loop_stages is None else loop_stages, num_warps=num_warps,
+            *group_args, BLOCK_HW=block_hw, BLOCK_C=block_c, num_warps=num_warps,
+            LOOP_STAGES=LOOP_STAGES if loop_stages is None else loop_stages, **group_flags,
         )
         return out, s
 

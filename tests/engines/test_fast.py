@@ -96,14 +96,14 @@ def test_up_blocks_read_skip_connections_in_place_and_keep_freeu():
     and unset through the UNet as diffusers users do, still applies: its factors reach diffusers' own forward."""
     import copy
 
-    from sdaccel.engines.fused_modules import FusedUpBlock
+    from sdaccel.engines.fused_modules import FusedCrossAttnUpBlock, FusedUpBlock
 
     comps = build_synthetic(get_spec("sd15-tiny"))
     unet = comps.unet
     reference = copy.deepcopy(unet)
     counts = fuse_modules(unet)
     assert counts["up_block"] == len(unet.up_blocks) >= 2
-    assert all(isinstance(block, FusedUpBlock) for block in unet.up_blocks)
+    assert {type(block) for block in unet.up_blocks} == {FusedUpBlock, FusedCrossAttnUpBlock}  # both forwards run
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 4, 16, 16, generator=gen)
     ctx = torch.randn(2, 77, unet.config.cross_attention_dim, generator=gen)
