@@ -501,8 +501,7 @@ class FusedUpBlock(nn.Module):
 
     @classmethod
     def supports(cls, block: nn.Module) -> bool:
-        return (type(block).__name__ == cls.KIND
-                and all(isinstance(r, FusedResnetBlock) and r.stream_scale == 1.0 for r in block.resnets))
+        return type(block).__name__ == cls.KIND and all(isinstance(r, FusedResnetBlock) for r in block.resnets)
 
     @property
     def resnets(self) -> nn.ModuleList:

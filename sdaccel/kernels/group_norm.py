@@ -565,22 +565,20 @@ def launch_group_norm(
     s = torch.empty_strided(out.shape, out.stride(), dtype=x.dtype, device=x.device) if write_sum else None
     # The kernels address out, s and skip (and x itself when there is no concat) by out's strides.
     strides = (out.stride(0), out.stride(1), _hw_stride(out))
-    sources = (x, concat if concat is not None else dummy)
+    # Every kernel takes the same input pointers first; absent ones are stood in for by x.
+    inputs = tuple(t if t is not None else dummy for t in (x, concat, skip, add, s))
+    affine = tuple(t if t is not None else dummy for t in (weight, bias))
+    has = dict(HAS_X2=concat is not None, HAS_SKIP=skip is not None, HAS_ADD=add is not None)
+    stages = LOOP_STAGES if loop_stages is None else loop_stages
 
     if path is None:
         path = "single" if single_pass_fits(HW, group_size) else "looped" if looped_fits(HW) else "split"
     if path not in ("single", "looped", "split"):
         raise ValueError(f"unknown group_norm path {path!r}")
-    # The single-pass and looped kernels (grid: groups x samples) take the same arguments.
-    group_args = (
-        *sources, skip if skip is not None else dummy, add if add is not None else dummy,
-        s if s is not None else dummy, weight if weight is not None else dummy, bias if bias is not None else dummy,
-        out, HW, C, C1, C2, eps, out_scale, *strides, *add_strides,
-    )
-    group_flags = dict(
-        GROUP_SIZE=group_size, HAS_X2=concat is not None, HAS_SKIP=skip is not None, HAS_ADD=add is not None,
-        WRITE_SUM=write_sum, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, APPLY_SILU=silu,
-    )
+    if path != "split":  # the single-pass and looped kernels (grid: groups x samples) take the same arguments
+        group_args = (*inputs, *affine, out, HW, C, C1, C2, eps, out_scale, *strides, *add_strides)
+        group_flags = dict(GROUP_SIZE=group_size, WRITE_SUM=write_sum, HAS_WEIGHT=weight is not None,
+                           HAS_BIAS=bias is not None, APPLY_SILU=silu, **has)
     if path == "single":
         if not single_pass_fits(HW, group_size):
             raise ValueError(f"a group of {HW} x {group_size} values is too large for the single-pass kernel")
@@ -597,8 +595,8 @@ def launch_group_norm(
         if num_warps is None:  # few programs: more warps each to keep loads in flight (measured, see above)
             num_warps = 8 if N * num_groups < parallel_target(x) else 4
         launchable(_group_norm_looped_kernel, traceable)[(num_groups, N)](
-            *group_args, BLOCK_HW=block_hw, BLOCK_C=block_c, num_warps=num_warps,
-            LOOP_STAGES=LOOP_STAGES if loop_stages is None else loop_stages, **group_flags,
+            *group_args, BLOCK_HW=block_hw, BLOCK_C=block_c, num_warps=num_warps, LOOP_STAGES=stages,
+            **group_flags,
         )
         return out, s
 
@@ -627,21 +625,15 @@ def launch_group_norm(
     grid = (num_chunks, num_cblocks, N)
     common = dict(
         GROUP_SIZE=group_size, GROUPS_PER_BLOCK=groups_per_block,
-        BLOCK_HW=block_hw, BLOCK_C=block_c, BLOCK_G=block_g,
-        HAS_X2=concat is not None, HAS_SKIP=skip is not None, HAS_ADD=add is not None, num_warps=num_warps or 4,
-        LOOP_STAGES=LOOP_STAGES if loop_stages is None else loop_stages,
+        BLOCK_HW=block_hw, BLOCK_C=block_c, BLOCK_G=block_g, num_warps=num_warps or 4, LOOP_STAGES=stages, **has,
     )
     launchable(_group_norm_stats_kernel, traceable)[grid](
-        *sources, skip if skip is not None else dummy, add if add is not None else dummy,
-        s if s is not None else dummy, part_mean, part_m2,
+        *inputs, part_mean, part_m2,
         HW, C, C1, C2, num_groups, rows_per_chunk, num_chunks, *strides, *add_strides,
         WRITE_SUM=write_sum, **common,
     )
     launchable(_group_norm_apply_kernel, traceable)[grid](
-        *sources, skip if skip is not None else dummy, add if add is not None else dummy,
-        s if s is not None else dummy,
-        weight if weight is not None else dummy, bias if bias is not None else dummy,
-        out, part_mean, part_m2,
+        *inputs, *affine, out, part_mean, part_m2,
         HW, C, C1, C2, num_groups, rows_per_chunk, num_chunks, eps, out_scale, *strides, *add_strides,
         CHUNK_TILE=CHUNK_TILE, READ_SUM=write_sum,
         HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, APPLY_SILU=silu,
