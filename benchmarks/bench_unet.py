@@ -15,6 +15,9 @@ Variants (the ablation ladder):
                  that times faster for the shape than cuBLAS + the GEGLU kernel (the default)
   fast-cudnn     fast with cuDNN for every convolution (no per-shape pick against im2col + cuBLAS GEMM); run it in
                  its own process (the picks are process-wide)
+  fast-cfgtwice  fast with share_cfg_prefix=False: the CFG batch's two halves computed in full (an even --batch is
+                 CFG's: the same latents twice; fast takes them once and computes the part before the first
+                 cross-attention once)
   fast-gnsplit   fast with every GroupNorm too large for the single-pass kernel on the split statistics + normalize
                  kernels (none on the looped kernel: one program per sample and group, one launch)
   compile-ro     torch.compile(mode="reduce-overhead"), compile time reported separately
@@ -57,12 +60,14 @@ def synchronize() -> None:
 
 
 def make_inputs(spec, batch: int, n: int = 3):
+    """Inputs as the pipeline makes them: an even batch is classifier-free guidance's, the same latents twice."""
     size = spec.unet["sample_size"]
     ctx = spec.unet["cross_attention_dim"]
     out = []
     for i in range(n):
         g = torch.Generator(DEVICE).manual_seed(100 + i)
-        x = torch.randn(batch, 4, size, size, device=DEVICE, generator=g)
+        x = torch.randn(batch // 2 if batch % 2 == 0 else batch, 4, size, size, device=DEVICE, generator=g)
+        x = torch.cat([x, x]) if batch % 2 == 0 else x
         c = torch.randn(batch, 77, ctx, device=DEVICE, generator=g)
         t = torch.tensor(900 - 300 * i, device=DEVICE)
         emb = ids = None
@@ -109,6 +114,7 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
         "fast-noattn": lambda: get_engine("fast", attention="sdpa"),
         "fast-nograph": lambda: get_engine("fast", cuda_graphs=False),
         "fast": lambda: get_engine("fast"),
+        "fast-cfgtwice": lambda: get_engine("fast", share_cfg_prefix=False),
         "fast-nocap": lambda: get_engine("fast", workspace_mb=0),  # cuDNN autotunes with all free memory
         "fast-ffpick": lambda: get_engine("fast", gemm_geglu="auto"),
         "fast-cudnn": lambda: get_engine("fast", conv="cudnn"),
@@ -151,6 +157,8 @@ def _measure_variant(name: str, spec, dtype, inputs, refs, args) -> dict:
     with torch.inference_mode():
         comps, engine, stages = build_variant(name, spec, dtype, args.onnx_folder)
         prepared = time.perf_counter() - t0
+        if stages.unet_takes_cfg_once and args.batch % 2 == 0:  # the latents once, as the pipeline passes them
+            inputs = [(x[:x.shape[0] // 2], *rest) for x, *rest in inputs]
         # Peak above the resident weights, from here on: what calling the UNet costs (building the synthetic
         # model in fp32 before casting would otherwise dominate every variant's peak).
         synchronize()

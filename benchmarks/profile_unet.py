@@ -95,6 +95,9 @@ def main():
                     help="fast: the feed-forward's GEMM + GEGLU as the engine's option of that name")
     ap.add_argument("--stage", choices=["unet", "decode"], default="unet",
                     help="decode: the VAE decoder instead (batch = images)")
+    ap.add_argument("--cfg-twice", action="store_true",
+                    help="fast: the CFG batch's halves both computed in full (the default computes their shared "
+                         "prefix once, as the engine does)")
     ap.add_argument("--by-shape", action="store_true",
                     help="also list the convolutions, GEMMs and SDPA calls of one call by input shape")
     ap.add_argument("--out")
@@ -111,6 +114,8 @@ def main():
     for i in range(3):
         g = torch.Generator("cuda").manual_seed(i)
         x = torch.randn(args.batch, 4, h, h, device="cuda", dtype=torch.float16, generator=g)
+        if args.stage == "unet" and args.batch % 2 == 0:  # CFG: the same latents for both halves
+            x = torch.cat([x[:args.batch // 2]] * 2)
         c = torch.randn(args.batch, 77, ctx_dim, device="cuda", dtype=torch.float16, generator=g)
         t = torch.tensor(500 + 10 * i, device="cuda")
         extra = {}
@@ -124,13 +129,16 @@ def main():
         unet = comps.vae.decoder.to(memory_format=torch.channels_last)
         inputs = [(x,) for x, *_ in inputs]
     if args.engine == "fast":
-        from sdaccel.engines.fused_modules import fuse_modules
-
         from sdaccel.engines import feed_forward
+        from sdaccel.engines.fused_modules import cfg_prefix_refusal, fuse_modules
 
         torch.backends.cudnn.benchmark = True
         feed_forward.set_autotune(args.gemm_geglu == "auto")
         print("fusions", fuse_modules(unet), flush=True)
+        refusal = "--cfg-twice" if args.cfg_twice else cfg_prefix_refusal(unet)
+        if args.stage == "unet" and args.batch % 2 == 0 and refusal is None:
+            inputs = [(x[:args.batch // 2], t, c, extra) for x, t, c, extra in inputs]  # as the engine's stage
+        print("CFG prefix", "shared" if refusal is None else f"not shared: {refusal}", flush=True)
 
     @torch.inference_mode()
     def eager(x, t=None, c=None, extra=None):

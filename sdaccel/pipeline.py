@@ -1,7 +1,8 @@
 """Text-to-image for every family: encode -> denoise -> decode, calling only the engine's stages.
 
 The loop never waits for the GPU: the scheduler gets host-side timesteps (computed once), the UNet a device tensor,
-guidance is one batched call (uncond + cond), and the only synchronisation is fetching the finished images.
+guidance is one batched call (uncond + cond; a UNet stage that shares the halves' common prefix takes the latents
+once), and the only synchronisation is fetching the finished images.
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ class Pipeline:
             steps = tqdm(steps, desc="denoising", unit="step", leave=False)
         for i in steps:
             t = timesteps_host[i]
-            model_in = torch.cat([latents, latents]) if cfg else latents
+            model_in = torch.cat([latents, latents]) if cfg and not self.stages.unet_takes_cfg_once else latents
             model_in = sched.scale_model_input(model_in, t)
             pred = self.stages.unet(model_in, timesteps_dev[i], cond.context, cond.text_embeds, cond.time_ids)
             if cfg:

@@ -27,6 +27,10 @@ class Stages:
     unet: UNetStage
     decode: DecodeStage
     info: dict[str, Any] = field(default_factory=dict)  # what the engine did, for reports (modes, fallbacks)
+    # True: with classifier-free guidance the UNet stage takes the latents once, B samples beside the 2B context
+    # (uncond first), and returns the 2B predictions, computing what the two halves share once (the fast engine's
+    # shared CFG prefix). False: the pipeline passes the latents twice, torch.cat([latents, latents]).
+    unet_takes_cfg_once: bool = False
 
 
 def weight_storages(components: Components) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:

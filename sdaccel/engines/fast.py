@@ -16,6 +16,11 @@ Options (each can be switched off for ablations):
   gemm_geglu   "split": the feed-forward's GEMM + GEGLU as cuBLAS + a GEGLU kernel; "auto": or one fused Triton
                GEMM-GEGLU kernel where it times faster for the shape (feed_forward.py). On an H100 it wins
                alone at K = 320 but bought nothing measurable in the UNet call, for 14 s of cold-start JIT: opt-in
+  share_cfg_prefix  with classifier-free guidance, the UNet takes the latents once beside the two contexts and
+               computes what both halves share once: everything before the first cross-attention (SD1.x/2.x: conv_in,
+               the first ResNet block, the first transformer's self-attention at 4096 tokens), then widens the batch
+               (fused_modules.cfg_prefix_refusal says when a UNet cannot: SDXL's time embedding carries the pooled
+               text, so its halves differ from the first block on)
   fp32_ops     ("attention",): q, k, v and softmax in fp32 (slower; for models whose attention overflows fp16)
   vae_dtype    "auto": the model's; for a VAE whose config says force_upcast (SDXL's, whose activations overflow
                fp16), fp16 with the decoder's activations scaled down by 2^-8, exactly (vae_scaling.py), or fp32
@@ -49,7 +54,7 @@ from .compile import cache_root
 from .cudagraph import input_signature
 from .engine_cache import EngineCache, environment, weights_digest
 from .eager import cast_stages, place_modules
-from .fused_modules import fuse_modules
+from .fused_modules import cfg_prefix_refusal, fuse_modules
 from .vae_scaling import STREAM_SCALE, rescale_decoder
 
 
@@ -104,7 +109,7 @@ class FastEngine(Engine):
     def __init__(self, fused: bool = True, cuda_graphs: bool = True, attention: str = "auto",
                  channels_last: bool = True, fp32_ops: tuple[str, ...] | list[str] = (), workspace_mb: int = 256,
                  gemm_geglu: str = "split", conv: str = "auto", vae_dtype: str = "auto",
-                 compile_workers: int | None = None, allow_cpu: bool = False):
+                 compile_workers: int | None = None, share_cfg_prefix: bool = True, allow_cpu: bool = False):
         unknown = set(fp32_ops) - FP32_OPS
         if unknown:
             raise UsageError(f"unknown fp32 op(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(FP32_OPS))}")
@@ -122,6 +127,7 @@ class FastEngine(Engine):
                                             or compile_workers < 0):
             raise UsageError(f"compile_workers must be an integer >= 0 (0: off), got {compile_workers!r}")
         self.compile_workers = compile_workers
+        self.share_cfg_prefix = share_cfg_prefix
         self.fp32_ops = tuple(sorted(fp32_ops))
         self.workspace_mb = workspace_mb
         self.gemm_geglu = gemm_geglu
@@ -197,7 +203,8 @@ class FastEngine(Engine):
         compile the kernels does not)."""
         return {"fused": self.fused, "cuda_graphs": self.cuda_graphs, "attention": self.attention,
                 "gemm_geglu": self.gemm_geglu, "conv": self.conv, "fp32_ops": list(self.fp32_ops),
-                "workspace_mb": self.workspace_mb, "vae_dtype": self.vae_dtype}
+                "workspace_mb": self.workspace_mb, "vae_dtype": self.vae_dtype,
+                "share_cfg_prefix": self.share_cfg_prefix}
 
     def _worker_count(self, device: torch.device) -> int:
         """How many processes compile a new shape's kernels; 0 where that is off or cannot work."""
@@ -291,12 +298,18 @@ class FastEngine(Engine):
         # The tensors the stages (and graphs captured from them) read: refresh_weights copies new values into them.
         self._weights = weight_storages(components)
         stages = cast_stages(components, dtype, vae_dtype)
+        cfg_once, refusal = False, "off"
+        if self.share_cfg_prefix:
+            refusal = cfg_prefix_refusal(components.unet) if self.fused else "needs the fused blocks"
+            cfg_once = refusal is None
         stages = Stages([self._compiling_first(f"text_encoder{i}", encode, device)
                          for i, encode in enumerate(stages.text_encoders)],
                         self._compiling_first("unet", stages.unet, device),
                         self._compiling_first("decode", stages.decode, device),
                         info=dict(stages.info, fusions=self.fusion_counts, parallel_compile=self.compile_reports,
-                                  notes=self.notes, vae_stream_scale=vae_scale))
+                                  notes=self.notes, vae_stream_scale=vae_scale,
+                                  cfg_prefix="shared" if cfg_once else f"not shared: {refusal}"),
+                        unet_takes_cfg_once=cfg_once)
         if not (self.cuda_graphs and device.type == "cuda"):
             return stages
         from .cudagraph import GraphedCallable
@@ -320,4 +333,5 @@ class FastEngine(Engine):
             graphed = GraphedCallable(encode, pool, **graph_opts)
             # Text embeddings are read at every step, after other graphs have replayed: hand out copies.
             encoders.append(lambda ids, g=graphed: tuple(t.clone() for t in g(ids)))
-        return Stages(encoders, unet, decode, info=dict(stages.info, graphs={"unet": unet, "decode": decode}))
+        return Stages(encoders, unet, decode, info=dict(stages.info, graphs={"unet": unet, "decode": decode}),
+                      unet_takes_cfg_once=stages.unet_takes_cfg_once)

@@ -73,6 +73,21 @@ def _conv_without_bias(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
 
 
+def repeat_batch(t: torch.Tensor, batch: int) -> torch.Tensor:
+    """`t` with its samples repeated up to `batch`, [t; t] for classifier-free guidance's two halves (the order
+    of torch.cat([latents, latents])), in t's memory format; `t` itself when it has `batch` samples already.
+
+    A UNet called with the latents once and the context twice (FastEngine's shared CFG prefix) computes at batch
+    B until the first cross-attention, where the halves start to differ; the fused blocks widen what they hand on
+    here, and what reaches them at B from before that point (a skip connection, the time embedding)."""
+    if t.shape[0] == batch:
+        return t
+    if t.shape[0] == 0 or batch % t.shape[0]:
+        raise UsageError(f"cannot repeat a batch of {t.shape[0]} to {batch}: the context's batch must be a multiple "
+                         "of the latents'")
+    return torch.cat([t] * (batch // t.shape[0]))
+
+
 class FusedResnetBlock(nn.Module):
     """GN+SiLU -> conv1 -> (+temb) GN+SiLU -> conv2 -> + shortcut, with the norms, SiLUs, biases and adds fused.
 
@@ -137,18 +152,21 @@ class FusedResnetBlock(nn.Module):
             h, x = group_norm(x, b.norm1.num_groups, b.norm1.weight, b.norm1.bias, b.norm1.eps, silu=True,
                               concat=concat, return_sum=True)
         has_temb = temb is not None and b.time_emb_proj is not None
+        batch = x.shape[0]
         if not self.split_biases:
             h = b.conv1(h)
             add = b.time_emb_proj(F.silu(temb)) if has_temb else None
         else:
             h = _conv_without_bias(b.conv1, h)
             if has_temb and self.time_projections is not None:
-                add = self.time_projections(temb, self)  # conv1's bias already added
+                add = self.time_projections(temb, self, batch)  # conv1's bias already added
             elif has_temb:
                 add = b.time_emb_proj(F.silu(temb))
                 add = add + b.conv1.bias if b.conv1.bias is not None else add
             else:  # (C,): broadcast over samples and positions by the kernel
                 add = scaled_bias(b.conv1.bias, s)
+        if add is not None and add.dim() == 2 and add.shape[0] not in (1, batch):
+            add = repeat_batch(add, batch)  # a time embedding of the latents once, h of both CFG halves
         h = group_norm(h, b.norm2.num_groups, b.norm2.weight, b.norm2.bias, b.norm2.eps * s * s, silu=True, add=add,
                        scale=s)
         if not self.split_biases:
@@ -180,6 +198,7 @@ class TimeEmbeddingProjections(nn.Module):
         self.register_buffer("packed_weight", packed, persistent=False)
         self.register_buffer("packed_bias", self._bias(), persistent=False)
         self._once = _OncePerCall()
+        self._repeated = _OncePerCall()
 
     @staticmethod
     def eligible(block: FusedResnetBlock) -> bool:
@@ -203,13 +222,18 @@ class TimeEmbeddingProjections(nn.Module):
         with torch.no_grad():
             self.packed_bias.copy_(self._bias())
 
-    def forward(self, temb: torch.Tensor, block: FusedResnetBlock) -> torch.Tensor:
+    def forward(self, temb: torch.Tensor, block: FusedResnetBlock, batch: int | None = None) -> torch.Tensor:
+        """This block's columns, for `batch` samples: a temb of the latents once (shared CFG prefix) is repeated
+        for both halves once per call, not per block (a batch of 1 needs nothing: the GroupNorm broadcasts it)."""
         out = self._once.get(temb, lambda: F.linear(F.silu(temb), self.packed_weight, self.packed_bias))
+        if batch is not None and out.shape[0] not in (1, batch):
+            out = self._repeated.get(temb, lambda: repeat_batch(out, batch))
         lo, hi = block.time_slice
         return out[:, lo:hi]
 
     def clear(self) -> None:
         self._once.clear()
+        self._repeated.clear()
 
 
 class ContextProjections(nn.Module):
@@ -358,6 +382,10 @@ class FusedTransformerBlock(nn.Module):
         a = F.linear(self.attn1(n), b.attn1.to_out[0].weight)
         n, h = layer_norm(a, b.norm2.weight, b.norm2.bias, b.norm2.eps, skip=h, input_bias=b.attn1.to_out[0].bias,
                           return_sum=True)
+        if context is not None and context.shape[0] != h.shape[0]:
+            # The latents came once for both CFG halves (repeat_batch): up to here they were the same, the
+            # cross-attention with the two contexts is where they part.
+            n, h = repeat_batch(n, context.shape[0]), repeat_batch(h, context.shape[0])
         proj_in, proj_out = b.ff.net[0].proj, b.ff.net[2]
         a = F.linear(self.attn2(n, context), b.attn2.to_out[0].weight)
         # The residual stream h comes back with the feed-forward's output bias already in it, so the last GEMM
@@ -401,8 +429,9 @@ class FusedTransformer2D(nn.Module):
         for block in self.blocks:
             tokens = block(tokens, encoder_hidden_states)
         residual = x.permute(0, 2, 3, 1).reshape(batch, height * width, channels)
+        residual = repeat_batch(residual, tokens.shape[0])  # the blocks widened the latents to both CFG halves
         out = bias_add(F.linear(tokens, self._linear_weight(m.proj_out)), m.proj_out.bias, residual)
-        out = out.view(batch, height, width, channels).permute(0, 3, 1, 2)  # NCHW view of NHWC memory
+        out = out.view(-1, height, width, channels).permute(0, 3, 1, 2)  # NCHW view of NHWC memory
         return Transformer2DModelOutput(sample=out) if return_dict else (out,)
 
 
@@ -534,8 +563,14 @@ class FusedUpBlock(nn.Module):
             h = upsampler(h, upsample_size)
         return h
 
+    @staticmethod
+    def _skips(hidden_states: torch.Tensor, skips: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        # A skip connection from before the shared CFG prefix ended (conv_in's output) holds the latents once.
+        return tuple(repeat_batch(skip, hidden_states.shape[0]) for skip in skips)
+
     def forward(self, hidden_states: torch.Tensor, res_hidden_states_tuple: tuple[torch.Tensor, ...],
                 temb: torch.Tensor | None = None, upsample_size=None, *args, **kwargs) -> torch.Tensor:
+        res_hidden_states_tuple = self._skips(hidden_states, res_hidden_states_tuple)
         if self._needs_diffusers(bool(args or kwargs)):
             return self.block(hidden_states, res_hidden_states_tuple, temb, upsample_size, *args, **kwargs)
         return self._run(hidden_states, res_hidden_states_tuple, temb, upsample_size)
@@ -550,6 +585,7 @@ class FusedCrossAttnUpBlock(FusedUpBlock):
                 temb: torch.Tensor | None = None, encoder_hidden_states: torch.Tensor | None = None,
                 cross_attention_kwargs=None, upsample_size=None, attention_mask=None,
                 encoder_attention_mask=None) -> torch.Tensor:
+        res_hidden_states_tuple = self._skips(hidden_states, res_hidden_states_tuple)
         if self._needs_diffusers(False):
             return self.block(hidden_states, res_hidden_states_tuple, temb, encoder_hidden_states,
                               cross_attention_kwargs, upsample_size, attention_mask, encoder_attention_mask)
@@ -655,3 +691,47 @@ class FusedSpatialAttention(nn.Module):
         residual = x.permute(0, 2, 3, 1).reshape(batch, height * width, channels)
         out = bias_add(out, bias, residual) if bias is not None else out + residual
         return out.view(batch, height, width, channels).permute(0, 3, 1, 2)  # NCHW view of NHWC memory
+
+
+# What a UNet call may pass the latents through at batch B beside a context of 2B (the shared CFG prefix): the fused
+# blocks, which widen what they hand on (repeat_batch), and modules that never meet the context or the time
+# embedding's per-sample values (containers whose forward only passes tensors on, plain layers, the time embedding).
+# A fused up block widens its skip connections, then runs its own blocks, which are checked like the rest.
+_PREFIX_SAFE_FUSED = (FusedResnetBlock, FusedTransformer2D, FusedUpsample2D, GroupNormSiLU,
+                      TimeEmbeddingProjections, ContextProjections)
+_PREFIX_SAFE_PLAIN = {"ModuleList", "Conv2d", "Linear", "SiLU", "Identity", "Timesteps", "TimestepEmbedding",
+                      "Downsample2D", "DownBlock2D", "CrossAttnDownBlock2D", "UNetMidBlock2DCrossAttn"}
+
+
+def cfg_prefix_refusal(unet: nn.Module) -> str | None:
+    """Why a fused UNet cannot take classifier-free guidance's latents once, B samples beside the 2B context
+    (uncond first), and compute what both halves share once (None: it can).
+
+    Both halves of a CFG call get the same latents and timestep; they differ only through the text, which enters at
+    the first cross-attention. Up to there (SD1.x/2.x: conv_in, the first ResNet block, the first transformer's
+    norm, input projection and self-attention at 4096 tokens) one half's computation is the other's. That holds only while the time embedding is the same for both (no class or added text embedding, as
+    SDXL's pooled text) and while every module that meets the context or a skip connection is a fused one that
+    widens the batch where it has to; diffusers' own attention would silently fold the 2B context into B samples."""
+    config = getattr(unet, "config", None)
+    if type(unet).__name__ != "UNet2DConditionModel" or config is None:
+        return f"{type(unet).__name__} is not a diffusers UNet2DConditionModel"
+    for key in ("class_embed_type", "addition_embed_type"):
+        if getattr(config, key, None) is not None:
+            return f"its time embedding takes {key}={getattr(config, key)!r}, which differs between the halves"
+
+    def first_unsafe(module: nn.Module, prefix: str) -> str | None:
+        for name, child in module.named_children():
+            path = f"{prefix}.{name}" if prefix else name
+            if isinstance(child, _PREFIX_SAFE_FUSED):
+                continue
+            if isinstance(child, FusedUpBlock):
+                found = first_unsafe(child.block, f"{path}.block")
+            elif type(child).__name__ in _PREFIX_SAFE_PLAIN:
+                found = first_unsafe(child, path)
+            else:
+                return f"{path} ({type(child).__name__}) is not a fused block"
+            if found:
+                return found
+        return None
+
+    return first_unsafe(unet, "")

@@ -126,6 +126,90 @@ def test_up_blocks_read_skip_connections_in_place_and_keep_freeu():
     torch.testing.assert_close(got_off, got, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("arch, images", [("sd15-tiny", 1), ("sd15-tiny", 2), ("sd21-tiny", 1), ("sdxl-tiny", 1)])
+def test_cfg_latents_once_give_both_halves_predictions(arch, images, exact_fp32):
+    """With guidance the fast UNet stage takes the latents once beside both contexts (uncond first) and returns
+    what eager returns for the latents twice. SDXL's time embedding carries the pooled text, so its halves differ
+    from the first block on: refused, the pipeline passes the latents twice. FreeU (up blocks on diffusers'
+    forward) must widen the skip connection of conv_in's output too."""
+    spec = get_spec(arch)
+    eager_comps, fast_comps = build_synthetic(spec), build_synthetic(spec)
+    eager = sdaccel.engines.get_engine("eager").prepare(eager_comps, torch.float32, torch.device("cpu"))
+    fast = FastEngine(allow_cpu=True).prepare(fast_comps, torch.float32, torch.device("cpu"))
+    assert fast.unet_takes_cfg_once == (not spec.is_xl)
+    assert fast.info["cfg_prefix"] == ("shared" if not spec.is_xl else
+                                       "not shared: its time embedding takes addition_embed_type='text_time', "
+                                       "which differs between the halves")
+    gen = torch.Generator().manual_seed(images)
+    x = torch.randn(images, 4, 16, 16, generator=gen)
+    t = torch.tensor(500)
+    ctx = torch.randn(2 * images, 77, spec.unet["cross_attention_dim"], generator=gen)
+    extra = (torch.randn(2 * images, spec.text_encoders[1].config["projection_dim"], generator=gen),
+             torch.tensor([[128, 128, 0, 0, 128, 128]] * 2 * images, dtype=torch.float32)) if spec.is_xl else ()
+    once = x if fast.unet_takes_cfg_once else torch.cat([x, x])
+    with torch.inference_mode():
+        want = eager.unet(torch.cat([x, x]), t, ctx, *extra)
+        got = fast.unet(once, t, ctx, *extra)
+        assert got.shape == want.shape == (2 * images, 4, 16, 16)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert not torch.allclose(got[:images], got[images:], atol=1e-3)  # the halves did part
+        if fast.unet_takes_cfg_once:  # FreeU: the up blocks run diffusers' forward, on widened skips too
+            for comps in (eager_comps, fast_comps):
+                comps.unet.enable_freeu(s1=0.9, s2=0.2, b1=1.5, b2=1.6)
+            want_freeu = eager.unet(torch.cat([x, x]), t, ctx)
+            got_freeu = fast.unet(x, t, ctx)
+            torch.testing.assert_close(got_freeu, want_freeu, rtol=1e-4, atol=1e-4)
+            assert not torch.allclose(got_freeu, got, atol=1e-3)
+
+
+def test_cfg_prefix_refused_where_an_unfused_block_would_meet_the_context():
+    """A transformer left to diffusers (a custom attention processor) would fold the 2B context into B samples:
+    the engine then says why and the pipeline passes the latents twice, with the same result as eager."""
+    from diffusers.models.attention_processor import AttnProcessor2_0
+
+    from sdaccel.engines.fused_modules import cfg_prefix_refusal
+
+    class UsersProcessor(AttnProcessor2_0):  # what the fused attention cannot vouch for
+        pass
+
+    def custom(comps):
+        comps.unet.up_blocks[1].attentions[0].transformer_blocks[0].attn2.set_processor(UsersProcessor())
+        return comps
+
+    engine = FastEngine(allow_cpu=True)
+    fast = sdaccel.Pipeline(custom(build_synthetic(get_spec("sd15-tiny"))), engine=engine, dtype="fp32")
+    assert not fast.stages.unet_takes_cfg_once
+    assert fast.stages.info["cfg_prefix"] == ("not shared: up_blocks.1.block.attentions.0 (Transformer2DModel) is "
+                                              "not a fused block")
+    assert (cfg_prefix_refusal(build_synthetic(get_spec("sd15-tiny")).unet)  # nothing fused
+            == "down_blocks.0.attentions.0 (Transformer2DModel) is not a fused block")
+    seen = []
+    stage = fast.stages.unet
+    fast.stages.unet = lambda sample, *a: seen.append(sample.shape[0]) or stage(sample, *a)
+    eager = sdaccel.Pipeline(custom(build_synthetic(get_spec("sd15-tiny"))), engine="eager", dtype="fp32")
+    a = eager("a cat", steps=2, scheduler="ddim", output="latent")
+    b = fast("a cat", steps=2, scheduler="ddim", output="latent")
+    assert seen == [2, 2]
+    torch.testing.assert_close(b.latents, a.latents, rtol=1e-4, atol=1e-4)
+
+
+def test_pipeline_passes_cfg_latents_once_to_a_stage_that_shares_the_prefix():
+    seen = []
+    fast = sdaccel.Pipeline(build_synthetic(get_spec("sd15-tiny")), engine=FastEngine(allow_cpu=True), dtype="fp32")
+    off = sdaccel.Pipeline(build_synthetic(get_spec("sd15-tiny")), dtype="fp32",
+                           engine=FastEngine(allow_cpu=True, share_cfg_prefix=False))
+    assert off.stages.info["cfg_prefix"] == "not shared: off" and not off.stages.unet_takes_cfg_once
+    for pipe in (fast, off):
+        stage = pipe.stages.unet
+        pipe.stages.unet = lambda sample, t, ctx, *a, stage=stage: seen.append((sample.shape[0], ctx.shape[0])) or \
+            stage(sample, t, ctx, *a)
+    a = fast("a cat", steps=1, scheduler="ddim", output="latent", batch_size=2)
+    b = off("a cat", steps=1, scheduler="ddim", output="latent", batch_size=2)
+    fast("a cat", steps=1, scheduler="ddim", output="latent", guidance=1.0)
+    assert seen == [(2, 4), (4, 4), (1, 1)]
+    torch.testing.assert_close(a.latents, b.latents, rtol=1e-4, atol=1e-4)
+
+
 def test_cross_attention_kv_is_one_gemm_recomputed_every_call():
     """All cross-attentions' K/V projections come from one packed weight (views, no copy), computed once per UNet
     call: a context changed in place between calls (a graph's static input is) is never served stale, also when
