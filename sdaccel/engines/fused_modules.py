@@ -709,9 +709,10 @@ def cfg_prefix_refusal(unet: nn.Module) -> str | None:
 
     Both halves of a CFG call get the same latents and timestep; they differ only through the text, which enters at
     the first cross-attention. Up to there (SD1.x/2.x: conv_in, the first ResNet block, the first transformer's
-    norm, input projection and self-attention at 4096 tokens) one half's computation is the other's. That holds only while the time embedding is the same for both (no class or added text embedding, as
-    SDXL's pooled text) and while every module that meets the context or a skip connection is a fused one that
-    widens the batch where it has to; diffusers' own attention would silently fold the 2B context into B samples."""
+    norm, input projection and self-attention at 4096 tokens) one half's computation is the other's. That holds
+    only while the time embedding is the same for both (no class or added text embedding, as SDXL's pooled text)
+    and while every module that meets the context or a skip connection is a fused one that widens the batch where
+    it has to; diffusers' own attention would silently fold the 2B context into B samples."""
     config = getattr(unet, "config", None)
     if type(unet).__name__ != "UNet2DConditionModel" or config is None:
         return f"{type(unet).__name__} is not a diffusers UNet2DConditionModel"
