@@ -7,7 +7,8 @@
 #   + attention pick      fast with fused=0: the fastest correct attention kernel per shape
 #   + fused kernels       fast with conv=cudnn: GroupNorm(+SiLU) NHWC, SkipLayerNorm, BiasSplitGelu, BiasAdd,
 #                         packed QKV/KV, time and text projections in one GEMM each
-#   + convolution pick    fast: cuDNN or im2col + one cuBLAS GEMM per convolution shape (the default engine)
+#   + convolution pick    fast with share_cfg_prefix=0: cuDNN or im2col + one cuBLAS GEMM per convolution shape
+#   + shared CFG prefix   fast: CFG's latents once, the halves' common prefix computed once (the default engine)
 #   benchmarks/run_ablation_gpu.sh [OUT_DIR]     env: RUNS (3), BATCH_SIZES (1,8)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,5 +30,6 @@ run() {  # NAME ENGINE [OPT...]
 run 1-eager eager
 run 2-graphs fast fast.fused=0 fast.attention=sdpa
 run 3-attention-pick fast fast.fused=0
-run 4-fused fast fast.conv=cudnn
-run 5-conv-pick fast
+run 4-fused fast fast.conv=cudnn fast.share_cfg_prefix=0
+run 5-conv-pick fast fast.share_cfg_prefix=0
+run 6-cfg-prefix fast
