@@ -235,6 +235,8 @@ class CompileWorkers:
         def drive(proc: subprocess.Popen) -> None:
             # One thread per worker: it hands the worker one kernel at a time and waits on the pipe (GIL released).
             try:
+                if proc.poll() is not None:  # died since it started: its "ready" line may still be in the pipe
+                    raise OSError(f"the worker exited (code {proc.returncode})")
                 if proc not in self._ready:
                     if not proc.stdout.readline():  # the worker has imported what compiling needs
                         raise OSError("the worker exited before it was ready")
