@@ -7,10 +7,14 @@ cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 
+has_gpu() {
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1
+}
+
 setup() {
   # torch first, chosen by hand: a bare `torch` requirement would pull a multi-GB CUDA build onto a CPU machine.
   if ! "$PY" -c "import torch" >/dev/null 2>&1; then
-    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    if has_gpu; then
       "$PY" -m pip install -q torch
     else
       "$PY" -m pip install -q torch==2.13.0
@@ -35,7 +39,7 @@ case "${1:-}" in
     # processes (pytest-xdist) take a 2-core CI machine from 21 to 13 minutes. With a GPU the GPU tests share one
     # card, so they run in one process. SDACCEL_TEST_WORKERS overrides the count (0: no workers).
     workers=()
-    if ! (command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1); then
+    if ! has_gpu; then
       workers=(-n "${SDACCEL_TEST_WORKERS:-2}")
     elif [ -n "${SDACCEL_TEST_WORKERS:-}" ]; then
       workers=(-n "$SDACCEL_TEST_WORKERS")

@@ -39,6 +39,7 @@ Options (each can be switched off for ablations):
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -333,5 +334,5 @@ class FastEngine(Engine):
             graphed = GraphedCallable(encode, pool, **graph_opts)
             # Text embeddings are read at every step, after other graphs have replayed: hand out copies.
             encoders.append(lambda ids, g=graphed: tuple(t.clone() for t in g(ids)))
-        return Stages(encoders, unet, decode, info=dict(stages.info, graphs={"unet": unet, "decode": decode}),
-                      unet_takes_cfg_once=stages.unet_takes_cfg_once)
+        return dataclasses.replace(stages, text_encoders=encoders, unet=unet, decode=decode,
+                                   info=dict(stages.info, graphs={"unet": unet, "decode": decode}))

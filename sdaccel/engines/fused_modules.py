@@ -78,8 +78,9 @@ def repeat_batch(t: torch.Tensor, batch: int) -> torch.Tensor:
     of torch.cat([latents, latents])), in t's memory format; `t` itself when it has `batch` samples already.
 
     A UNet called with the latents once and the context twice (FastEngine's shared CFG prefix) computes at batch
-    B until the first cross-attention, where the halves start to differ; the fused blocks widen what they hand on
-    here, and what reaches them at B from before that point (a skip connection, the time embedding)."""
+    B until the first cross-attention, where the halves start to differ. The fused blocks widen their activations
+    there, and later widen what still arrives at batch B from before that point (conv_in's skip connection, the
+    time embedding)."""
     if t.shape[0] == batch:
         return t
     if t.shape[0] == 0 or batch % t.shape[0]:
