@@ -23,7 +23,14 @@ def _is_triton_jit(decorator: ast.expr) -> bool:
 
 
 def _names(target: ast.expr) -> set[str]:
-    return {node.id for node in ast.walk(target) if isinstance(node, ast.Name)}
+    """The names an assignment (or a loop) binds: `a`, `a, b`, `*a`; not those inside `x[a] = ...` or `o.a = ...`."""
+    if isinstance(target, ast.Name):
+        return {target.id}
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return set().union(*(_names(element) for element in target.elts))
+    if isinstance(target, ast.Starred):
+        return _names(target.value)
+    return set()
 
 
 def loop_variables_reassigned(source: str) -> list[str]:
@@ -61,6 +68,9 @@ def test_the_rule_finds_what_it_is_for():
         "        k0 = tl.multiple_of(k0, B)\n"
         "    for i in range(n):\n"
         "        i += 1\n"
+        "    for j, m in pairs:\n"
+        "        x[j] = m\n"  # writes through j, does not rebind it
+        "        m, y = y, m\n"
         "@triton.jit\n"
         "def fine(n):\n"
         "    for k_block in range(n):\n"
@@ -69,4 +79,4 @@ def test_the_rule_finds_what_it_is_for():
         "    for i in range(n):\n"
         "        i = 0\n"
     )
-    assert loop_variables_reassigned(bad) == ["k:5 k0", "k:7 i"]
+    assert loop_variables_reassigned(bad) == ["k:5 k0", "k:7 i", "k:10 m"]
