@@ -60,11 +60,13 @@ def main():
             times[name] = us
             rows.append(dict(shape=f"{B}x{H}x{L}x{d}", impl=name, us=round(us, 2), max_rel_err=f"{err:.2e}",
                              gpu=torch.cuda.get_device_name()))
+        if not times:
+            continue
         floor_us = 2 * B * L * H * d * 2 / 3.35e12 * 1e6  # read q, write the output at 3.35 TB/s
         best = min(times, key=times.get)
         print(f"{B}x{H}x{L}x{d}: " + ", ".join(f"{n} {t:.1f}" for n, t in sorted(times.items(), key=lambda kv: kv[1]))
               + f" | best {best} | q+out at 3.35 TB/s {floor_us:.1f}", flush=True)
-    if args.csv:
+    if args.csv and rows:
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
