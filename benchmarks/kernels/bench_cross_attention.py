@@ -64,7 +64,7 @@ def main():
             continue
         floor_us = 2 * B * L * H * d * 2 / 3.35e12 * 1e6  # read q, write the output at 3.35 TB/s
         best = min(times, key=times.get)
-        print(f"{B}x{H}x{L}x{d}: " + ", ".join(f"{n} {t:.1f}" for n, t in sorted(times.items(), key=lambda kv: kv[1]))
+        print(f"{B}x{H}x{L}x{d}: " + ", ".join(f"{n} {t:.1f}" for n, t in sorted(times.items(), key=lambda item: item[1]))
               + f" | best {best} | q+out at 3.35 TB/s {floor_us:.1f}", flush=True)
     if args.csv and rows:
         with open(args.csv, "w", newline="") as f:
