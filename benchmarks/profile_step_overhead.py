@@ -63,24 +63,30 @@ def main():
     for _ in range(2):  # capture, tune, warm
         pipe.generate("a photo of a cat", **kw)
 
+    # The loop's UNet steps (Stages.unet_steps: the fast engine's loop plan, or the UNet stage), recorded.
     calls = []
-    unet = pipe.stages.unet
+    unet_steps = pipe.stages.unet_steps
 
-    def recording(*a):
-        out = unet(*a)
-        calls.append((a, out.clone()))
-        return out
+    def recording(*conditioning):
+        step = unet_steps(*conditioning)
 
-    pipe.stages.unet = recording
+        def recorded(i, sample):
+            out = step(i, sample)
+            calls.append((step, i, sample, out.clone()))
+            return out
+
+        return recorded
+
+    pipe.stages.unet_steps = recording
     loop_ms = cuda_ms(lambda: pipe.generate("a photo of a cat", **kw))
-    pipe.stages.unet = unet
+    pipe.stages.unet_steps = unet_steps
     with torch.inference_mode():  # the stage's static inputs are inference tensors
-        unet_ms = cuda_ms(lambda: [unet(*a) for a, _ in calls])
-    stored = calls[0][1]
-    pipe.stages.unet = lambda *a: stored  # noqa: E731 - the loop without the UNet's work
+        unet_ms = cuda_ms(lambda: [step(i, sample) for step, i, sample, _ in calls])
+    stored = calls[0][3]
+    pipe.stages.unet_steps = lambda *conditioning: lambda i, sample: stored  # the loop without the UNet's work
     rest_ms = cuda_ms(lambda: pipe.generate("a photo of a cat", **kw))
     kernels = kernels_of(lambda: pipe.generate("a photo of a cat", **kw))
-    pipe.stages.unet = unet
+    pipe.stages.unet_steps = unet_steps
     result = dict(arch=args.arch, batch=args.batch, scheduler=args.scheduler, steps=args.steps, engine=args.engine,
                   gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                   loop_ms=round(loop_ms, 2), unet_ms=round(unet_ms, 2), rest_ms=round(rest_ms, 2),

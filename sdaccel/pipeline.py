@@ -200,6 +200,7 @@ class Pipeline:
         timesteps_host = sched.timesteps.tolist()
         timesteps_dev = sched.timesteps.to(self.device, non_blocking=True)
         steps = range(len(timesteps_host))
+        unet = self.stages.unet_steps(timesteps_dev, cond.context, cond.text_embeds, cond.time_ids)
         if progress:
             from tqdm.auto import tqdm
 
@@ -208,7 +209,7 @@ class Pipeline:
             t = timesteps_host[i]
             model_in = torch.cat([latents, latents]) if cfg and not self.stages.unet_takes_cfg_once else latents
             model_in = sched.scale_model_input(model_in, t)
-            pred = self.stages.unet(model_in, timesteps_dev[i], cond.context, cond.text_embeds, cond.time_ids)
+            pred = unet(i, model_in)
             if cfg:
                 uncond, text = pred.chunk(2)
                 pred = uncond + guidance * (text - uncond)

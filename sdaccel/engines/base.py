@@ -18,6 +18,8 @@ from ..models.components import Components
 TextStage = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # ids -> (hidden states, pooled)
 # (latents, timestep, context, text_embeds, time_ids) -> model output; inputs in any float dtype, output fp32.
 UNetStage = Callable[..., torch.Tensor]
+# One image's denoising loop: (step index, latents) -> model output, as UNetStage's for that step's timestep.
+UNetStep = Callable[[int, torch.Tensor], torch.Tensor]
 DecodeStage = Callable[[torch.Tensor], torch.Tensor]  # scaled latents (fp32) -> image in [-1, 1] (fp32)
 
 
@@ -31,6 +33,16 @@ class Stages:
     # (uncond first), and returns the 2B predictions, computing what the two halves share once (the fast engine's
     # shared CFG prefix). False: the pipeline passes the latents twice, torch.cat([latents, latents]).
     unet_takes_cfg_once: bool = False
+    # Optional: (timesteps, context, text_embeds, time_ids) -> UNetStep for one image's loop, from an engine that
+    # computes what every step shares once before it (the fast engine's loop_plan.py). None: each step calls unet.
+    plan_loop: Callable[..., UNetStep] | None = None
+
+    def unet_steps(self, timesteps: torch.Tensor, context: torch.Tensor, text_embeds: torch.Tensor | None = None,
+                   time_ids: torch.Tensor | None = None) -> UNetStep:
+        """The UNet calls of one image's denoising loop over `timesteps` (on the device), with one conditioning."""
+        if self.plan_loop is not None:
+            return self.plan_loop(timesteps, context, text_embeds, time_ids)
+        return lambda i, sample: self.unet(sample, timesteps[i], context, text_embeds, time_ids)
 
 
 def weight_storages(components: Components) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:

@@ -21,6 +21,8 @@ Options (each can be switched off for ablations):
                the first ResNet block, the first transformer's self-attention at 4096 tokens), then widens the batch
                (fused_modules.cfg_prefix_refusal says when a UNet cannot: SDXL's time embedding carries the pooled
                text, so its halves differ from the first block on)
+  loop_plan    compute what every step of one image's loop shares once before it (loop_plan.py): the text
+               context's K/V for every cross-attention, and all steps' time projections in one GEMM
   fp32_ops     ("attention",): q, k, v and softmax in fp32 (slower; for models whose attention overflows fp16)
   vae_dtype    "auto": the model's; for a VAE whose config says force_upcast (SDXL's, whose activations overflow
                fp16), fp16 with the decoder's activations scaled down by 2^-8, exactly (vae_scaling.py), or fp32
@@ -56,6 +58,7 @@ from .cudagraph import input_signature
 from .engine_cache import EngineCache, environment, weights_digest
 from .eager import cast_stages, place_modules
 from .fused_modules import cfg_prefix_refusal, fuse_modules
+from .loop_plan import LoopPlanner, plan_refusal
 from .vae_scaling import STREAM_SCALE, rescale_decoder
 
 
@@ -110,7 +113,8 @@ class FastEngine(Engine):
     def __init__(self, fused: bool = True, cuda_graphs: bool = True, attention: str = "auto",
                  channels_last: bool = True, fp32_ops: tuple[str, ...] | list[str] = (), workspace_mb: int = 256,
                  gemm_geglu: str = "split", conv: str = "auto", vae_dtype: str = "auto",
-                 compile_workers: int | None = None, share_cfg_prefix: bool = True, allow_cpu: bool = False):
+                 compile_workers: int | None = None, share_cfg_prefix: bool = True, loop_plan: bool = True,
+                 allow_cpu: bool = False):
         unknown = set(fp32_ops) - FP32_OPS
         if unknown:
             raise UsageError(f"unknown fp32 op(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(FP32_OPS))}")
@@ -129,6 +133,7 @@ class FastEngine(Engine):
             raise UsageError(f"compile_workers must be an integer >= 0 (0: off), got {compile_workers!r}")
         self.compile_workers = compile_workers
         self.share_cfg_prefix = share_cfg_prefix
+        self.loop_plan = loop_plan
         self.fp32_ops = tuple(sorted(fp32_ops))
         self.workspace_mb = workspace_mb
         self.gemm_geglu = gemm_geglu
@@ -205,7 +210,7 @@ class FastEngine(Engine):
         return {"fused": self.fused, "cuda_graphs": self.cuda_graphs, "attention": self.attention,
                 "gemm_geglu": self.gemm_geglu, "conv": self.conv, "fp32_ops": list(self.fp32_ops),
                 "workspace_mb": self.workspace_mb, "vae_dtype": self.vae_dtype,
-                "share_cfg_prefix": self.share_cfg_prefix}
+                "share_cfg_prefix": self.share_cfg_prefix, "loop_plan": self.loop_plan}
 
     def _worker_count(self, device: torch.device) -> int:
         """How many processes compile a new shape's kernels; 0 where that is off or cannot work."""
@@ -299,20 +304,33 @@ class FastEngine(Engine):
         # The tensors the stages (and graphs captured from them) read: refresh_weights copies new values into them.
         self._weights = weight_storages(components)
         stages = cast_stages(components, dtype, vae_dtype)
+        raw_unet = stages.unet
         cfg_once, refusal = False, "off"
         if self.share_cfg_prefix:
             refusal = cfg_prefix_refusal(components.unet) if self.fused else "needs the fused blocks"
             cfg_once = refusal is None
+        no_plan = "off"
+        if self.loop_plan:
+            no_plan = plan_refusal(components.unet) if self.fused else "needs the fused blocks"
         stages = Stages([self._compiling_first(f"text_encoder{i}", encode, device)
                          for i, encode in enumerate(stages.text_encoders)],
                         self._compiling_first("unet", stages.unet, device),
                         self._compiling_first("decode", stages.decode, device),
                         info=dict(stages.info, fusions=self.fusion_counts, parallel_compile=self.compile_reports,
                                   notes=self.notes, vae_stream_scale=vae_scale,
-                                  cfg_prefix="shared" if cfg_once else f"not shared: {refusal}"),
+                                  cfg_prefix="shared" if cfg_once else f"not shared: {refusal}",
+                                  loop_plan="on" if no_plan is None else f"off: {no_plan}"),
                         unet_takes_cfg_once=cfg_once)
+
+        def plan_with(wrap):
+            if no_plan is not None:
+                return None
+            return LoopPlanner(components.unet, raw_unet, dtype,
+                               lambda fn: wrap(self._compiling_first("unet_loop", fn, device)))
+
         if not (self.cuda_graphs and device.type == "cuda"):
-            return stages
+            planner = plan_with(lambda fn: fn)
+            return dataclasses.replace(stages, plan_loop=planner)
         from .cudagraph import GraphedCallable
 
         pool = torch.cuda.graph_pool_handle()
@@ -328,11 +346,13 @@ class FastEngine(Engine):
         graph_opts = dict(before_capture=restore_replaced,
                           workspace_budget=self.workspace_mb * 2**20 if self.workspace_mb else None)
         unet = GraphedCallable(stages.unet, pool, on_capture=persist, **graph_opts)
+        planner = plan_with(lambda fn: GraphedCallable(fn, pool, on_capture=persist, **graph_opts))
         decode = GraphedCallable(stages.decode, pool, on_capture=persist, **graph_opts)
         encoders = []
         for encode in stages.text_encoders:
             graphed = GraphedCallable(encode, pool, **graph_opts)
             # Text embeddings are read at every step, after other graphs have replayed: hand out copies.
             encoders.append(lambda ids, g=graphed: tuple(t.clone() for t in g(ids)))
-        return dataclasses.replace(stages, text_encoders=encoders, unet=unet, decode=decode,
-                                   info=dict(stages.info, graphs={"unet": unet, "decode": decode}))
+        graphs = {"unet": unet, "decode": decode, **({"unet_loop": planner.call} if planner else {})}
+        return dataclasses.replace(stages, text_encoders=encoders, unet=unet, decode=decode, plan_loop=planner,
+                                   info=dict(stages.info, graphs=graphs))

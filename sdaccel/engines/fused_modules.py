@@ -200,6 +200,9 @@ class TimeEmbeddingProjections(nn.Module):
         self.register_buffer("packed_bias", self._bias(), persistent=False)
         self._once = _OncePerCall()
         self._repeated = _OncePerCall()
+        # A loop plan's buffer of this step's projections, computed with every step's before the loop (loop_plan.py):
+        # while set, forward slices it instead of computing.
+        self.pinned: torch.Tensor | None = None
 
     @staticmethod
     def eligible(block: FusedResnetBlock) -> bool:
@@ -226,11 +229,15 @@ class TimeEmbeddingProjections(nn.Module):
     def forward(self, temb: torch.Tensor, block: FusedResnetBlock, batch: int | None = None) -> torch.Tensor:
         """This block's columns, for `batch` samples: a temb of the latents once (shared CFG prefix) is repeated
         for both halves once per call, not per block (a batch of 1 needs nothing: the GroupNorm broadcasts it)."""
-        out = self._once.get(temb, lambda: F.linear(F.silu(temb), self.packed_weight, self.packed_bias))
+        out = self.pinned if self.pinned is not None else self._once.get(temb, lambda: self.project(temb))
         if batch is not None and out.shape[0] not in (1, batch):
             out = self._repeated.get(temb, lambda: repeat_batch(out, batch))
         lo, hi = block.time_slice
         return out[:, lo:hi]
+
+    def project(self, temb: torch.Tensor) -> torch.Tensor:
+        """(..., time embedding width) -> every block's projection (its bias and conv1's included), (..., sum)."""
+        return F.linear(F.silu(temb), self.packed_weight, self.packed_bias)
 
     def clear(self) -> None:
         self._once.clear()
@@ -257,6 +264,7 @@ class ContextProjections(nn.Module):
             start += rows
         self.register_buffer("packed_weight", packed, persistent=False)
         self._once = _OncePerCall()
+        self.pinned: torch.Tensor | None = None  # a loop plan's K/V of this image's context (as TimeEmbeddingProjections)
 
     @staticmethod
     def eligible(attentions: list[FusedAttention]) -> bool:
@@ -265,9 +273,13 @@ class ContextProjections(nn.Module):
                    and w.device == weights[0].device for w in weights)
 
     def forward(self, context: torch.Tensor, attention: FusedAttention) -> torch.Tensor:
-        out = self._once.get(context, lambda: F.linear(context, self.packed_weight))
+        out = self.pinned if self.pinned is not None else self._once.get(context, lambda: self.project(context))
         lo, hi = attention.kv_slice
         return out[..., lo:hi]
+
+    def project(self, context: torch.Tensor) -> torch.Tensor:
+        """(B, tokens, context width) -> every cross-attention's K and V, (B, tokens, sum of their widths)."""
+        return F.linear(context, self.packed_weight)
 
     def clear(self) -> None:
         self._once.clear()

@@ -22,6 +22,19 @@ def _storage_bytes(module: torch.nn.Module) -> int:
     return sum(seen.values())
 
 
+def spy_on_steps(pipe) -> list[tuple[int, int]]:
+    """What the pipeline hands the UNet at each step, as (latents batch, context batch): recorded where the loop's
+    steps come from (Stages.unet_steps: the fast engine's loop plan, or the UNet stage)."""
+    seen, unet_steps = [], pipe.stages.unet_steps
+
+    def steps(timesteps, context, *rest):
+        step = unet_steps(timesteps, context, *rest)
+        return lambda i, sample: seen.append((sample.shape[0], context.shape[0])) or step(i, sample)
+
+    pipe.stages.unet_steps = steps
+    return seen
+
+
 @pytest.fixture
 def exact_fp32():
     """On a GPU, fp32 convolutions default to TF32 in cuDNN (~1e-3 relative per conv), and the fast engine's
@@ -183,13 +196,11 @@ def test_cfg_prefix_refused_where_an_unfused_block_would_meet_the_context():
                                               "not a fused block")
     assert (cfg_prefix_refusal(build_synthetic(get_spec("sd15-tiny")).unet)  # nothing fused
             == "down_blocks.0.attentions.0 (Transformer2DModel) is not a fused block")
-    seen = []
-    stage = fast.stages.unet
-    fast.stages.unet = lambda sample, *a: seen.append(sample.shape[0]) or stage(sample, *a)
+    seen = spy_on_steps(fast)
     eager = sdaccel.Pipeline(custom(build_synthetic(get_spec("sd15-tiny"))), engine="eager", dtype="fp32")
     a = eager("a cat", steps=1, scheduler="ddim", output="latent")
     b = fast("a cat", steps=1, scheduler="ddim", output="latent")
-    assert seen == [2]
+    assert seen == [(2, 2)]
     torch.testing.assert_close(b.latents, a.latents, rtol=1e-4, atol=1e-4)
 
 
@@ -201,9 +212,7 @@ def test_pipeline_passes_cfg_latents_once_to_a_stage_that_shares_the_prefix():
     assert off.stages.info["cfg_prefix"] == "not shared: off" and not off.stages.unet_takes_cfg_once
     fast = sdaccel.Pipeline(build_synthetic(get_spec("sd15-tiny")), engine=FastEngine(allow_cpu=True), dtype="fp32")
     assert fast.stages.unet_takes_cfg_once
-    seen, stage = [], fast.stages.unet
-    fast.stages.unet = lambda sample, t, ctx, *a: seen.append((sample.shape[0], ctx.shape[0])) or stage(sample, t, ctx,
-                                                                                                        *a)
+    seen = spy_on_steps(fast)
     fast("a cat", steps=1, scheduler="ddim", output="latent")
     fast("a cat", steps=1, scheduler="ddim", output="latent", guidance=1.0)
     assert seen == [(1, 2), (1, 1)]
@@ -262,8 +271,9 @@ def test_fast_engine_on_gpu_matches_eager_and_reuses_graphs(arch):
     b = fast("a cat", steps=3, scheduler="ddim", output="tensor")
     c = fast("a dog", steps=3, scheduler="ddim", output="tensor", batch_size=2)
     fast("a cat", steps=3, scheduler="ddim", output="tensor")
-    graphs = fast.stages.info["graphs"]["unet"].graphs
+    graphs = fast.stages.info["graphs"]["unet_loop"].graphs
     assert len(graphs) == 2  # batch 1 and batch 2 (CFG doubles both), captured once each
+    assert fast.stages.info["graphs"]["unet"].graphs == {}  # the loop's steps come from its plan
     assert torch.isfinite(b.latents).all() and torch.isfinite(c.latents).all()
     err = (b.latents - a.latents).norm() / a.latents.norm()
     assert err < 2e-2
