@@ -4,17 +4,19 @@ Each step hands the UNet the same text context (for SDXL also the same pooled te
 loop's timesteps are known before it starts. Per call, the fused UNet computes every cross-attention's K and V of
 the 77 text tokens (ContextProjections: one GEMM over a packed weight of 38 MB for SD1.5, 681 MB for SDXL's seventy
 cross-attentions) and every ResNet block's time projection (TimeEmbeddingProjections: one GEMM over 52 MB for SD1.5),
-about 50 us of SD1.5's 5.8 ms call on an H100 at CFG batch 2. A plan computes the K/V once per image, and the time
-projections of all the loop's steps in one GEMM; each step then only copies its row of projections into the buffer
-that the shared modules read in their pinned mode, instead of computing them.
+about 50 us of SD1.5's 5.8 ms call on an H100 at CFG batch 2, and before them the time embedding itself (sinusoid,
+MLP; SDXL's size conditioning too), a dozen small kernels. A plan computes the K/V once per image, and the time
+embeddings and projections of all the loop's steps at once; each step then only copies its row into a buffer that
+the shared modules read in their pinned mode, and the time embedding's modules return, instead of computing.
 
-The buffers belong to the plan, one pair per shape, and are reused by every later image of that shape: a captured
+The buffers belong to the plan, one set per shape, and are reused by every later image of that shape: a captured
 CUDA graph reads them at the addresses it saw when it was captured.
 """
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -34,6 +36,10 @@ def plan_refusal(unet: nn.Module) -> str | None:
         return "the UNet projects its text context first (encoder_hid_proj)"
     config = getattr(unet, "config", None)
     if time is not None:
+        needed = ("time_proj", "time_embedding") + (("add_time_proj", "add_embedding")
+                                                    if getattr(config, "addition_embed_type", None) == "text_time" else ())
+        if not all(isinstance(getattr(unet, name, None), nn.Module) for name in needed):
+            return f"the UNet lacks one of {', '.join(needed)}"
         if getattr(unet, "class_embedding", None) is not None:
             return "the UNet's time embedding takes class labels"
         if getattr(config, "addition_embed_type", None) not in (None, "text_time"):
@@ -55,6 +61,47 @@ def _pinned(module: ContextProjections | TimeEmbeddingProjections | None, value:
         module.pinned = None
 
 
+@contextlib.contextmanager
+def _returning(outputs: list[tuple[nn.Module, torch.Tensor]]):
+    """Each module's call returns its tensor without computing (an instance-level forward, then the one before)."""
+    saved = [(module, module.__dict__.get("forward")) for module, _ in outputs]
+    for module, value in outputs:
+        module.forward = lambda *args, value=value, **kwargs: value
+    try:
+        yield
+    finally:
+        for module, forward in saved:
+            del module.forward
+            if forward is not None:
+                module.forward = forward
+
+
+@dataclass
+class _Buffers:
+    """What one shape's steps read (a captured graph reads them where they were when it was captured)."""
+
+    kv: torch.Tensor | None  # (B', tokens, K/V widths): every cross-attention's K/V, written once per image
+    step: torch.Tensor | None  # (rows, E + C): this step's time embedding and projections, copied in per step
+    returns: list[tuple[nn.Module, torch.Tensor]]  # what the time embedding's modules return while pinned
+
+
+@contextlib.contextmanager
+def _side_stream(device: torch.device):
+    """On a GPU, the plan's GEMMs run on the engine's side stream, then the caller's stream waits for them: cuBLAS
+    keeps a 32 MB workspace for each stream that ever ran a GEMM, and the caller's stream (whose work is all
+    graph replays) has none. Yields the caller's stream (None on the CPU)."""
+    if device.type != "cuda":
+        yield None
+        return
+    from .cudagraph import side_stream
+
+    current, stream = torch.cuda.current_stream(device), side_stream()
+    stream.wait_stream(current)
+    with torch.cuda.stream(stream):
+        yield current
+    current.wait_stream(stream)
+
+
 class LoopPlanner:
     """Stages.plan_loop for a fused UNet: `planner(timesteps, context, text_embeds, time_ids)` -> the loop's step.
 
@@ -74,46 +121,65 @@ class LoopPlanner:
         self.dtype = dtype
         self.context_projections: ContextProjections | None = getattr(unet, "sdaccel_context_projections", None)
         self.time_projections: TimeEmbeddingProjections | None = getattr(unet, "sdaccel_time_projections", None)
-        self.buffers: dict[tuple, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
+        self.buffers: dict[tuple, _Buffers] = {}
+        # E: the time embedding's width, which the projections take.
+        self.time_width = self.time_projections.packed_weight.shape[1] if self.time_projections is not None else 0
         self.call = wrap(self.planned_call) if wrap is not None else self.planned_call
 
     def planned_call(self, sample, timestep, context, text_embeds, time_ids, key: tuple) -> torch.Tensor:
-        kv, projections = self.buffers[key]
-        with _pinned(self.context_projections, kv), _pinned(self.time_projections, projections):
+        buffers = self.buffers[key]
+        projections = None if buffers.step is None else buffers.step[:, self.time_width:]
+        with _pinned(self.context_projections, buffers.kv), _pinned(self.time_projections, projections), \
+                _returning(buffers.returns):
             return self.stage(sample, timestep, context, text_embeds, time_ids)
 
-    def step_projections(self, timesteps: torch.Tensor, text_embeds, time_ids) -> torch.Tensor:
-        """Every step's time projections, (steps, rows, sum of the blocks' widths): what the UNet's forward
-        computes from the time embedding at each step, for all steps in one GEMM. rows is 1 (a time embedding
-        shared by the batch, broadcast by the norms) or, with SDXL's text and size conditioning, the batch."""
+    def step_rows(self, timesteps: torch.Tensor, text_embeds, time_ids) -> torch.Tensor:
+        """Every step's time embedding and time projections side by side, (steps, rows, E + C): what the UNet's
+        forward computes from the timestep at each step (E wide, before time_embed_act), then every ResNet block's
+        projection of it (C wide), for all steps at once. rows is 1 (a time embedding shared by the batch, which
+        the norms broadcast) or, with SDXL's text and size conditioning, the batch."""
         unet = self.unet
         emb = unet.time_embedding(unet.time_proj(timesteps).to(self.dtype), None)  # as get_time_embed + forward
         added = None if text_embeds is None else {"text_embeds": text_embeds.to(self.dtype),
                                                   "time_ids": time_ids.to(self.dtype)}
         aug = unet.get_aug_embed(emb=emb, encoder_hidden_states=None, added_cond_kwargs=added)
         emb = emb[:, None] + aug[None] if aug is not None else emb[:, None]
-        if unet.time_embed_act is not None:
-            emb = unet.time_embed_act(emb)
-        return self.time_projections.project(emb)
+        act = emb if unet.time_embed_act is None else unet.time_embed_act(emb)
+        return torch.cat([emb, self.time_projections.project(act)], dim=-1)
+
+    def _buffers(self, kv: torch.Tensor | None, rows: torch.Tensor | None) -> _Buffers:
+        step = None if rows is None else torch.empty_like(rows[0])
+        returns = []
+        if step is not None:
+            # The time embedding's modules return the step's row instead of computing it (the UNet's forward adds
+            # add_embedding's output, zero here, to time_embedding's, which already holds it).
+            unet, n = self.unet, step.shape[0]
+            returns = [(unet.time_proj, step.new_zeros(n, 1)), (unet.time_embedding, step[:, :self.time_width])]
+            if unet.config.addition_embed_type == "text_time":
+                returns += [(unet.add_time_proj, step.new_zeros(n, 1)),
+                            (unet.add_embedding, step.new_zeros(n, self.time_width))]
+        return _Buffers(None if kv is None else torch.empty_like(kv), step, returns)
 
     def __call__(self, timesteps: torch.Tensor, context: torch.Tensor, text_embeds: torch.Tensor | None = None,
                  time_ids: torch.Tensor | None = None) -> UNetStep:
-        kv = projections = None
-        if self.context_projections is not None:
-            kv = self.context_projections.project(context.to(self.dtype))
-        if self.time_projections is not None:
-            projections = self.step_projections(timesteps, text_embeds, time_ids)
-        key = (None if kv is None else tuple(kv.shape), None if projections is None else tuple(projections.shape[1:]))
-        if key not in self.buffers:
-            self.buffers[key] = (None if kv is None else torch.empty_like(kv),
-                                 None if projections is None else torch.empty_like(projections[0]))
-        kv_buffer, step_buffer = self.buffers[key]
-        if kv is not None:
-            kv_buffer.copy_(kv)  # the steps' graphs read this buffer; once per image
+        with _side_stream(context.device) as current:
+            kv = rows = None
+            if self.context_projections is not None:
+                kv = self.context_projections.project(context.to(self.dtype))
+            if self.time_projections is not None:
+                rows = self.step_rows(timesteps, text_embeds, time_ids)
+                if current is not None:
+                    rows.record_stream(current)  # read by the steps' copies on the caller's stream
+            key = (None if kv is None else tuple(kv.shape), None if rows is None else tuple(rows.shape[1:]))
+            if key not in self.buffers:
+                self.buffers[key] = self._buffers(kv, rows)
+            buffers = self.buffers[key]
+            if kv is not None:
+                buffers.kv.copy_(kv)  # once per image
 
         def step(i: int, sample: torch.Tensor) -> torch.Tensor:
-            if projections is not None:
-                step_buffer.copy_(projections[i])
+            if rows is not None:
+                buffers.step.copy_(rows[i])
             return self.call(sample, timesteps[i], context, text_embeds, time_ids, key)
 
         return step

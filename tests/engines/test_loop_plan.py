@@ -28,7 +28,7 @@ def _pipe(arch: str, device: str = "cpu", dtype: str = "fp32", **options) -> sda
 
 
 def _count_projections(pipe) -> dict[str, int]:
-    """Calls of the shared K/V and time projections' GEMMs, by module."""
+    """Calls of the shared K/V and time projections' GEMMs and of the time embeddings' MLPs, by module."""
     counts = {}
     for name in ("sdaccel_context_projections", "sdaccel_time_projections"):
         module, counts[name] = getattr(pipe.components.unet, name), 0
@@ -38,6 +38,13 @@ def _count_projections(pipe) -> dict[str, int]:
             return project(x)
 
         module.project = project
+    # The time embedding's MLP (and SDXL's size-conditioning MLP) runs once per image too, not once per step.
+    unet = pipe.components.unet
+    for name in ("time_embedding", "add_embedding"):
+        if getattr(unet, name, None) is not None:
+            counts[name] = 0
+            getattr(unet, name).linear_1.register_forward_hook(
+                lambda *_, name=name: counts.__setitem__(name, counts[name] + 1))
     return counts
 
 
