@@ -1,7 +1,8 @@
 """Text-to-image for every family: encode -> denoise -> decode, calling only the engine's stages.
 
 The loop never waits for the GPU: the scheduler gets host-side timesteps (computed once), the UNet a device tensor,
-guidance is one batched call (uncond + cond; a UNet stage that shares the halves' common prefix takes the latents
+through the stages' per-image steps (Stages.unet_steps: an engine may compute what every step shares once), guidance
+is one batched call (uncond + cond; a UNet stage that shares the halves' common prefix takes the latents
 once), and the only synchronisation is fetching the finished images.
 """
 

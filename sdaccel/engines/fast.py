@@ -22,7 +22,8 @@ Options (each can be switched off for ablations):
                (fused_modules.cfg_prefix_refusal says when a UNet cannot: SDXL's time embedding carries the pooled
                text, so its halves differ from the first block on)
   loop_plan    compute what every step of one image's loop shares once before it (loop_plan.py): the text
-               context's K/V for every cross-attention, and all steps' time projections in one GEMM
+               context's K/V for every cross-attention, and all steps' time embeddings and projections at once
+               (SD1.5 on an H100: 38 us a step at batch 1; SDXL: 340 us)
   fp32_ops     ("attention",): q, k, v and softmax in fp32 (slower; for models whose attention overflows fp16)
   vae_dtype    "auto": the model's; for a VAE whose config says force_upcast (SDXL's, whose activations overflow
                fp16), fp16 with the decoder's activations scaled down by 2^-8, exactly (vae_scaling.py), or fp32

@@ -173,6 +173,9 @@ class LoopPlanner:
             key = (None if kv is None else tuple(kv.shape), None if rows is None else tuple(rows.shape[1:]))
             if key not in self.buffers:
                 self.buffers[key] = self._buffers(kv, rows)
+                for buffer in (self.buffers[key].kv, self.buffers[key].step):
+                    if buffer is not None and current is not None:
+                        buffer.record_stream(current)  # allocated here, read by the caller's stream's replays
             buffers = self.buffers[key]
             if kv is not None:
                 buffers.kv.copy_(kv)  # once per image
