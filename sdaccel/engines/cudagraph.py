@@ -50,6 +50,19 @@ def side_stream() -> torch.cuda.Stream:
 
 
 @contextlib.contextmanager
+def on_side_stream():
+    """Work queued inside runs on side_stream(), after what the current stream had queued; the current stream then
+    waits for it. Yields the current (caller's) stream, e.g. for record_stream on tensors handed back to it."""
+    current, stream = torch.cuda.current_stream(), side_stream()
+    stream.wait_stream(current)
+    try:
+        with torch.cuda.stream(stream):
+            yield current
+    finally:
+        current.wait_stream(stream)
+
+
+@contextlib.contextmanager
 def allocator_cap(extra_bytes: int):
     """Let the caching allocator reserve at most `extra_bytes` more than it holds now (then as before)."""
     device = torch.cuda.current_device()
@@ -103,13 +116,10 @@ class GraphedCallable:
         if self.before_capture is not None:
             self.before_capture()
         static = [a.clone() if torch.is_tensor(a) else a for a in args]
-        stream = side_stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
+        with on_side_stream():
             warm_up(self.fn, static, self.warmup, self.workspace_budget)
-        torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+        with torch.cuda.graph(graph, pool=self.pool, stream=side_stream()):
             output = self.fn(*static)
         return _Captured(graph, static, output)
 

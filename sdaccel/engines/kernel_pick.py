@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from ..kernels.precompile import is_recording
-from .cudagraph import side_stream
+from .cudagraph import on_side_stream, side_stream
 
 
 def cuda_time_ms(fn, iters: int = 20) -> float:
@@ -20,14 +20,11 @@ def cuda_time_ms(fn, iters: int = 20) -> float:
     to vouch for)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     fn()
-    side = side_stream()
-    side.wait_stream(torch.cuda.current_stream())
     try:
-        with torch.cuda.stream(side):
+        with on_side_stream():
             fn()  # warm-up on the capturing stream (lazy workspaces are allocated outside the capture)
-        torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=side):
+        with torch.cuda.graph(graph, stream=side_stream()):
             for _ in range(iters):
                 fn()
     except RuntimeError as exc:

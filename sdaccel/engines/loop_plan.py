@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .base import UNetStage, UNetStep
+from .cudagraph import on_side_stream
 from .fused_modules import ContextProjections, TimeEmbeddingProjections
 
 
@@ -85,23 +86,6 @@ class _Buffers:
     returns: list[tuple[nn.Module, torch.Tensor]]  # what the time embedding's modules return while pinned
 
 
-@contextlib.contextmanager
-def _side_stream(device: torch.device):
-    """On a GPU, the plan's GEMMs run on the engine's side stream, then the caller's stream waits for them: cuBLAS
-    keeps a 32 MB workspace for each stream that ever ran a GEMM, and the caller's stream (whose work is all
-    graph replays) has none. Yields the caller's stream (None on the CPU)."""
-    if device.type != "cuda":
-        yield None
-        return
-    from .cudagraph import side_stream
-
-    current, stream = torch.cuda.current_stream(device), side_stream()
-    stream.wait_stream(current)
-    with torch.cuda.stream(stream):
-        yield current
-    current.wait_stream(stream)
-
-
 class LoopPlanner:
     """Stages.plan_loop for a fused UNet: `planner(timesteps, context, text_embeds, time_ids)` -> the loop's step.
 
@@ -162,7 +146,9 @@ class LoopPlanner:
 
     def __call__(self, timesteps: torch.Tensor, context: torch.Tensor, text_embeds: torch.Tensor | None = None,
                  time_ids: torch.Tensor | None = None) -> UNetStep:
-        with _side_stream(context.device) as current:
+        # On a GPU the plan's GEMMs run on the engine's side stream: cuBLAS keeps a 32 MB workspace for each stream
+        # that ever ran a GEMM, and the caller's stream (whose work is all graph replays) has none.
+        with on_side_stream() if context.is_cuda else contextlib.nullcontext() as current:
             kv = rows = None
             if self.context_projections is not None:
                 kv = self.context_projections.project(context.to(self.dtype))
