@@ -23,6 +23,7 @@ from _timing import DTYPES, bench_pair, compare, finish, parse_args, start  # no
 
 from sdaccel.engines.attention import _flash_attn_cute  # noqa: E402
 from sdaccel.errors import first_line  # noqa: E402
+from sdaccel.kernels import flash_attention_sm90 as sm90  # noqa: E402
 from sdaccel.kernels.flash_attention import (  # noqa: E402
     CONFIGS,
     config_name,
@@ -74,15 +75,32 @@ def _parse_config(name: str) -> tuple[int, int, int, int]:
     return int(block_m), int(block_n), int(num_warps), int(num_stages)
 
 
+def _parse_sm90_config(name: str) -> tuple:
+    """'128x64w8s3' -> (128, 64, 8, 3); 'r80': at most 80 registers a thread; 'x2': two math partitions."""
+    split = name.endswith("x2")
+    base, _, regs = name.removesuffix("x2").partition("r")
+    return _parse_config(base) + ((int(regs) if regs else None, True) if split else (int(regs),) if regs else ())
+
+
+def _sm90_name(cfg: tuple) -> str:
+    regs = f"r{cfg[4]}" if len(cfg) > 4 and cfg[4] else ""
+    return f"{config_name(cfg[:4])}{regs}{'x2' if len(cfg) > 5 and cfg[5] else ''}"
+
+
 def main():
     def add_arguments(p):
         p.add_argument("--shapes", help="only these B x H x L x d shapes, comma-separated (e.g. 2x8x4096x40)")
         p.add_argument("--fa4-tiles", help="FlashAttention-4 (tile_m x tile_n) overrides to time too, e.g. 128x128")
         p.add_argument("--configs", help="sdaccel tiles to time instead of CONFIGS, comma-separated "
                                          "BMxBNwWsS names (e.g. 128x64w8s3)")
+        p.add_argument("--sm90-configs", help="tiles of the Gluon sm_90 kernel instead of its CONFIGS, "
+                                              "comma-separated BMxBNwWsS[rR][x2] names (rR: at most R registers a thread, x2: two math "
+                                              "partitions)")
 
     args = parse_args(__doc__, add_arguments=add_arguments)
     configs = [_parse_config(name) for name in args.configs.split(",")] if args.configs else CONFIGS
+    sm90_configs = ([_parse_sm90_config(name) for name in args.sm90_configs.split(",")]
+                    if args.sm90_configs else sm90.CONFIGS) if sm90.available() else []
     dtype = DTYPES[args.dtype]
     start("attention (self)", args)
     print("# TFLOP/s: useful work 4*B*H*L^2*d per call, printed after each shape's rows")
@@ -141,6 +159,14 @@ def main():
                       flash_attention(q, k, v, block_m=bm, block_n=bn, num_warps=w, num_stages=s, **kw))
                 if _usable(f"{name}-{tag}", shape, fn):
                     impls[f"{name}-{tag}"] = fn
+
+        for cfg in sm90_configs:  # the Gluon kernel: TMA ring + asynchronous wgmma, Hopper only
+            fn = lambda cfg=cfg: sm90.flash_attention_sm90(q, k, v, config=cfg)  # noqa: E731
+            name = f"sm90-{_sm90_name(cfg)}"
+            t0 = time.perf_counter()
+            if _usable(name, shape, fn):
+                print(f"# {name} first call (compile) {time.perf_counter() - t0:.1f} s on {shape}", flush=True)
+                impls[name] = fn
 
         new = bench_pair("attention", shape, args, nbytes, impls, lambda name, out: compare(out, ref, ref32))
         rows += new

@@ -3,7 +3,8 @@
 Candidates: PyTorch's fused SDPA backends (cuDNN, FlashAttention-2, memory-efficient/CUTLASS), sdaccel's own
 one-tile kernel for short key sequences (cross-attention), sdaccel's FlashAttention for any length (it splits SD1.5's
 head dims 40/80/160 into power-of-two parts instead of padding them; on an H100 it wins at 256 and 64 tokens and on
-cross-attention, cuDNN at 1024 and 4096 tokens), and, when installed, the `flash_attn` package's kernel and
+cross-attention, cuDNN at 1024 and 4096 tokens), on Hopper sdaccel's Gluon kernel in two tiles (TMA and
+asynchronous wgmma, FlashAttention-3's layout: kernels/flash_attention_sm90.py), and, when installed, the `flash_attn` package's kernel and
 FlashAttention-4's CuTe-DSL kernels (`flash-attn-4`; head dims padded to 16, not 64). Which
 is fastest depends on head dim (SD1.5 uses 40/80/160, SD2/SDXL 64), sequence lengths and the GPU. The first call
 with a new shape times each candidate that accepts it, checks it against the others' result (one that disagrees is
@@ -119,6 +120,12 @@ def _all_candidates() -> dict[str, Kernel]:
         from ..kernels.flash_attention import flash_attention_auto
 
         found["SDACCEL_FLASH"] = flash_attention_auto
+        from ..kernels import flash_attention_sm90 as sm90
+
+        if sm90.available():  # Hopper: the Gluon kernel (TMA ring, asynchronous wgmma, a producer warp)
+            found["SDACCEL_FLASH_SM90"] = lambda q, k, v: sm90.flash_attention_sm90(q, k, v)
+            found["SDACCEL_FLASH_SM90_64"] = lambda q, k, v: sm90.flash_attention_sm90(q, k, v,
+                                                                                     config=sm90.SHORT_CONFIG)
     return found
 
 
