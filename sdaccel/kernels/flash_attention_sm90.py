@@ -108,6 +108,29 @@ if gluon is not None:
         return m_new, alpha, p, l_i
 
     @gluon.jit
+    def _issue_scores(q0, q1, k0_s, k1_s, slot, s_zero, BLOCK_N: gl.constexpr, D0: gl.constexpr, D1: gl.constexpr,
+                      HAS_D1: gl.constexpr):
+        """S = Q K^T of one ring slot, issued (not waited for), both head-dim parts into one accumulator."""
+        s = warpgroup_mma(q0, k0_s.index(slot).reshape([BLOCK_N, D0]).permute((1, 0)), s_zero, use_acc=False,
+                          is_async=True)
+        if HAS_D1:
+            s = warpgroup_mma(q1, k1_s.index(slot).reshape([BLOCK_N, D1]).permute((1, 0)), s, is_async=True)
+        return s
+
+    @gluon.jit
+    def _issue_pv(p, v0_s, v1_s, slot, acc0, acc1, p0_layout: gl.constexpr, p1_layout: gl.constexpr,
+                  BLOCK_N: gl.constexpr, D0: gl.constexpr, D1: gl.constexpr, HAS_D1: gl.constexpr):
+        """O += P V of one ring slot, issued (not waited for), P from registers. Returns the accumulators and
+        the operands the caller must keep alive (pass them to the wait) until the products are done."""
+        p0 = gl.convert_layout(p, p0_layout)
+        acc0 = warpgroup_mma(p0, v0_s.index(slot).reshape([BLOCK_N, D0]), acc0, is_async=True)
+        p1 = p0
+        if HAS_D1:
+            p1 = gl.convert_layout(p, p1_layout)
+            acc1 = warpgroup_mma(p1, v1_s.index(slot).reshape([BLOCK_N, D1]), acc1, is_async=True)
+        return acc0, acc1, p0, p1
+
+    @gluon.jit
     def _consumer(q0_s, q1_s, k0_s, k1_s, v0_s, v1_s, q_bar, k_bars, v_bars, free_bars, o_ptr,
                   b, h, off_m, num_n, Lq, Lk, qk_scale, stride_ob, stride_oh, stride_ol,
                   HEAD_DIM: gl.constexpr, D0: gl.constexpr, D1: gl.constexpr, HAS_D1: gl.constexpr,
@@ -141,10 +164,7 @@ if gluon is not None:
 
         # Block 0: S, then the first row max and probabilities.
         mbarrier.wait(k_bars.index(0), 0)
-        s = warpgroup_mma(q0, k0_s.index(0).reshape([BLOCK_N, D0]).permute((1, 0)), s_zero, use_acc=False,
-                          is_async=True)
-        if HAS_D1:
-            s = warpgroup_mma(q1, k1_s.index(0).reshape([BLOCK_N, D1]).permute((1, 0)), s, is_async=True)
+        s = _issue_scores(q0, q1, k0_s, k1_s, 0, s_zero, BLOCK_N, D0, D1, HAS_D1)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         if not EVEN_N:
             s = gl.where((offs_n < Lk)[None, :], s, float("-inf"))
@@ -156,16 +176,11 @@ if gluon is not None:
             prev = (j - 1) % STAGES
             # S_j = Q K_j^T, then O += P_{j-1} V_{j-1}; both in flight while the softmax waits for S_j only.
             mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
-            s = warpgroup_mma(q0, k0_s.index(slot).reshape([BLOCK_N, D0]).permute((1, 0)), s_zero, use_acc=False,
-                              is_async=True)
-            if HAS_D1:
-                s = warpgroup_mma(q1, k1_s.index(slot).reshape([BLOCK_N, D1]).permute((1, 0)), s, is_async=True)
+            s = _issue_scores(q0, q1, k0_s, k1_s, slot, s_zero, BLOCK_N, D0, D1, HAS_D1)
             mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
-            p0 = gl.convert_layout(p, p0_layout)
-            acc0 = warpgroup_mma(p0, v0_s.index(prev).reshape([BLOCK_N, D0]), acc0, is_async=True)
+            acc0, acc1, p0, p1 = _issue_pv(p, v0_s, v1_s, prev, acc0, acc1, p0_layout, p1_layout, BLOCK_N, D0, D1,
+                                           HAS_D1)
             if HAS_D1:
-                p1 = gl.convert_layout(p, p1_layout)
-                acc1 = warpgroup_mma(p1, v1_s.index(prev).reshape([BLOCK_N, D1]), acc1, is_async=True)
                 s = warpgroup_mma_wait(num_outstanding=2, deps=(s,))
             else:
                 s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
@@ -185,11 +200,8 @@ if gluon is not None:
 
         last = (num_n - 1) % STAGES
         mbarrier.wait(v_bars.index(last), ((num_n - 1) // STAGES) & 1)
-        p0 = gl.convert_layout(p, p0_layout)
-        acc0 = warpgroup_mma(p0, v0_s.index(last).reshape([BLOCK_N, D0]), acc0, is_async=True)
+        acc0, acc1, p0, p1 = _issue_pv(p, v0_s, v1_s, last, acc0, acc1, p0_layout, p1_layout, BLOCK_N, D0, D1, HAS_D1)
         if HAS_D1:
-            p1 = gl.convert_layout(p, p1_layout)
-            acc1 = warpgroup_mma(p1, v1_s.index(last).reshape([BLOCK_N, D1]), acc1, is_async=True)
             acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
         else:
             acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0,))
