@@ -5,9 +5,12 @@
 The same online softmax as kernels/flash_attention.py (and its head-dim split: 40 -> 32 + 16, so 48 columns are
 multiplied where cuDNN multiplies 64), but scheduled the way Hopper wants it, which plain Triton does not do:
 
-- K and V tiles arrive by TMA into a ring of STAGES shared-memory slots, each slot with its own mbarrier, issued
-  STAGES - 1 blocks ahead. The descriptors are 4-D over the (B, H, L, d) view, so a head-split view of a packed
-  QKV projection is read in place, and the head-dim padding (columns 40-47) arrives as TMA's zero fill.
+- K and V tiles arrive by TMA into a ring of STAGES shared-memory slots, issued by one producer warp (a warp-
+  specialized partition) as soon as the math warps free a slot; mbarriers say full and free. The descriptors are
+  4-D over the (B, H, L, d) view, so a head-split view of a packed QKV projection is read in place, and the
+  head-dim padding (columns 40-47) arrives as TMA's zero fill.
+- SPLIT: a 128-row block's two halves go to two math partitions of 4 warps that share only the ring, so one's
+  softmax runs beside the other's products; with 80 registers a thread, two CTAs share an SM as well.
 - The products are asynchronous warpgroup MMAs. Each step issues S_j = Q K_j^T, then O += P_{j-1} V_{j-1}, waits
   only for S_j, and runs the softmax of block j while the tensor cores still multiply block j-1's probabilities
   (FlashAttention-3's intra-warpgroup overlap). At SD1.5's head dim 40 the softmax (one exp per score) costs more
