@@ -123,10 +123,23 @@ def _all_candidates() -> dict[str, Kernel]:
         from ..kernels import flash_attention_sm90 as sm90
 
         if sm90.available():  # Hopper: the Gluon kernel (TMA ring, asynchronous wgmma, a producer warp)
-            found["SDACCEL_FLASH_SM90"] = lambda q, k, v: sm90.flash_attention_sm90(q, k, v)
-            found["SDACCEL_FLASH_SM90_64"] = lambda q, k, v: sm90.flash_attention_sm90(q, k, v,
-                                                                                     config=sm90.SHORT_CONFIG)
+            found["SDACCEL_FLASH_SM90"] = sm90_candidate(None)
+            found["SDACCEL_FLASH_SM90_64"] = sm90_candidate(sm90.SHORT_CONFIG)
     return found
+
+
+def sm90_candidate(config: tuple | None) -> Kernel:
+    """The Gluon sm_90 kernel in one tile, for head dims that cuDNN pads (SD1.x's 40, 80, 160). At multiples of 64
+    (SD2.x, SDXL) cuDNN pads nothing and measured faster at every shape (benchmarks/README.md, ninth session), so
+    the kernel refuses them: the pick then neither compiles nor times it there (5 s of an SDXL cold start)."""
+    from ..kernels.flash_attention_sm90 import flash_attention_sm90
+
+    def run(q, k, v):
+        if q.shape[-1] % 64 == 0:
+            raise ValueError(f"flash_attention_sm90: head dim {q.shape[-1]} is cuDNN's (no padding there)")
+        return flash_attention_sm90(q, k, v, config=config)
+
+    return run
 
 
 def _key(q: torch.Tensor, k: torch.Tensor) -> str:

@@ -78,6 +78,19 @@ def test_flash_kernel_is_a_candidate_for_long_sequences():
     assert pick(q, k, v, pool, time_ms=lambda fn: next(speeds)) == "SDACCEL_FLASH"
 
 
+def test_sm90_candidate_leaves_head_dims_of_64_to_cudnn():
+    from sdaccel.engines.attention import sm90_candidate
+
+    run = sm90_candidate(None)
+    for d in (64, 128):  # refused before anything is compiled, on any machine
+        q = torch.randn(1, 2, 16, d)
+        with pytest.raises(ValueError, match="cuDNN"):
+            run(q, q, q)
+    q = torch.randn(1, 2, 16, 40)
+    with pytest.raises(ValueError, match="sm_90|Gluon"):  # 40 is taken, but this machine has no Hopper GPU
+        run(q, q, q)
+
+
 @pytest.mark.gpu
 def test_pick_on_the_gpu_times_graph_replays_and_returns_a_working_kernel():
     from sdaccel.engines.attention import candidates, cuda_time_ms
