@@ -94,8 +94,8 @@ def main():
         p.add_argument("--configs", help="sdaccel tiles to time instead of CONFIGS, comma-separated "
                                          "BMxBNwWsS names (e.g. 128x64w8s3)")
         p.add_argument("--sm90-configs", help="tiles of the Gluon sm_90 kernel instead of its CONFIGS, "
-                                              "comma-separated BMxBNwWsS[rR][x2] names (rR: at most R registers a thread, x2: two math "
-                                              "partitions)")
+                                              "comma-separated BMxBNwWsS[rR][x2] names (rR: at most R registers "
+                                              "a thread, x2: two math partitions)")
 
     args = parse_args(__doc__, add_arguments=add_arguments)
     configs = [_parse_config(name) for name in args.configs.split(",")] if args.configs else CONFIGS
