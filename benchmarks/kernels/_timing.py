@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import os
 import statistics
 import sys
@@ -21,8 +22,10 @@ from dataclasses import asdict, dataclass
 import torch
 
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)  # run from a checkout without installing
+# Run from a checkout without installing: the checkout goes last, so an sdaccel that PYTHONPATH or an install
+# provides wins (an A/B against an older tree on PYTHONPATH measured the checkout twice when it went first).
+if importlib.util.find_spec("sdaccel") is None and REPO_ROOT not in sys.path:
+    sys.path.append(REPO_ROOT)
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
