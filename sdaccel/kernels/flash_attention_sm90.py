@@ -44,7 +44,7 @@ except ImportError:  # pragma: no cover - Triton without Gluon (< 3.5), or CPU-o
     gluon = None
 
 LOADER_REGS = gl.constexpr(24) if gluon is not None else 24  # the producer warp only issues TMA copies
-SPLIT_CONSUMER_REGS = 104  # the second math partition's registers per thread (SPLIT)
+SPLIT_CONSUMER_REGS = gl.constexpr(104) if gluon is not None else 104  # SPLIT's second math partition
 
 __all__ = ["CONFIGS", "available", "default_config", "flash_attention_sm90", "flash_attention_reference", "supports"]
 
@@ -230,8 +230,7 @@ if gluon is not None:
         Lq, Lk, H, qk_scale,
         stride_ob, stride_oh, stride_ol,
         HEAD_DIM: gl.constexpr, HAS_D1: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        STAGES: gl.constexpr, EVEN_N: gl.constexpr, SPLIT: gl.constexpr,
-        CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr,
+        STAGES: gl.constexpr, EVEN_N: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr,
     ):
         dtype: gl.constexpr = k0_desc.dtype
         D0: gl.constexpr = k0_desc.block_type.shape[3]
@@ -274,7 +273,7 @@ if gluon is not None:
                              num_warps)),
                 (_loader, (q0_desc, q1_desc, k0_desc, k1_desc, v0_desc, v1_desc, q0_s, q1_s, k0_s, k1_s, v0_s, v1_s,
                            q_bar, k_bars, v_bars, free_bars, b, h, off_m, num_n, D0, HAS_D1, BLOCK_N, STAGES)),
-            ], [num_warps, 1], [CONSUMER_REGS, LOADER_REGS])
+            ], [num_warps, 1], [SPLIT_CONSUMER_REGS, LOADER_REGS])
         else:
             gl.warp_specialize([
                 (_consumer, (q0_s, q1_s, k0_s, k1_s, v0_s, v1_s, q_bar, k_bars, v_bars, free_bars, o_ptr,
@@ -307,7 +306,7 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
         return f"dtype {q.dtype} (fp16 or bf16)"
     d = q.shape[-1]
     d0, d1 = split_head_dim(d)
-    if d0 < 16 or d0 + d1 > 256 or d < 16:
+    if d < 16 or d0 + d1 > 256:
         return f"head dim {d} (16 to 256)"
     for name, t in (("q", q), ("k", k), ("v", v)):
         # TMA: 16-byte aligned base and strides, dense last dimension.
@@ -359,7 +358,7 @@ def flash_attention_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
         _descriptor(v, block_n, d0), _descriptor(v, block_n, d1_tile), out,
         Lq, Lk, H, scale * LOG2E, out.stride(0), out.stride(1), out.stride(2),
         HEAD_DIM=d, HAS_D1=d1 > 0, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, EVEN_N=Lk % block_n == 0,
-        SPLIT=split, CONSUMER_REGS=SPLIT_CONSUMER_REGS, num_warps=num_warps,
+        SPLIT=split, num_warps=num_warps,
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return out

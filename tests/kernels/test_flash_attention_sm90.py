@@ -33,8 +33,7 @@ def _signature(d: int, config: tuple, even_n: bool):
                  "o_ptr": "*fp16", "Lq": "i32", "Lk": "i32", "H": "i32", "qk_scale": "fp32",
                  "stride_ob": "i64", "stride_oh": "i64", "stride_ol": "i64"}
     constants = {"HEAD_DIM": d, "HAS_D1": d1 > 0, "BLOCK_M": block_m, "BLOCK_N": block_n, "STAGES": stages,
-                 "EVEN_N": even_n, "SPLIT": split,
-                 "CONSUMER_REGS": module.SPLIT_CONSUMER_REGS, "num_warps": num_warps}
+                 "EVEN_N": even_n, "SPLIT": split, "num_warps": num_warps}
     signature.update({name: "constexpr" for name in constants})
     names = list(signature)
     return signature, {(names.index(name),): value for name, value in constants.items()}

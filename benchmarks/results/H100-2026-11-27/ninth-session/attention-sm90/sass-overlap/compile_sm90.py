@@ -21,9 +21,9 @@ def build(d, cfg, even=True):
            "v0_desc": desc(bn, d0), "v1_desc": desc(bn, d1t), "o_ptr": "*fp16", "Lq": "i32", "Lk": "i32", "H": "i32",
            "qk_scale": "fp32", "stride_ob": "i64", "stride_oh": "i64", "stride_ol": "i64",
            "HEAD_DIM": "constexpr", "HAS_D1": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
-           "STAGES": "constexpr", "EVEN_N": "constexpr", "SPLIT": "constexpr", "CONSUMER_REGS": "constexpr", "num_warps": "constexpr"}
+           "STAGES": "constexpr", "EVEN_N": "constexpr", "SPLIT": "constexpr", "num_warps": "constexpr"}
     consts = {"HEAD_DIM": d, "HAS_D1": d1 > 0, "BLOCK_M": bm, "BLOCK_N": bn, "STAGES": st, "EVEN_N": even,
-              "SPLIT": split, "CONSUMER_REGS": m.SPLIT_CONSUMER_REGS, "num_warps": nw}
+              "SPLIT": split, "num_warps": nw}
     consts = {(list(sig).index(k),): v for k, v in consts.items()}
     src = GluonASTSource(m._attention_sm90_kernel, sig, consts)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": nw, **({"maxnreg": mr} if mr else {})})
