@@ -11,8 +11,10 @@ Variants (the ablation ladder):
   fast           sdaccel fast engine: fused kernels + attention pick + CUDA graph
   fast-nocap     fast without the cap on cuDNN's autotuning workspace (run it in its own process: cuDNN keeps
                  its picks per process, so after `fast` nothing would be tuned again)
-  fast-ffpick    fast with gemm_geglu="auto": the feed-forward's GEMM + GEGLU as one fused Triton kernel where
-                 that times faster for the shape than cuBLAS + the GEGLU kernel (the default)
+  fast-ffpick    fast with gemm_geglu="triton": the plain-Triton fused GEMM + GEGLU kernels timed too
+  fast-ffsplit   fast with gemm_geglu="split": the feed-forward's GEMM + GEGLU always as cuBLAS + the GEGLU kernel
+                 (the default, "auto", times one warp-specialized Gluon kernel against it per shape on sm_90). Run it
+                 in its own process: the picks are process-wide
   fast-cudnn     fast with cuDNN for every convolution (no per-shape pick against im2col + cuBLAS GEMM); run it in
                  its own process (the picks are process-wide)
   fast-cfgtwice  fast with share_cfg_prefix=False: the CFG batch's two halves computed in full (an even --batch is
@@ -116,7 +118,8 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
         "fast": lambda: get_engine("fast"),
         "fast-cfgtwice": lambda: get_engine("fast", share_cfg_prefix=False),
         "fast-nocap": lambda: get_engine("fast", workspace_mb=0),  # cuDNN autotunes with all free memory
-        "fast-ffpick": lambda: get_engine("fast", gemm_geglu="auto"),
+        "fast-ffpick": lambda: get_engine("fast", gemm_geglu="triton"),
+        "fast-ffsplit": lambda: get_engine("fast", gemm_geglu="split"),
         "fast-cudnn": lambda: get_engine("fast", conv="cudnn"),
         "fast-gnsplit": lambda: get_engine("fast"),
         "compile-ro": lambda: get_engine("compile", mode="reduce-overhead"),

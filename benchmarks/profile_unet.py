@@ -91,7 +91,7 @@ def main():
     ap.add_argument("--arch", default="sd15")
     ap.add_argument("--batch", type=int, default=2, help="UNet batch (2 = one image with CFG)")
     ap.add_argument("--engine", default="eager", help="eager, or fast (profiled without CUDA graphs)")
-    ap.add_argument("--gemm-geglu", choices=["split", "auto"], default="split",
+    ap.add_argument("--gemm-geglu", choices=["auto", "triton", "split"], default="auto",
                     help="fast: the feed-forward's GEMM + GEGLU as the engine's option of that name")
     ap.add_argument("--stage", choices=["unet", "decode"], default="unet",
                     help="decode: the VAE decoder instead (batch = images)")
@@ -133,7 +133,7 @@ def main():
         from sdaccel.engines.fused_modules import cfg_prefix_refusal, fuse_modules
 
         torch.backends.cudnn.benchmark = True
-        feed_forward.set_autotune(args.gemm_geglu == "auto")
+        feed_forward.set_mode(args.gemm_geglu)
         print("fusions", fuse_modules(unet), flush=True)
         refusal = "--cfg-twice" if args.cfg_twice else cfg_prefix_refusal(unet)
         if args.stage == "unet" and args.batch % 2 == 0 and refusal is None:

@@ -1,12 +1,13 @@
 """The feed-forward's first GEMM with its GEGLU gate, at SD1.5 (or SDXL) shapes: what sdaccel runs by default (cuBLAS
-GEMM, then the Triton BiasSplitGelu kernel), sdaccel's fused Triton kernels (kernels/linear_geglu.py: the pointer
-kernel's and, on Hopper, the persistent TMA kernel's configs; `--fused none` leaves them out), the GEMM alone (the
+GEMM, then the Triton BiasSplitGelu kernel), sdaccel's fused kernels (kernels/linear_geglu.py: the pointer
+kernel's and, on Hopper, the persistent TMA kernel's configs; on sm_90 kernels/linear_geglu_sm90.py's warp-specialized
+Gluon kernel's, alone with `--fused sm90`; `--fused none` leaves them out), the GEMM alone (the
 floor a fused kernel must approach), and quack-kernels' CuTe-DSL GEMM with a gated epilogue (one kernel, only the
 gated half written), when `quack` is installed (it comes with flash-attn-4). quack's row is a feasibility measurement:
 quack's "geglu" gates with the tanh approximation of GELU and takes the halves as [gate; up], where diffusers' GEGLU
 is [up; gate] with the exact (erf) GELU. Its row is checked against that formula, the others against diffusers'.
 
-    python benchmarks/kernels/bench_gated_gemm.py [--batch 2] [--model sd15|sdxl] [--fused all|tma|sweep|none]
+    python benchmarks/kernels/bench_gated_gemm.py [--batch 2] [--model sd15|sdxl] [--fused all|tma|sweep|sm90|none]
                                                   [--l2 hot] [--csv out.csv]
 """
 
@@ -22,6 +23,7 @@ from _timing import DTYPES, bench_pair, compare, finish, parse_args, start  # no
 from sdaccel.kernels import config_name  # noqa: E402
 from sdaccel.kernels.geglu import geglu  # noqa: E402
 from sdaccel.kernels.linear_geglu import CONFIGS, TMA_CONFIGS, linear_geglu, supports_tma  # noqa: E402
+from sdaccel.kernels import linear_geglu_sm90 as sm90  # noqa: E402
 
 # Tokens and width per UNet level with a transformer: SD1.5 at 512x512, SDXL at 1024x1024.
 LEVELS = {"sd15": [(4096, 320), (1024, 640), (256, 1280), (64, 1280)], "sdxl": [(4096, 640), (1024, 1280)]}
@@ -41,6 +43,9 @@ def _fused_impls(x, w, b, which: str) -> dict:
     if which in ("all", "tma", "sweep") and supports_tma(x, w):
         for c in TMA_CONFIGS + (SWEEP_TMA_CONFIGS if which == "sweep" else ()):
             candidates[f"tma-{config_name(c)}"] = lambda c=c: linear_geglu(x, w, b, config=c, tma=True)
+    if which in ("all", "sm90") and not sm90.supports(x, w):
+        for c in sm90.CONFIGS:
+            candidates[f"sm90-{sm90.config_name(c)}"] = lambda c=c: sm90.linear_geglu_sm90(x, w, b, config=c)
     impls = {}
     for name, fn in candidates.items():
         try:
@@ -65,7 +70,7 @@ def main():
     def add_arguments(p):
         p.add_argument("--batch", type=int, default=2, help="UNet batch (CFG doubles images)")
         p.add_argument("--model", choices=sorted(LEVELS), default="sd15")
-        p.add_argument("--fused", choices=["all", "tma", "sweep", "none"], default="all")
+        p.add_argument("--fused", choices=["all", "tma", "sweep", "sm90", "none"], default="all")
 
     args = parse_args(__doc__, add_arguments=add_arguments)
     dtype = DTYPES[args.dtype]

@@ -13,9 +13,11 @@ Options (each can be switched off for ablations):
   conv         "auto": time cuDNN against one cuBLAS GEMM (im2col) per convolution shape of the fused blocks and
                keep the faster (convolution.py; the GEMM wins where cuDNN's output tiles cannot fill the GPU, as at
                SD1.5's 8x8 level at CFG batch 2); "cudnn": cuDNN everywhere
-  gemm_geglu   "split": the feed-forward's GEMM + GEGLU as cuBLAS + a GEGLU kernel; "auto": or one fused Triton
-               GEMM-GEGLU kernel where it times faster for the shape (feed_forward.py). On an H100 it wins
-               alone at K = 320 but bought nothing measurable in the UNet call, for 14 s of cold-start JIT: opt-in
+  gemm_geglu   "auto": time the feed-forward's GEMM + GEGLU as cuBLAS + a GEGLU kernel against one warp-specialized
+               Gluon kernel (sm_90 only) per shape and keep the faster (feed_forward.py; on an H100 it saves 2% of a
+               UNet call at CFG batch 16 and of SDXL's denoising, nothing at CFG batch 2); "triton": also the
+               plain-Triton fused kernels (they bought nothing measurable, for 14 s of cold start); "split": always
+               cuBLAS + the GEGLU kernel
   share_cfg_prefix  with classifier-free guidance, the UNet takes the latents once beside the two contexts and
                computes what both halves share once: everything before the first cross-attention (SD1.x/2.x: conv_in,
                the first ResNet block, the first transformer's self-attention at 4096 tokens), then widens the batch
@@ -113,7 +115,7 @@ class FastEngine(Engine):
 
     def __init__(self, fused: bool = True, cuda_graphs: bool = True, attention: str = "auto",
                  channels_last: bool = True, fp32_ops: tuple[str, ...] | list[str] = (), workspace_mb: int = 256,
-                 gemm_geglu: str = "split", conv: str = "auto", vae_dtype: str = "auto",
+                 gemm_geglu: str = "auto", conv: str = "auto", vae_dtype: str = "auto",
                  compile_workers: int | None = None, share_cfg_prefix: bool = True, loop_plan: bool = True,
                  allow_cpu: bool = False):
         unknown = set(fp32_ops) - FP32_OPS
@@ -121,8 +123,8 @@ class FastEngine(Engine):
             raise UsageError(f"unknown fp32 op(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(FP32_OPS))}")
         if attention not in ("auto", "sdpa"):
             raise UsageError(f"attention must be auto or sdpa, got {attention!r}")
-        if gemm_geglu not in ("auto", "split"):
-            raise UsageError(f"gemm_geglu must be auto or split, got {gemm_geglu!r}")
+        if gemm_geglu not in feed_forward.MODES:
+            raise UsageError(f"gemm_geglu must be one of {', '.join(feed_forward.MODES)}, got {gemm_geglu!r}")
         if conv not in ("auto", "cudnn"):
             raise UsageError(f"conv must be auto or cudnn, got {conv!r}")
         if vae_dtype not in VAE_DTYPES:
@@ -300,7 +302,7 @@ class FastEngine(Engine):
                     torch.nn.Module.to(components.vae, dtype=vae_dtype)
                 self.notes.append(f"VAE decodes in {str(vae_dtype).replace('torch.', '')}, unscaled: {exc}")
         set_autotune(self.attention == "auto")
-        feed_forward.set_autotune(self.gemm_geglu == "auto")
+        feed_forward.set_mode(self.gemm_geglu)
         convolution.set_autotune(self.conv == "auto")
         # The tensors the stages (and graphs captured from them) read: refresh_weights copies new values into them.
         self._weights = weight_storages(components)

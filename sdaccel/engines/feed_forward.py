@@ -1,6 +1,8 @@
 """The feed-forward's first half, x -> GEGLU(x W^T + b), through the fastest path for each shape:
 
   "split"              cuBLAS GEMM, then the BiasSplitGelu kernel (kernels/geglu.py) reads its 2D-wide output back
+  "sm90:BMxBNxBK..."   one warp-specialized Gluon kernel (kernels/linear_geglu_sm90.py; sm_90 only) in one of its
+                       tile configs: GEMM, bias and GEGLU with the epilogue of one tile under the products of the next
   "tma:BMxBNxBK..."    one persistent Triton kernel (kernels/linear_geglu.py; Hopper and later) in one of its tile
                        configs: GEMM, bias and GEGLU in registers, only the gated half written
   "fused:BMxBNxBK..."  the same in the pointer kernel, on GPUs without TMA
@@ -10,13 +12,16 @@ round trip of the wide intermediate, which grows with the batch). The first call
 path from CUDA-graph replays and keeps the fastest correct one (kernel_pick.py), by name, so the engine cache can
 store it; a capture never times (it takes "split").
 
-Measured on an H100 (benchmarks/results/H100-2026-11-27/, kernels/bench_gated_gemm.py, L2 hot): the TMA kernel
-beats cuBLAS + the GEGLU kernel where K is small and rows are many (8192 x 320 -> 1280: 47.2 against 58.5 us;
-65536 x 320: 324 against 372 us; SDXL's 8192 x 640: 129 against 138 us) and loses at K = 1280. In the model it
-bought nothing measurable (UNet call at CFG batch 2: 6.10 / 6.09 ms picked against 6.08 / 6.13 ms split; at 16:
-33.15 against 33.09 ms; 50 steps at batch 8: 272.9 against 270.7 images/min) and added 14 s of JIT to a cold start.
-Inside the call the wide intermediate mostly stays in L2, which is what the kernel saves. So the engine only picks
-when asked (gemm_geglu="auto").
+Which paths are timed is the engine's `gemm_geglu` mode (set_mode):
+  "auto"    (default) split against the sm_90 Gluon kernel, on an sm_90 GPU; split alone elsewhere
+  "triton"  also the plain-Triton kernels (TMA on Hopper and later, the pointer kernel elsewhere)
+  "split"   no pick: always split
+Measured on an H100 (benchmarks/README.md, tenth session): alone, the Gluon kernel takes 45.3 / 31.6 / 31.0 / 15.9 us
+at SD1.5's four CFG-batch-2 feed-forwards against cuBLAS + the GEGLU kernel's 58.3 / 40.9 / 34.4 / 17.0; in the model
+it is neutral at CFG batch 2 (5.66-5.68 ms a UNet call either way) and saves 2% at CFG batch 16 (31.28 against
+31.91 ms), 1.7% of SD1.5's denoising at 8 images and 2.1% of SDXL's, for about 1 s more of cold start. The
+plain-Triton kernels won alone only at K = 320 on an H100 and bought nothing measurable in the UNet call, for 14 s
+of cold-start JIT (H100-2026-11-27): opt-in.
 """
 
 from __future__ import annotations
@@ -24,23 +29,33 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..kernels import config_name, geglu
+from ..kernels import config_name, geglu, linear_geglu_sm90 as sm90
 from ..kernels.linear_geglu import CONFIGS, TMA_CONFIGS, linear_geglu as fused_linear_geglu, supports, supports_tma
 from .kernel_pick import ShapePicks
 
 SPLIT = "split"
-_PICKS = ShapePicks(SPLIT, enabled=False)  # the engine enables it (gemm_geglu="auto")
+MODES = ("auto", "triton", "split")
+_PICKS = ShapePicks(SPLIT, enabled=False)  # the engine enables it (set_mode)
+_MODE = "split"
 
 
-def set_autotune(enabled: bool) -> None:
-    """False: always the split path (the fast engine's default, `gemm_geglu="split"`)."""
-    _PICKS.enabled = enabled
+def set_mode(mode: str) -> None:
+    """Which paths a new shape times (MODES; the module docstring says what each means)."""
+    global _MODE
+    if mode not in MODES:
+        raise ValueError(f"gemm_geglu mode must be one of {', '.join(MODES)}, got {mode!r}")
+    _MODE = mode
+    _PICKS.enabled = mode != "split"
 
 
 _CONFIGS = {f"fused:{config_name(c)}": c for c in CONFIGS}
 # The TMA kernel's configs worth timing in the engine (each is one more Triton compile at the first start):
 # 128x128x64 with 3 or 4 stages won every SD shape where the kernel won (benchmarks/kernels/bench_gated_gemm.py).
 _TMA_CONFIGS = {f"tma:{config_name(c)}": c for c in TMA_CONFIGS[:2]}
+# The Gluon kernel's: 64 x 128, two consumers, was the fastest or within 2% of it at every SD1.5 / SDXL shape on an
+# H200 (kernels/bench_gated_gemm.py --fused sm90), and the H100's pick took it at every shape over 64 x 64, the
+# H200's best at 512 x 1280 -> 10240 (tenth session). Each config is one more compile at a cold start.
+_SM90_CONFIGS = {f"sm90:{sm90.config_name(c)}": c for c in [sm90.DEFAULT_CONFIG]}
 
 
 def split_path(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -53,6 +68,8 @@ def paths() -> dict:
         found[name] = lambda x, w, b, config=config: fused_linear_geglu(x, w, b, config=config)
     for name, config in _TMA_CONFIGS.items():
         found[name] = lambda x, w, b, config=config: fused_linear_geglu(x, w, b, config=config, tma=True)
+    for name, config in _SM90_CONFIGS.items():
+        found[name] = lambda x, w, b, config=config: sm90.linear_geglu_sm90(x, w, b, config=config)
     return found
 
 
@@ -68,13 +85,22 @@ def linear_geglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """GEGLU(x W^T + b) (exact gelu, as diffusers' GEGLU): (..., K) -> (..., D), W (2D, K)."""
     if not (x.is_cuda and _PICKS.enabled and supports(x, weight)):
         return split_path(x, weight, bias)
-    return _PATHS[_PICKS.choose(_key(x, weight), (x, weight, bias), lambda: candidates(x, weight))](x, weight, bias)
+    key = _key(x, weight)
+    if key not in _PICKS.choices and len(candidates(x, weight)) == 1:
+        return split_path(x, weight, bias)  # nothing to time against (e.g. "auto" off sm_90)
+    return _PATHS[_PICKS.choose(key, (x, weight, bias), lambda: candidates(x, weight))](x, weight, bias)
 
 
-def candidates(x: torch.Tensor, weight: torch.Tensor) -> dict:
-    """The paths worth timing for these operands: the TMA kernel where it runs, the pointer kernel elsewhere."""
-    fused = _TMA_CONFIGS if supports_tma(x, weight) else _CONFIGS
-    return {name: path for name, path in _PATHS.items() if name == SPLIT or name in fused}
+def candidates(x: torch.Tensor, weight: torch.Tensor, mode: str | None = None) -> dict:
+    """The paths worth timing for these operands in this mode (default: the one set): split, the Gluon kernel
+    where it runs, and with "triton" the TMA kernel where it runs, the pointer kernel elsewhere."""
+    mode = mode or _MODE
+    names = {SPLIT}
+    if mode != "split" and x.is_cuda and sm90.supports(x, weight) is None:
+        names |= set(_SM90_CONFIGS)
+    if mode == "triton":
+        names |= set(_TMA_CONFIGS if supports_tma(x, weight) else _CONFIGS)
+    return {name: path for name, path in _PATHS.items() if name in names}
 
 
 def chosen_paths() -> dict[str, str]:

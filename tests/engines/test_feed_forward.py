@@ -12,10 +12,10 @@ from sdaccel.kernels.geglu import geglu_reference
 @pytest.fixture
 def clean_choices():
     feed_forward._PICKS.choices.clear()
-    feed_forward.set_autotune(True)  # gemm_geglu="auto"
+    feed_forward.set_mode("triton")  # every candidate
     yield
     feed_forward._PICKS.choices.clear()
-    feed_forward.set_autotune(False)
+    feed_forward.set_mode("split")
 
 
 def _inputs(rows=24, k=32, d=16, dtype=torch.float32, device="cpu"):
@@ -38,15 +38,27 @@ def test_every_fused_config_is_a_path_beside_split():
     assert names[0] == feed_forward.SPLIT
     assert sum(name.startswith("fused:") for name in names) == len(feed_forward.CONFIGS)
     assert sum(name.startswith("tma:") for name in names) == len(feed_forward._TMA_CONFIGS) > 0
+    assert sum(name.startswith("sm90:") for name in names) == len(feed_forward._SM90_CONFIGS) > 0
+
+
+def test_modes_choose_what_is_timed():
+    x, w, _ = _inputs(dtype=torch.float16)
+    assert set(feed_forward.candidates(x, w, "split")) == {feed_forward.SPLIT}
+    # Off an sm_90 GPU (a CPU tensor here) "auto" has nothing to time against split.
+    assert set(feed_forward.candidates(x, w, "auto")) == {feed_forward.SPLIT}
+    assert set(feed_forward.candidates(x, w, "triton")) > {feed_forward.SPLIT}
+    assert not set(feed_forward.candidates(x, w, "triton")) & set(feed_forward._SM90_CONFIGS)
+    with pytest.raises(ValueError, match="gemm_geglu mode"):
+        feed_forward.set_mode("always")
 
 
 def test_the_tma_kernel_is_timed_where_it_runs_the_pointer_kernel_elsewhere():
     from sdaccel.kernels.linear_geglu import TensorDescriptor
 
     x, w, _ = _inputs(dtype=torch.float16)
-    aligned = set(feed_forward.candidates(x, w))
+    aligned = set(feed_forward.candidates(x, w, "triton"))
     x36, w36, _ = _inputs(k=36, dtype=torch.float16)
-    unaligned = set(feed_forward.candidates(x36, w36))
+    unaligned = set(feed_forward.candidates(x36, w36, "triton"))
     assert unaligned == {feed_forward.SPLIT} | set(feed_forward._CONFIGS)  # 72-byte rows: no TMA
     if TensorDescriptor is not None:  # this Triton has host TMA descriptors (the interpreter runs them on a CPU)
         assert aligned == {feed_forward.SPLIT} | set(feed_forward._TMA_CONFIGS)
@@ -79,12 +91,14 @@ def test_the_engine_refuses_an_unknown_mode():
     from sdaccel.engines.fast import FastEngine
     from sdaccel.errors import UsageError
 
-    with pytest.raises(UsageError, match="gemm_geglu must be auto or split"):
+    with pytest.raises(UsageError, match="gemm_geglu must be one of auto, triton, split"):
         FastEngine(gemm_geglu="always")
 
 
 @pytest.mark.gpu
-def test_on_the_gpu_the_pick_is_recorded_and_the_result_matches(clean_choices):
+@pytest.mark.parametrize("mode", ["auto", "triton"])
+def test_on_the_gpu_the_pick_is_recorded_and_the_result_matches(clean_choices, mode):
+    feed_forward.set_mode(mode)
     x, w, b = _inputs(rows=1024, k=320, d=1280, dtype=torch.float16, device="cuda")
     out = feed_forward.linear_geglu(x, w, b)
     (key, name), = feed_forward.chosen_paths().items()
@@ -92,3 +106,5 @@ def test_on_the_gpu_the_pick_is_recorded_and_the_result_matches(clean_choices):
     ref32 = geglu_reference(F.linear(x.float(), w.float()), b.float())
     split_err = (feed_forward.split_path(x, w, b).float() - ref32).abs().max()
     assert (out.float() - ref32).abs().max() <= 1.25 * split_err + 1e-3
+    if mode == "auto" and torch.cuda.get_device_capability()[0] == 9:
+        assert name == feed_forward.SPLIT or name.startswith("sm90:")

@@ -1,0 +1,144 @@
+"""The Gluon sm_90 GEMM + GEGLU kernel: compiled for sm_90a on any machine (Gluon has no CPU interpreter), run and
+checked against the fp32 reference on a Hopper GPU."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sdaccel.kernels import linear_geglu_sm90 as module
+
+reference = module.linear_geglu_reference
+hopper = pytest.mark.skipif(not module.available(), reason="needs an sm_90 GPU")
+
+
+def _signature(config: tuple, has_bias: bool):
+    """The kernel's argument types and constants as the launcher passes them."""
+    from triton.experimental.gluon import language as gl
+
+    block_m, block_n, block_k, stages, consumers = config
+
+    def desc(rows, cols):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, cols], gl.float16)
+        return f"tensordesc<fp16[{rows}, {cols}],{layout!r}>"
+
+    signature = {"x_desc": desc(block_m, block_k), "value_desc": desc(block_n, block_k),
+                 "gate_desc": desc(block_n, block_k), "b_ptr": "*fp16", "out_desc": desc(block_m, block_n),
+                 "M": "i32", "D": "i32", "K": "i32", "num_programs": "i32"}
+    constants = {"HAS_BIAS": has_bias, "TANH": False, "STAGES": stages, "CONSUMERS": consumers, "GROUP_M": 8}
+    signature.update({name: "constexpr" for name in constants})
+    names = list(signature)
+    return signature, {(names.index(name),): value for name, value in constants.items()}
+
+
+_COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+sys.path.insert(0, sys.argv[1])
+from test_linear_geglu_sm90 import _signature
+from sdaccel.kernels import linear_geglu_sm90 as module
+config, has_bias = json.loads(sys.argv[2])
+signature, constants = _signature(tuple(config), has_bias)
+kernel = triton.compile(GluonASTSource(module._linear_geglu_sm90_kernel, signature, constants),
+                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+ptx = kernel.asm["ptx"]
+print(json.dumps({"wgmma": "wgmma.mma_async" in ptx, "tma_load": "cp.async.bulk.tensor" in ptx,
+                  "tma_store": "cp.async.bulk.tensor.2d.global.shared" in ptx,
+                  "partitions": ptx.count("setmaxnreg.dec"), "cubin": len(kernel.asm["cubin"])}))
+"""
+
+
+@pytest.mark.skipif(module.gluon is None, reason="Triton without Gluon")
+@pytest.mark.parametrize("config, has_bias", [(module.DEFAULT_CONFIG, True), ((64, 128, 64, 4, 1), False)], ids=str)
+def test_compiles_for_sm90(config, has_bias):
+    """No GPU needed: the kernel goes through Triton's whole pipeline to an sm_90a binary, so an API change in a
+    new Triton shows up on a CPU-only machine, not first on the GPU one. In a subprocess: the kernel tests run
+    Triton's interpreter (conftest.py), which Gluon's compiler cannot call into."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE, os.path.dirname(__file__), json.dumps([config, has_bias])],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["wgmma"] and result["tma_load"] and result["tma_store"]  # tensor cores fed and drained by TMA
+    assert result["partitions"] >= 1  # warp-specialized: the producer warp gives its registers back
+    assert result["cubin"] > 0
+
+
+def test_config_names_are_distinct():
+    names = [module.config_name(c) for c in module.CONFIGS]
+    assert len(set(names)) == len(names)
+    assert module.config_name((128, 64, 64, 4, 2)) == "128x64x64s4c2"
+
+
+def test_refuses_what_it_cannot_run():
+    x = torch.randn(8, 64, dtype=torch.float16)
+    w = torch.randn(64, 64, dtype=torch.float16)
+    assert module.supports(x, w) is not None  # a CPU tensor (or Triton without Gluon)
+    with pytest.raises(ValueError, match="linear_geglu_sm90"):
+        module.linear_geglu_sm90(x, w)
+
+
+def _inputs(m, k, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g)
+    w = torch.randn(2 * d, k, generator=g) / k ** 0.5
+    b = 0.5 * torch.randn(2 * d, generator=g)
+    return (t.to(device="cuda", dtype=dtype) for t in (x, w, b))
+
+
+def _check(out, x, w, bias, approximate, check_against_reference, what):
+    ref32 = reference(x.float(), w.float(), None if bias is None else bias.float(), approximate)
+    check_against_reference(out, reference(x, w, bias, approximate), ref32, what=what)
+
+
+# (M, K, D): SD1.5's feed-forwards at CFG batch 2 (64x64 to 8x8 levels), and sizes that fill no tile: ragged rows,
+# K not a multiple of BLOCK_K (TMA zero-fills the last step), D not a multiple of BLOCK_N (the value and gate
+# descriptors end at D, so an overhanging tile reads zeros, not the other half), one K step, a single row.
+CASES = [(8192, 320, 1280), (2048, 640, 2560), (512, 1280, 5120), (128, 1280, 5120), (1000, 200, 200),
+         (77, 64, 72), (1, 1280, 136), (4099, 48, 1280)]
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_matches_reference(case, dtype, check_against_reference):
+    x, w, b = _inputs(*case, dtype)
+    for bias in (b, None):
+        out = module.linear_geglu_sm90(x, w, bias)
+        _check(out, x, w, bias, "none", check_against_reference, f"{case} bias={bias is not None}")
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("config", module.CONFIGS, ids=str)
+def test_every_config_matches(config, check_against_reference):
+    x, w, b = _inputs(4096 + 3, 320, 1280 + 8, torch.float16, seed=7)
+    out = module.linear_geglu_sm90(x, w, b, config=config)
+    _check(out, x, w, b, "none", check_against_reference, str(config))
+
+
+@pytest.mark.gpu
+@hopper
+def test_tanh_leading_dims_and_strided_rows(check_against_reference):
+    x, w, b = _inputs(2 * 300, 320, 640, torch.float16, seed=3)
+    out = module.linear_geglu_sm90(x, w, b, "tanh")
+    _check(out, x, w, b, "tanh", check_against_reference, "tanh")
+    x3 = x.reshape(2, 300, 320)
+    assert module.linear_geglu_sm90(x3, w, b).shape == (2, 300, 640)
+    wide = torch.cat([x3, x3], dim=-1)[..., :320]  # rows strided, last dim dense: read in place by TMA
+    torch.testing.assert_close(module.linear_geglu_sm90(wide, w, b), module.linear_geglu_sm90(x3, w, b))
+
+
+@pytest.mark.gpu
+@hopper
+def test_bad_configs_are_refused():
+    x, w, b = _inputs(64, 64, 64, torch.float16)
+    for config in [(32, 64, 64, 4, 2), (128, 64, 64, 4, 3), (128, 48, 64, 4, 2), (128, 64, 64, 1, 2)]:
+        with pytest.raises(ValueError, match="config"):
+            module.linear_geglu_sm90(x, w, b, config=config)
