@@ -29,22 +29,13 @@ from typing import Optional
 import torch
 
 from .flash_attention import LOG2E, flash_attention_reference, split_head_dim, supports as _supports_shapes
+from .gluon_hopper import (  # noqa: F401 - gluon and available are part of this module's interface
+    TensorDescriptor, available, fence_async_shared, gl, gluon, mbarrier, regs, warpgroup_mma, warpgroup_mma_wait,
+)
+from .gluon_hopper import tma_load as _tma_load
 
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
-    )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    # Triton 3.6 (the GPU machine's) names the TMA load async_copy_global_to_shared; 3.9 renamed it async_load.
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-except ImportError:  # pragma: no cover - Triton without Gluon (< 3.5), or CPU-only installs
-    gluon = None
-
-LOADER_REGS = gl.constexpr(24) if gluon is not None else 24  # the producer warp only issues TMA copies
-SPLIT_CONSUMER_REGS = gl.constexpr(104) if gluon is not None else 104  # SPLIT's second math partition
+LOADER_REGS = regs(24)  # the producer warp only issues TMA copies
+SPLIT_CONSUMER_REGS = regs(104)  # SPLIT's second math partition
 
 __all__ = ["CONFIGS", "available", "default_config", "flash_attention_sm90", "flash_attention_reference", "supports"]
 
@@ -61,13 +52,6 @@ CONFIGS = [
 ]
 DEFAULT_CONFIG = (128, 64, 4, 3, 80, True)
 SHORT_CONFIG = (64, 128, 4, 2, 128)  # a second engine candidate: the 1024-token levels
-
-
-def available(device: torch.device | None = None) -> bool:
-    """Gluon importable and a compute-capability-9.x GPU (wgmma is sm_90 only)."""
-    if gluon is None or not torch.cuda.is_available():
-        return False
-    return torch.cuda.get_device_capability(device)[0] == 9
 
 
 if gluon is not None:

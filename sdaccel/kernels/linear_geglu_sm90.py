@@ -28,26 +28,18 @@ from typing import Optional
 import torch
 
 from . import sm_count
+from .gluon_hopper import (  # noqa: F401 - gluon and available are part of this module's interface
+    TensorDescriptor, available, fence_async_shared, gl, gluon, mbarrier, regs, tma, warpgroup_mma, warpgroup_mma_wait,
+)
+from .gluon_hopper import tma_load as _tma_load
+from .gluon_hopper import tma_store as _tma_store
 from .linear_geglu import linear_geglu_reference
 
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
-    )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+LOADER_REGS = regs(40)  # the producer warp only walks tiles and issues TMA
+CONSUMER_REGS = regs(232)  # the second and later math partitions
 
-    # Triton 3.6 (the GPU machine's) names the TMA copies async_copy_*; 3.9 renamed them async_load / async_store.
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-except ImportError:  # pragma: no cover - Triton without Gluon (< 3.5), or CPU-only installs
-    gluon = None
-
-LOADER_REGS = gl.constexpr(40) if gluon is not None else 40  # the producer warp only walks tiles and issues TMA
-CONSUMER_REGS = gl.constexpr(232) if gluon is not None else 232  # the second and later math partitions
-
-__all__ = ["CONFIGS", "DEFAULT_CONFIG", "available", "config_name", "linear_geglu_reference", "linear_geglu_sm90", "supports"]
+__all__ = ["CONFIGS", "DEFAULT_CONFIG", "available", "config_name", "linear_geglu_reference", "linear_geglu_sm90",
+           "supports"]
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, CONSUMERS): BLOCK_N columns of each half, so a tile multiplies 2 * BLOCK_N
 # columns of W; one warpgroup a consumer, each with its own output tile and a BLOCK_M x BLOCK_N staging buffer.
@@ -64,13 +56,6 @@ def config_name(config: tuple) -> str:
     """(128, 64, 64, 4, 2) -> "128x64x64s4c2": tile, stages, consumers (what picks store, benchmarks print)."""
     block_m, block_n, block_k, stages, consumers = config
     return f"{block_m}x{block_n}x{block_k}s{stages}c{consumers}"
-
-
-def available(device: torch.device | None = None) -> bool:
-    """Gluon importable and a compute-capability-9.x GPU (wgmma is sm_90 only)."""
-    if gluon is None or not torch.cuda.is_available():
-        return False
-    return torch.cuda.get_device_capability(device)[0] == 9
 
 
 if gluon is not None:

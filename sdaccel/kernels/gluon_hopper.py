@@ -1,0 +1,37 @@
+"""What sdaccel's Gluon kernels for Hopper share (flash_attention_sm90.py, linear_geglu_sm90.py). Not a kernel.
+
+Gluon is Triton's lower-level language (Triton 3.5+, no extra install): TMA, asynchronous wgmma, mbarriers, warp
+specialization and register budgets, which plain Triton does not expose. Its names move between Triton versions; the
+kernels import them from here, so a rename is absorbed in one place.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: F401 - re-exported for the kernels
+        fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
+
+    # Triton 3.6 (the GPU machine's) names the TMA copies async_copy_*; 3.9 renamed them async_load / async_store.
+    tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+except ImportError:  # pragma: no cover - Triton without Gluon (< 3.5), or CPU-only installs
+    gluon = gl = TensorDescriptor = fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None
+    tma_load = tma_store = None
+
+
+def available(device: torch.device | None = None) -> bool:
+    """Gluon importable and a compute-capability-9.x GPU (wgmma is sm_90 only)."""
+    if gluon is None or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device)[0] == 9
+
+
+def regs(n: int):
+    """A register budget for gl.warp_specialize, as a module-level constant the kernels can read."""
+    return gl.constexpr(n) if gluon is not None else n
