@@ -17,12 +17,16 @@ def desc(rows, cols):
 
 
 def build(cfg, bias=True):
-    bm, bn, bk, st, nc = cfg
+    bm, bn, bk, st, nc, *extra = cfg
+    coop = bool(extra and extra[0])
     sig = {"x_desc": desc(bm, bk), "value_desc": desc(bn, bk), "gate_desc": desc(bn, bk), "b_ptr": "*fp16",
-           "out_desc": desc(bm, bn), "M": "i32", "D": "i32", "K": "i32", "num_programs": "i32",
+           "out_desc": desc(bm // 2 if coop else bm, bn), "M": "i32", "D": "i32", "K": "i32", "num_programs": "i32",
            "HAS_BIAS": "constexpr", "TANH": "constexpr", "STAGES": "constexpr", "CONSUMERS": "constexpr",
            "GROUP_M": "constexpr"}
     consts = {"HAS_BIAS": bias, "TANH": False, "STAGES": st, "CONSUMERS": nc, "GROUP_M": 8}
+    if "COOP" in m._linear_geglu_sm90_kernel.arg_names:  # the cooperative variant (coop/ patch)
+        sig["COOP"] = "constexpr"
+        consts["COOP"] = coop
     consts = {(list(sig).index(k),): v for k, v in consts.items()}
     return triton.compile(GluonASTSource(m._linear_geglu_sm90_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": 4})
@@ -39,7 +43,10 @@ def usage(k):
 
 if __name__ == "__main__":
     sass_dir = sys.argv[sys.argv.index("--sass") + 1] if "--sass" in sys.argv else None
-    for cfg in m.CONFIGS:
+    configs = m.CONFIGS
+    if "--configs" in sys.argv:
+        configs = [tuple(int(v) for v in c.split(",")) for c in sys.argv[sys.argv.index("--configs") + 1].split(";")]
+    for cfg in configs:
         try:
             k = build(cfg)
             use, sass = usage(k)
