@@ -30,9 +30,19 @@ DEFAULT = "default"  # PyTorch's own SDPA dispatch
 _PICKS = ShapePicks(DEFAULT, enabled=True)
 
 
-def set_autotune(enabled: bool) -> None:
-    """False: leave the choice to PyTorch's dispatcher (the ablation baseline)."""
+# Kernels whose launch from Python costs more than they save: the Gluon kernel's host TMA descriptors take 170-280 us
+# a launch on an H100 host against cuDNN's 62 (benchmarks/README.md, tenth session). The pick times GPU work from
+# graph replays, where that cost is gone; without the engine's graphs they are left out.
+HOST_BOUND = frozenset({"SDACCEL_FLASH_SM90", "SDACCEL_FLASH_SM90_64"})
+_GRAPHED = True
+
+
+def set_autotune(enabled: bool, graphed: bool = True) -> None:
+    """enabled False: leave the choice to PyTorch's dispatcher (the ablation baseline). graphed False: the calls
+    are launched one by one (no CUDA graph), so HOST_BOUND kernels are not offered."""
+    global _GRAPHED
     _PICKS.enabled = enabled
+    _GRAPHED = graphed
 
 
 def _sdpa_backend(name: str) -> Kernel:
@@ -129,6 +139,11 @@ def _all_candidates() -> dict[str, Kernel]:
     return found
 
 
+def offered(kernels: dict[str, Kernel]) -> dict[str, Kernel]:
+    """The candidates a new shape times: all of them under the engine's graphs, less HOST_BOUND without."""
+    return kernels if _GRAPHED else {name: kernel for name, kernel in kernels.items() if name not in HOST_BOUND}
+
+
 def sm90_candidate(config: tuple | None) -> Kernel:
     """The Gluon sm_90 kernel in one tile, for head dims that cuDNN pads (SD1.x's 40, 80, 160). At multiples of 64
     (SD2.x, SDXL) cuDNN pads nothing and measured faster at every shape (benchmarks/README.md, ninth session), so
@@ -175,7 +190,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, upcast: bool = 
     if not _PICKS.enabled:
         return F.scaled_dot_product_attention(q, k, v)
     kernels = _kernels()
-    kernel = kernels.get(_PICKS.choose(_key(q, k), (q, k, v), lambda: kernels))
+    kernel = kernels.get(_PICKS.choose(_key(q, k), (q, k, v), lambda: offered(kernels)))
     return F.scaled_dot_product_attention(q, k, v) if kernel is None else kernel(q, k, v)
 
 

@@ -8,7 +8,8 @@ Options (each can be switched off for ablations):
   fused        swap ResNet / transformer blocks for fused-kernel versions (GroupNorm+SiLU NHWC, SkipLayerNorm,
                BiasSplitGelu, BiasAdd, packed QKV/KV)                                 cost: none at run time
   cuda_graphs  capture each stage per input shape; replay is one launch               cost: ~1 s and the graph's
-               activations kept resident per captured shape (shared pool)
+               activations kept resident per captured shape (shared pool). Without graphs the picks leave out
+               the Gluon kernels, whose launch from Python (200-320 us) costs more than they save
   attention    "auto": time the SDPA backends per shape and keep the fastest correct one; "sdpa": PyTorch's pick
   conv         "auto": time cuDNN against one cuBLAS GEMM (im2col) per convolution shape of the fused blocks and
                keep the faster (convolution.py; the GEMM wins where cuDNN's output tiles cannot fill the GPU, as at
@@ -301,8 +302,9 @@ class FastEngine(Engine):
                     vae_dtype = torch.float32
                     torch.nn.Module.to(components.vae, dtype=vae_dtype)
                 self.notes.append(f"VAE decodes in {str(vae_dtype).replace('torch.', '')}, unscaled: {exc}")
-        set_autotune(self.attention == "auto")
-        feed_forward.set_mode(self.gemm_geglu)
+        graphed = self.cuda_graphs and device.type == "cuda"  # launch costs matter to the picks without graphs
+        set_autotune(self.attention == "auto", graphed)
+        feed_forward.set_mode(self.gemm_geglu, graphed)
         convolution.set_autotune(self.conv == "auto")
         # The tensors the stages (and graphs captured from them) read: refresh_weights copies new values into them.
         self._weights = weight_storages(components)

@@ -91,6 +91,20 @@ def test_sm90_candidate_leaves_head_dims_of_64_to_cudnn():
         run(q, q, q)
 
 
+def test_without_graphs_the_host_bound_kernels_are_not_offered():
+    from sdaccel.engines import attention
+
+    kernels = {"CUDNN_ATTENTION": object(), "SDACCEL_FLASH": object(),
+               **{name: object() for name in attention.HOST_BOUND}}
+    try:
+        attention.set_autotune(True, graphed=False)
+        assert set(attention.offered(kernels)) == {"CUDNN_ATTENTION", "SDACCEL_FLASH"}
+        attention.set_autotune(True)
+        assert attention.offered(kernels) == kernels
+    finally:
+        attention.set_autotune(True)
+
+
 @pytest.mark.gpu
 def test_pick_on_the_gpu_times_graph_replays_and_returns_a_working_kernel():
     from sdaccel.engines.attention import candidates, cuda_time_ms

@@ -52,6 +52,19 @@ def test_modes_choose_what_is_timed():
         feed_forward.set_mode("always")
 
 
+def test_without_graphs_auto_is_split():
+    """The Gluon kernel's launch from Python costs more than it saves; only a graph replay removes that cost."""
+    try:
+        feed_forward.set_mode("auto", graphed=False)
+        assert not feed_forward._PICKS.enabled
+        feed_forward.set_mode("triton", graphed=False)  # asked for by name: kept
+        assert feed_forward._PICKS.enabled
+        feed_forward.set_mode("auto")
+        assert feed_forward._PICKS.enabled
+    finally:
+        feed_forward.set_mode("split")
+
+
 def test_the_tma_kernel_is_timed_where_it_runs_the_pointer_kernel_elsewhere():
     from sdaccel.kernels.linear_geglu import TensorDescriptor
 
