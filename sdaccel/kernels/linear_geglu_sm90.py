@@ -17,6 +17,10 @@ Hopper GEMMs are:
 - Each partition holds two fp32 accumulators (value and gate columns of the same rows), multiplied by asynchronous
   wgmma straight from shared memory; h is never rounded to fp16 (the unfused path rounds it once).
 
+At SD's shapes it is bound by L2 bandwidth, not by the tensor cores: each 64-row tile reads its weight tile again
+(262 MB through L2 at 8192 x 320 -> 2 x 1280, 5.8 TB/s on an H100; benchmarks/results/H100-2026-11-28/tenth-session/
+gemm-geglu/coop/ has a variant whose weight tiles serve 128 rows).
+
 Only for sm_90; the fast engine times it against cuBLAS + the GEGLU kernel per shape (engines/feed_forward.py).
 The reference is linear_geglu's.
 """

@@ -114,10 +114,14 @@ def test_on_the_gpu_the_pick_is_recorded_and_the_result_matches(clean_choices, m
     feed_forward.set_mode(mode)
     x, w, b = _inputs(rows=1024, k=320, d=1280, dtype=torch.float16, device="cuda")
     out = feed_forward.linear_geglu(x, w, b)
-    (key, name), = feed_forward.chosen_paths().items()
-    assert key == "m2048 k320 d1280 float16" and name in feed_forward.paths()
     ref32 = geglu_reference(F.linear(x.float(), w.float()), b.float())
     split_err = (feed_forward.split_path(x, w, b).float() - ref32).abs().max()
     assert (out.float() - ref32).abs().max() <= 1.25 * split_err + 1e-3
-    if mode == "auto" and torch.cuda.get_device_capability()[0] == 9:
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    if mode == "auto" and not hopper:  # nothing to time split against: nothing is recorded
+        assert feed_forward.chosen_paths() == {}
+        return
+    (key, name), = feed_forward.chosen_paths().items()
+    assert key == "m2048 k320 d1280 float16" and name in feed_forward.paths()
+    if mode == "auto":
         assert name == feed_forward.SPLIT or name.startswith("sm90:")
