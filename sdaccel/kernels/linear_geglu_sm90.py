@@ -259,9 +259,13 @@ def linear_geglu_sm90(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
         raise ValueError(f"linear_geglu_sm90: config {config}")
     K = x.shape[-1]
     D = weight.shape[0] // 2
+    if bias is not None:
+        if bias.numel() != 2 * D:
+            raise ValueError(f"linear_geglu_sm90: bias of {bias.numel()} values for W {tuple(weight.shape)}")
+        bias = bias.reshape(-1).contiguous()
     x2 = x.reshape(-1, K)
     if x2.stride(1) != 1 or x2.stride(0) % (16 // x.element_size()) or x2.data_ptr() % 16:
-        x2 = x2.contiguous()
+        x2 = x2.clone(memory_format=torch.contiguous_format)  # a fresh, aligned copy TMA can read
     M = x2.shape[0]
     out = x.new_empty((*x.shape[:-1], D))
     if M == 0:

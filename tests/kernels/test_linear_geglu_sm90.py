@@ -137,6 +137,21 @@ def test_tanh_leading_dims_and_strided_rows(check_against_reference):
 
 @pytest.mark.gpu
 @hopper
+def test_a_misaligned_input_and_a_strided_bias_are_copied_not_misread(check_against_reference):
+    x, w, b = _inputs(64, 320, 256, torch.float16, seed=5)
+    flat = torch.empty(64 * 320 + 1, dtype=x.dtype, device="cuda")
+    shifted = flat[1:].view(64, 320)  # contiguous, but 2 bytes off TMA's 16-byte alignment
+    shifted.copy_(x)
+    assert shifted.data_ptr() % 16
+    strided_bias = torch.stack([b, b], dim=1)[:, 0]  # stride 2
+    out = module.linear_geglu_sm90(shifted, w, strided_bias)
+    _check(out, x, w, b, "none", check_against_reference, "misaligned x, strided bias")
+    with pytest.raises(ValueError, match="bias"):
+        module.linear_geglu_sm90(x, w, b[:-2])
+
+
+@pytest.mark.gpu
+@hopper
 def test_bad_configs_are_refused():
     x, w, b = _inputs(64, 64, 64, torch.float16)
     for config in [(32, 64, 64, 4, 2), (128, 64, 64, 4, 3), (128, 48, 64, 4, 2), (128, 64, 64, 1, 2)]:
