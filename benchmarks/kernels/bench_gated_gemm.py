@@ -43,7 +43,7 @@ def _fused_impls(x, w, b, which: str) -> dict:
     if which in ("all", "tma", "sweep") and supports_tma(x, w):
         for c in TMA_CONFIGS + (SWEEP_TMA_CONFIGS if which == "sweep" else ()):
             candidates[f"tma-{config_name(c)}"] = lambda c=c: linear_geglu(x, w, b, config=c, tma=True)
-    if which in ("all", "sm90") and not sm90.supports(x, w):
+    if which in ("all", "sm90") and sm90.supports(x, w) is None:
         for c in sm90.CONFIGS:
             candidates[f"sm90-{sm90.config_name(c)}"] = lambda c=c: sm90.linear_geglu_sm90(x, w, b, config=c)
     impls = {}

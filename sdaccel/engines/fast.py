@@ -333,7 +333,7 @@ class FastEngine(Engine):
             return LoopPlanner(components.unet, raw_unet, dtype,
                                lambda fn: wrap(self._compiling_first("unet_loop", fn, device)))
 
-        if not (self.cuda_graphs and device.type == "cuda"):
+        if not graphed:
             planner = plan_with(lambda fn: fn)
             return dataclasses.replace(stages, plan_loop=planner)
         from .cudagraph import GraphedCallable

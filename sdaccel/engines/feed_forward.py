@@ -87,10 +87,8 @@ def linear_geglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """GEGLU(x W^T + b) (exact gelu, as diffusers' GEGLU): (..., K) -> (..., D), W (2D, K)."""
     if not (x.is_cuda and _PICKS.enabled and supports(x, weight)):
         return split_path(x, weight, bias)
-    key = _key(x, weight)
-    if key not in _PICKS.choices and len(candidates(x, weight)) == 1:
-        return split_path(x, weight, bias)  # nothing to time against (e.g. "auto" off sm_90)
-    return _PATHS[_PICKS.choose(key, (x, weight, bias), lambda: candidates(x, weight))](x, weight, bias)
+    # "auto" off sm_90 offers split alone: the pick takes it without timing or recording anything.
+    return _PATHS[_PICKS.choose(_key(x, weight), (x, weight, bias), lambda: candidates(x, weight))](x, weight, bias)
 
 
 def candidates(x: torch.Tensor, weight: torch.Tensor, mode: str | None = None) -> dict:

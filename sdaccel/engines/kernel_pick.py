@@ -86,13 +86,18 @@ class ShapePicks:
         self.choices: dict[str, str] = {}
 
     def choose(self, key: str, args: tuple, candidates: Callable[[], dict[str, Callable[..., torch.Tensor]]]) -> str:
-        """The name chosen for `key`; `candidates()` is only called when `key` must be timed."""
+        """The name chosen for `key`; `candidates()` is only called when `key` must be timed. When the default is
+        the only candidate (e.g. a kernel this GPU cannot run was the only other), it is taken and nothing is
+        timed or recorded."""
         if key not in self.choices:
+            offered = candidates()
+            if list(offered) == [self.default]:
+                return self.default
             if is_recording():  # a dry run (kernels/precompile.py): nothing can be timed, and nothing is chosen
-                run_each(args, candidates())  # ... but every candidate's Triton kernels get recorded
+                run_each(args, offered)  # ... but every candidate's Triton kernels get recorded
                 return self.default
             self.choices[key] = self.default if torch.cuda.is_current_stream_capturing() else pick_fastest(
-                args, candidates(), self.default)
+                args, offered, self.default)
         return self.choices[key]
 
     def chosen(self) -> dict[str, str]:
