@@ -35,7 +35,14 @@ def kind_of(name: str) -> str:
     return "other"
 
 
-def profile_kernels(fn, inputs) -> dict:
+def print_kernels(profile: dict, top: int) -> None:
+    print(json.dumps({k: profile[k] for k in ("by_kind_ms", "launches_by_kind", "total_kernel_ms", "launches")}),
+          flush=True)
+    for row in profile["top"][:top]:
+        print(f"  {row['ms']:8.3f} ms x{row['count']:4d} {row['name']}")
+
+
+def profile_kernels(fn, inputs, keep: int = 25) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     fn(*inputs[0])
@@ -56,7 +63,7 @@ def profile_kernels(fn, inputs) -> dict:
     top.sort(reverse=True)
     return {"by_kind_ms": dict(by_kind), "launches_by_kind": dict(count),
             "total_kernel_ms": sum(by_kind.values()), "launches": sum(count.values()),
-            "top": [{"ms": round(t, 3), "count": c, "name": k} for t, c, k in top[:25]]}
+            "top": [{"ms": round(t, 3), "count": c, "name": k} for t, c, k in top[:max(keep, 25)]]}
 
 
 # Leaf ops whose kernels are the matrix work: their input shapes say which layer of the UNet a kernel belongs to.
@@ -100,6 +107,10 @@ def main():
                          "prefix once, as the engine does)")
     ap.add_argument("--by-shape", action="store_true",
                     help="also list the convolutions, GEMMs and SDPA calls of one call by input shape")
+    ap.add_argument("--top", type=int, default=15, help="kernels to list")
+    ap.add_argument("--graphed", action="store_true",
+                    help="also list the kernels of the call replayed as one CUDA graph: their durations there, with "
+                         "the L2 and instruction caches as the neighbouring kernels leave them")
     ap.add_argument("--out")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
@@ -150,11 +161,8 @@ def main():
               "torch": torch.__version__}
     result["eager"] = time_call(eager, inputs, iters=30, warmup=5)
     print("eager", result["eager"], flush=True)
-    result["profile_eager"] = profile_kernels(eager, inputs)
-    print(json.dumps({k: result["profile_eager"][k] for k in ("by_kind_ms", "launches_by_kind",
-                                                                "total_kernel_ms", "launches")}), flush=True)
-    for row in result["profile_eager"]["top"][:15]:
-        print(f"  {row['ms']:8.3f} ms x{row['count']:4d} {row['name']}")
+    result["profile_eager"] = profile_kernels(eager, inputs, keep=args.top)
+    print_kernels(result["profile_eager"], args.top)
     if args.by_shape:
         result["by_shape"] = profile_by_shape(eager, inputs)
         for row in result["by_shape"]:
@@ -183,6 +191,10 @@ def main():
 
     result["eager_cudagraph"] = time_call(graphed, inputs, iters=30, warmup=5)
     print("eager+cudagraph", result["eager_cudagraph"], flush=True)
+    if args.graphed:
+        result["profile_graphed"] = profile_kernels(graphed, inputs, keep=args.top)
+        print("kernels of one graph replay", flush=True)
+        print_kernels(result["profile_graphed"], args.top)
     result["memory_allocated_peak_MB"] = torch.cuda.max_memory_allocated() / 2**20
     if args.out:
         with open(args.out, "w") as f:
