@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from collections import defaultdict
 
@@ -40,9 +41,14 @@ def print_kernels(profile: dict, top: int) -> None:
           flush=True)
     for row in profile["top"][:top]:
         print(f"  {row['ms']:8.3f} ms x{row['count']:4d} {row['name']}")
+    for row in profile.get("trace", []):
+        print(f"  #{row['index']:<4d} {row['us']:7.2f} us {row['name'][:40]:<40} after {row['after'][:50]} ({row['after_us']:.2f} us)")
 
 
-def profile_kernels(fn, inputs, keep: int = 25) -> dict:
+def profile_kernels(fn, inputs, keep: int = 25, trace: str | None = None) -> dict:
+    """Device time by kind and the top kernels of one call; trace: also each launch, in order, of the kernels whose
+    name matches that regex, with the kernel that ran before it (which caches it found)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     fn(*inputs[0])
@@ -61,9 +67,16 @@ def profile_kernels(fn, inputs, keep: int = 25) -> dict:
         count[kind_of(evt.key)] += evt.count
         top.append((dev_us / 1e3, evt.count, evt.key[:110]))
     top.sort(reverse=True)
-    return {"by_kind_ms": dict(by_kind), "launches_by_kind": dict(count),
-            "total_kernel_ms": sum(by_kind.values()), "launches": sum(count.values()),
-            "top": [{"ms": round(t, 3), "count": c, "name": k} for t, c, k in top[:max(keep, 25)]]}
+    result = {"by_kind_ms": dict(by_kind), "launches_by_kind": dict(count),
+              "total_kernel_ms": sum(by_kind.values()), "launches": sum(count.values()),
+              "top": [{"ms": round(t, 3), "count": c, "name": k} for t, c, k in top[:max(keep, 25)]]}
+    if trace:
+        kernels = sorted((e.time_range.start, e.time_range.elapsed_us(), e.name) for e in prof.events()
+                         if e.device_type == DeviceType.CUDA)
+        result["trace"] = [{"index": i, "us": round(us, 2), "name": name[:60], "after": kernels[i - 1][2][:60],
+                            "after_us": round(kernels[i - 1][1], 2)}
+                           for i, (_, us, name) in enumerate(kernels) if i and re.search(trace, name)]
+    return result
 
 
 # Leaf ops whose kernels are the matrix work: their input shapes say which layer of the UNet a kernel belongs to.
@@ -111,6 +124,7 @@ def main():
     ap.add_argument("--graphed", action="store_true",
                     help="also list the kernels of the call replayed as one CUDA graph: their durations there, with "
                          "the L2 and instruction caches as the neighbouring kernels leave them")
+    ap.add_argument("--trace", help="with --graphed: list each launch of the kernels matching this regex")
     ap.add_argument("--out")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
@@ -192,7 +206,7 @@ def main():
     result["eager_cudagraph"] = time_call(graphed, inputs, iters=30, warmup=5)
     print("eager+cudagraph", result["eager_cudagraph"], flush=True)
     if args.graphed:
-        result["profile_graphed"] = profile_kernels(graphed, inputs, keep=args.top)
+        result["profile_graphed"] = profile_kernels(graphed, inputs, keep=args.top, trace=args.trace)
         print("kernels of one graph replay", flush=True)
         print_kernels(result["profile_graphed"], args.top)
     result["memory_allocated_peak_MB"] = torch.cuda.max_memory_allocated() / 2**20
