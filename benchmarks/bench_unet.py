@@ -15,6 +15,8 @@ Variants (the ablation ladder):
   fast-ffsplit   fast with gemm_geglu="split": the feed-forward's GEMM + GEGLU always as cuBLAS + the GEGLU kernel
                  (the default, "auto", times one warp-specialized Gluon kernel against it per shape on sm_90). Run it
                  in its own process: the picks are process-wide
+  fast-hotpick   fast with cold_picks=False: the convolution and feed-forward picks time their candidates back to
+                 back, weights in L2 (before the eleventh session); run it in its own process
   fast-cudnn     fast with cuDNN for every convolution (no per-shape pick against im2col + cuBLAS GEMM); run it in
                  its own process (the picks are process-wide)
   fast-cfgtwice  fast with share_cfg_prefix=False: the CFG batch's two halves computed in full (an even --batch is
@@ -120,6 +122,7 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
         "fast-nocap": lambda: get_engine("fast", workspace_mb=0),  # cuDNN autotunes with all free memory
         "fast-ffpick": lambda: get_engine("fast", gemm_geglu="triton"),
         "fast-ffsplit": lambda: get_engine("fast", gemm_geglu="split"),
+        "fast-hotpick": lambda: get_engine("fast", cold_picks=False),
         "fast-cudnn": lambda: get_engine("fast", conv="cudnn"),
         "fast-gnsplit": lambda: get_engine("fast"),
         "compile-ro": lambda: get_engine("compile", mode="reduce-overhead"),
@@ -240,13 +243,14 @@ def main():
         if on_gpu():
             torch.cuda.empty_cache()
         torch._dynamo.reset()
+    from sdaccel.engines import convolution, feed_forward
     from sdaccel.engines.attention import chosen_backends
 
-    from sdaccel.engines.feed_forward import chosen_paths
-
     result["attention_backends"] = chosen_backends()
-    result["feed_forward_paths"] = chosen_paths()
+    result["feed_forward_paths"] = feed_forward.chosen_paths()
+    result["convolution_paths"] = convolution.chosen_paths()
     print(json.dumps(result["feed_forward_paths"], indent=1))
+    print(json.dumps({k: v for k, v in result["convolution_paths"].items() if v != convolution.CUDNN}, indent=1))
     print(json.dumps(result["attention_backends"], indent=1))
     if args.out:
         with open(args.out, "w") as f:

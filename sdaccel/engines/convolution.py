@@ -22,7 +22,7 @@ from .kernel_pick import ShapePicks
 
 CUDNN, GEMM = "cudnn", "gemm"
 MAX_PICK_BYTES = 16 * 2**20
-_PICKS = ShapePicks(CUDNN, enabled=True)
+_PICKS = ShapePicks(CUDNN, enabled=True, weights=(1,))
 
 
 def set_autotune(enabled: bool) -> None:

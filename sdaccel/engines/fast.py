@@ -19,6 +19,9 @@ Options (each can be switched off for ablations):
                UNet call at CFG batch 16 and of SDXL's denoising, nothing at CFG batch 2); "triton": also the
                plain-Triton fused kernels (they bought nothing measurable, for 14 s of cold start); "split": always
                cuBLAS + the GEGLU kernel
+  cold_picks   time the candidates of the convolution and feed-forward picks with their weights pushed out of L2
+               by reading other weights of the model (kernel_pick.py), as a UNet call finds them; False: back to
+               back, weights in L2 (the Gluon GEMM + GEGLU kernel then won shapes where it loses in the model)
   share_cfg_prefix  with classifier-free guidance, the UNet takes the latents once beside the two contexts and
                computes what both halves share once: everything before the first cross-attention (SD1.x/2.x: conv_in,
                the first ResNet block, the first transformer's self-attention at 4096 tokens), then widens the batch
@@ -58,6 +61,7 @@ from . import convolution, feed_forward
 from .attention import chosen_backends, restore_backends, set_autotune
 from .base import Engine, Stages, restore_weight_storages, weight_storages
 from .compile import cache_root
+from .kernel_pick import set_l2_eviction
 from .cudagraph import input_signature
 from .engine_cache import EngineCache, environment, weights_digest
 from .eager import cast_stages, place_modules
@@ -118,7 +122,7 @@ class FastEngine(Engine):
                  channels_last: bool = True, fp32_ops: tuple[str, ...] | list[str] = (), workspace_mb: int = 256,
                  gemm_geglu: str = "auto", conv: str = "auto", vae_dtype: str = "auto",
                  compile_workers: int | None = None, share_cfg_prefix: bool = True, loop_plan: bool = True,
-                 allow_cpu: bool = False):
+                 cold_picks: bool = True, allow_cpu: bool = False):
         unknown = set(fp32_ops) - FP32_OPS
         if unknown:
             raise UsageError(f"unknown fp32 op(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(FP32_OPS))}")
@@ -138,6 +142,7 @@ class FastEngine(Engine):
         self.compile_workers = compile_workers
         self.share_cfg_prefix = share_cfg_prefix
         self.loop_plan = loop_plan
+        self.cold_picks = cold_picks
         self.fp32_ops = tuple(sorted(fp32_ops))
         self.workspace_mb = workspace_mb
         self.gemm_geglu = gemm_geglu
@@ -214,7 +219,7 @@ class FastEngine(Engine):
         return {"fused": self.fused, "cuda_graphs": self.cuda_graphs, "attention": self.attention,
                 "gemm_geglu": self.gemm_geglu, "conv": self.conv, "fp32_ops": list(self.fp32_ops),
                 "workspace_mb": self.workspace_mb, "vae_dtype": self.vae_dtype,
-                "share_cfg_prefix": self.share_cfg_prefix, "loop_plan": self.loop_plan}
+                "share_cfg_prefix": self.share_cfg_prefix, "loop_plan": self.loop_plan, "cold_picks": self.cold_picks}
 
     def _worker_count(self, device: torch.device) -> int:
         """How many processes compile a new shape's kernels; 0 where that is off or cannot work."""
@@ -306,6 +311,7 @@ class FastEngine(Engine):
         set_autotune(self.attention == "auto", graphed)
         feed_forward.set_mode(self.gemm_geglu, graphed)
         convolution.set_autotune(self.conv == "auto")
+        set_l2_eviction(components.unet.parameters() if self.cold_picks else ())
         # The tensors the stages (and graphs captured from them) read: refresh_weights copies new values into them.
         self._weights = weight_storages(components)
         stages = cast_stages(components, dtype, vae_dtype)

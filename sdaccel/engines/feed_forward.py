@@ -35,7 +35,7 @@ from .kernel_pick import ShapePicks
 
 SPLIT = "split"
 MODES = ("auto", "triton", "split")
-_PICKS = ShapePicks(SPLIT, enabled=False)  # the engine enables it (set_mode)
+_PICKS = ShapePicks(SPLIT, enabled=False, weights=(1, 2))  # the engine enables it (set_mode)
 _MODE = "split"
 
 

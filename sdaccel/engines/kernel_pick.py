@@ -1,10 +1,18 @@
 """Choosing between interchangeable kernels on this GPU: time each from CUDA-graph replays, keep the fastest
 whose output agrees with the first working candidate's (correctness first). Used per shape by the attention
-dispatch and the feed-forward's GEMM + GEGLU."""
+dispatch, the convolutions and the feed-forward's GEMM + GEGLU.
+
+Where a candidate reads weights, it is timed with those weights out of L2, as a UNet call finds them: the call reads
+1.7 GB of weights (SD1.5) through a 50 MB L2, so each layer's weights come from HBM while its input was just written
+by the kernel before it. Timed back to back, every candidate found its weights in L2: on an H100 the feed-forward's
+pick then took the Gluon GEMM + GEGLU kernel at SD1.5's 16x16 and 8x8 levels, where inside the graph it took 37.8 and
+27.7 us against 28.1 and 17.2 for the split path (eleventh session, benchmarks/README.md)."""
 
 from __future__ import annotations
 
-from typing import Callable
+import functools
+import weakref
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -12,29 +20,83 @@ from ..kernels.precompile import is_recording
 from .cudagraph import on_side_stream, side_stream
 
 
-def cuda_time_ms(fn, iters: int = 20) -> float:
+# Tensors read between timed calls to push a candidate's weights out of L2: the engine hands in the model's own
+# weights (set_l2_eviction), so this costs no memory (a scratch buffer would add to the first image's peak). Weak
+# references: an engine that is gone must not keep its model alive through this module.
+_EVICTION: list[weakref.ref] = []
+
+
+def set_l2_eviction(tensors: Iterable[torch.Tensor]) -> None:
+    """The tensors whose reading evicts L2 between timed calls (none: candidates are timed back to back)."""
+    _EVICTION[:] = [weakref.ref(t) for t in tensors if t.is_cuda]
+
+
+def _eviction_reads(keep_out: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Eviction tensors (largest first) totalling twice the L2, none sharing storage with `keep_out`; [] if the
+    ones set are too few to fill the L2 once (a tiny model: the timing falls back to back-to-back calls)."""
+    if not keep_out:
+        return []
+    l2 = torch.cuda.get_device_properties(keep_out[0].device).L2_cache_size
+    taken = {t.untyped_storage().data_ptr() for t in keep_out}
+    alive = [t for t in (ref() for ref in _EVICTION) if t is not None and t.device == keep_out[0].device]
+    reads, total = [], 0
+    for t in sorted(alive, key=lambda t: -t.nbytes):
+        if total >= 2 * l2:
+            break
+        if t.untyped_storage().data_ptr() not in taken:
+            reads.append(t)
+            total += t.nbytes
+    return reads if total >= l2 else []
+
+
+def cuda_time_ms(fn, iters: int = 20, weights: Sequence[torch.Tensor] = (),
+                 inputs: Sequence[torch.Tensor] = ()) -> float:
     """GPU time of one call. The calls are replayed from a CUDA graph, as the engine runs them: timed from
     Python, a 20-50 us attention kernel measures the launch path (the SDPA backend switch is Python-side) more
     than the kernel, and picked the wrong one. A candidate that cannot be captured raises, so the pick drops it:
     the engine's whole-call graphs would fail on it (a package's kernels, e.g. FlashAttention-4's, are not ours
-    to vouch for)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    to vouch for).
+    weights: with eviction tensors set (set_l2_eviction), each call is preceded by reads that push L2's lines out,
+    then by a read of `inputs` (the activations, which the kernel before finds in L2 in the model); the time is that
+    graph's minus the same graph without the calls."""
+    evict = _eviction_reads([*weights, *inputs]) if weights else []
+
+    def before_each():
+        for t in (*evict, *(inputs if evict else ())):
+            t.sum()  # a read of every element; the one-element result is dropped
+
     fn()
     try:
         with on_side_stream():
             fn()  # warm-up on the capturing stream (lazy workspaces are allocated outside the capture)
-        graph = torch.cuda.CUDAGraph()
+            before_each()
+        graph, base = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=side_stream()):
             for _ in range(iters):
+                before_each()
                 fn()
+        if evict:
+            with torch.cuda.graph(base, stream=side_stream()):
+                for _ in range(iters):
+                    before_each()
     except RuntimeError as exc:
         torch.cuda.synchronize()
         raise RuntimeError(f"cannot be captured in a CUDA graph: {exc}") from exc
+    if not evict:
+        return _replay_ms(graph) / iters
+    # The smaller of two replays each: the difference of two ~2 ms graphs must not carry one replay's hiccup.
+    with_calls = min(_replay_ms(graph), _replay_ms(graph))
+    reads_only = min(_replay_ms(base), _replay_ms(base))
+    return max(with_calls - reads_only, 1e-6) / iters
+
+
+def _replay_ms(graph: torch.cuda.CUDAGraph) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     graph.replay()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / iters
+    return start.elapsed_time(end)
 
 
 def pick_fastest(args: tuple, kernels: dict[str, Callable[..., torch.Tensor]], default: str,
@@ -80,10 +142,11 @@ class ShapePicks:
     dry run that records Triton kernels, each candidate runs once and nothing is chosen.
     Choices are plain strings, so the engine cache can store and restore them."""
 
-    def __init__(self, default: str, enabled: bool):
+    def __init__(self, default: str, enabled: bool, weights: tuple[int, ...] = ()):
         self.default = default
         self.enabled = enabled  # False: callers take their default path without choosing
-        self.choices: dict[str, str] = {}
+        self.weights = weights  # which of the candidates' arguments are weights (timed out of L2; the other
+        self.choices: dict[str, str] = {}  # tensors are the activations, read into L2 before each timed call)
 
     def choose(self, key: str, args: tuple, candidates: Callable[[], dict[str, Callable[..., torch.Tensor]]]) -> str:
         """The name chosen for `key`; `candidates()` is only called when `key` must be timed. When the default is
@@ -97,8 +160,15 @@ class ShapePicks:
                 run_each(args, offered)  # ... but every candidate's Triton kernels get recorded
                 return self.default
             self.choices[key] = self.default if torch.cuda.is_current_stream_capturing() else pick_fastest(
-                args, offered, self.default)
+                args, offered, self.default, self._time_ms(args))
         return self.choices[key]
+
+    def _time_ms(self, args: tuple) -> Callable[[Callable[[], torch.Tensor]], float]:
+        tensors = [(i, a) for i, a in enumerate(args) if torch.is_tensor(a)]
+        weights = [a for i, a in tensors if i in self.weights]
+        if not weights:
+            return cuda_time_ms
+        return functools.partial(cuda_time_ms, weights=weights, inputs=[a for i, a in tensors if i not in self.weights])
 
     def chosen(self) -> dict[str, str]:
         return dict(self.choices)

@@ -1,5 +1,6 @@
-"""Kernel picks per shape (engines/kernel_pick.py); the timing itself is tested through its users."""
+"""Kernel picks per shape (engines/kernel_pick.py); the picks' timing is also tested through their users."""
 
+import pytest
 import torch
 
 from sdaccel.engines.kernel_pick import ShapePicks
@@ -23,3 +24,51 @@ def test_a_dry_run_runs_every_candidate_once_and_chooses_nothing():
         assert picks.choose("x[4]", (torch.ones(4),), lambda: kernels) == "a"
     assert sorted(calls) == ["a", "b", "c"]
     assert picks.chosen() == {}  # the real call times them
+
+
+def test_weights_are_timed_apart_from_the_activations():
+    from sdaccel.engines import kernel_pick
+
+    x, w, b = torch.ones(4, 3), torch.ones(6, 3), torch.ones(6)
+    assert ShapePicks("a", enabled=True)._time_ms((x, w, b)) is kernel_pick.cuda_time_ms
+    timing = ShapePicks("a", enabled=True, weights=(1, 2))._time_ms((x, w, None, 7))
+    assert timing.func is kernel_pick.cuda_time_ms
+    assert [t is w for t in timing.keywords["weights"]] == [True]
+    assert [t is x for t in timing.keywords["inputs"]] == [True]
+
+
+def test_the_eviction_list_keeps_no_tensor_alive_and_skips_cpu_tensors():
+    from sdaccel.engines import kernel_pick
+
+    kernel_pick.set_l2_eviction([torch.ones(3)])
+    assert kernel_pick._EVICTION == []
+    if torch.cuda.is_available():
+        t = torch.ones(3, device="cuda")
+        kernel_pick.set_l2_eviction([t])
+        assert kernel_pick._EVICTION[0]() is t
+        del t
+        assert kernel_pick._EVICTION[0]() is None
+    kernel_pick.set_l2_eviction([])
+
+
+@pytest.mark.gpu
+def test_weights_timed_out_of_l2_are_read_from_memory():
+    """A matrix-vector product is its weight's read: timed with the weight evicted it must be slower than back to
+    back (weight in L2), and the reads that evict are not counted in its time."""
+    from sdaccel.engines import kernel_pick
+
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    w = torch.randn(l2 // 4 // 2048, 2048, device="cuda", dtype=torch.float16)  # a quarter of the L2
+    x = torch.randn(2048, 1, device="cuda", dtype=torch.float16)
+    others = [torch.randn(l2 // 2, device="cuda", dtype=torch.float16) for _ in range(4)]  # 4x the L2
+    kernel_pick.set_l2_eviction([w, *others])  # w itself must be left out of the reads
+    try:
+        assert [t is o for t, o in zip(kernel_pick._eviction_reads([w, x]), others)] == [True, True]  # 2x the L2
+        assert all(t is not others[0] for t in kernel_pick._eviction_reads([others[0]]))  # an operand is not read
+        hot = min(kernel_pick.cuda_time_ms(lambda: w @ x) for _ in range(3))
+        cold = min(kernel_pick.cuda_time_ms(lambda: w @ x, weights=[w], inputs=[x]) for _ in range(3))
+        read_others = min(kernel_pick.cuda_time_ms(lambda: others[0].sum()) for _ in range(3))
+    finally:
+        kernel_pick.set_l2_eviction([])
+    assert cold > 1.2 * hot, (cold, hot)
+    assert cold < read_others, (cold, read_others)  # the eviction reads (2x the L2) are subtracted
