@@ -9,8 +9,8 @@
 
 Which wins depends on rows, widths and the GPU (cuBLAS is hard to beat at small K; the fused kernel saves the
 round trip of the wide intermediate, which grows with the batch). The first call with a new shape times each
-path from CUDA-graph replays and keeps the fastest correct one (kernel_pick.py), by name, so the engine cache can
-store it; a capture never times (it takes "split").
+path from CUDA-graph replays, with the weight out of L2 as in the model, and keeps the fastest correct one
+(kernel_pick.py), by name, so the engine cache can store it; a capture never times (it takes "split").
 
 Which paths are timed is the engine's `gemm_geglu` mode (set_mode):
   "auto"    (default) split against the sm_90 Gluon kernel, on an sm_90 GPU; split alone elsewhere
@@ -22,6 +22,10 @@ it is neutral at CFG batch 2 (5.66-5.68 ms a UNet call either way) and saves 2% 
 31.91 ms), 1.7% of SD1.5's denoising at 8 images and 2.1% of SDXL's, for about 1 s more of cold start. The
 plain-Triton kernels won alone only at K = 320 on an H100 and bought nothing measurable in the UNet call, for 14 s
 of cold-start JIT (H100-2026-11-27): opt-in.
+Inside the UNet call's graph (eleventh session) the Gluon kernel takes 50.6 / 37.9 / 38.2 / 27.7 us at those shapes,
+against 53.7 / 34.9 / 28.3 / 17.2 for the split path: it loses where its weight (26 MB at K = 1280) comes from memory.
+Picks timed with the weight in L2 took it everywhere; timed with the weight evicted they take split at 512 and 128
+rows, and (with the convolution picks timed the same way) a UNet call at CFG batch 2 went from 5.67-5.74 to 5.61-5.62 ms.
 """
 
 from __future__ import annotations
