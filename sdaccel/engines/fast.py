@@ -61,11 +61,11 @@ from . import convolution, feed_forward
 from .attention import chosen_backends, restore_backends, set_autotune
 from .base import Engine, Stages, restore_weight_storages, weight_storages
 from .compile import cache_root
-from .kernel_pick import set_l2_eviction
 from .cudagraph import input_signature
 from .engine_cache import EngineCache, environment, weights_digest
 from .eager import cast_stages, place_modules
 from .fused_modules import cfg_prefix_refusal, fuse_modules
+from .kernel_pick import set_l2_eviction
 from .loop_plan import LoopPlanner, plan_refusal
 from .vae_scaling import STREAM_SCALE, rescale_decoder
 

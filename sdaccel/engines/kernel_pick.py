@@ -5,8 +5,8 @@ dispatch, the convolutions and the feed-forward's GEMM + GEGLU.
 Where a candidate reads weights, it is timed with those weights out of L2, as a UNet call finds them: the call reads
 1.7 GB of weights (SD1.5) through a 50 MB L2, so each layer's weights come from HBM while its input was just written
 by the kernel before it. Timed back to back, every candidate found its weights in L2: on an H100 the feed-forward's
-pick then took the Gluon GEMM + GEGLU kernel at SD1.5's 16x16 and 8x8 levels, where inside the graph it took 37.8 and
-27.7 us against 28.1 and 17.2 for the split path (eleventh session, benchmarks/README.md)."""
+pick then took the Gluon GEMM + GEGLU kernel at SD1.5's 16x16 and 8x8 levels, where inside the graph it took 38.2 and
+27.7 us against 28.3 and 17.2 for the split path (eleventh session, benchmarks/README.md)."""
 
 from __future__ import annotations
 

@@ -37,18 +37,25 @@ def test_weights_are_timed_apart_from_the_activations():
     assert [t is x for t in timing.keywords["inputs"]] == [True]
 
 
-def test_the_eviction_list_keeps_no_tensor_alive_and_skips_cpu_tensors():
+def test_the_eviction_list_skips_cpu_tensors():
     from sdaccel.engines import kernel_pick
 
     kernel_pick.set_l2_eviction([torch.ones(3)])
     assert kernel_pick._EVICTION == []
-    if torch.cuda.is_available():
-        t = torch.ones(3, device="cuda")
-        kernel_pick.set_l2_eviction([t])
+
+
+@pytest.mark.gpu
+def test_the_eviction_list_keeps_no_tensor_alive():
+    from sdaccel.engines import kernel_pick
+
+    t = torch.ones(3, device="cuda")
+    kernel_pick.set_l2_eviction([t])
+    try:
         assert kernel_pick._EVICTION[0]() is t
         del t
         assert kernel_pick._EVICTION[0]() is None
-    kernel_pick.set_l2_eviction([])
+    finally:
+        kernel_pick.set_l2_eviction([])
 
 
 @pytest.mark.gpu
@@ -62,7 +69,7 @@ def test_weights_timed_out_of_l2_are_read_from_memory():
     w = torch.randn(l2 // 4 // 2048, 2048, device="cuda", dtype=torch.float16)  # a quarter of the L2
     x = torch.randn(2048, device="cuda", dtype=torch.float16)  # an "activation" read into L2 before each call
     others = [torch.randn(l2 // 2, device="cuda", dtype=torch.float16) for _ in range(4)]  # 4x the L2
-    kernel_pick.set_l2_eviction([w, *others])  # w itself must be left out of the reads
+    kernel_pick.set_l2_eviction([w, *others])
     try:
         assert [t is o for t, o in zip(kernel_pick._eviction_reads([w, x]), others)] == [True, True]  # 2x the L2
         assert all(t is not others[0] for t in kernel_pick._eviction_reads([others[0]]))  # an operand is not read
