@@ -8,6 +8,8 @@ convolution before it has just written), replayed --iters times; microseconds pe
     python benchmarks/kernels/bench_group_norm_paths.py [--json out.json] [--quick]
     python benchmarks/kernels/bench_group_norm_paths.py --shapes large --tiles 4096,8192,16384 --warps 8,16 \
         --stages 2,3     # the looped kernel at 64x64 and above, with larger tiles and more warps
+    python benchmarks/kernels/bench_group_norm_paths.py --shapes large --split-rows 32,64,128,256 --tiles 2048,8192 \
+        --warps 4,8 --stages 3   # the split kernels' knobs too: rows per chunk (how many programs), tile, warps
 """
 
 import argparse
@@ -77,6 +79,9 @@ def main():
     p.add_argument("--tiles", type=ints)
     p.add_argument("--warps", type=ints)
     p.add_argument("--stages", type=ints)
+    p.add_argument("--split-rows", type=ints,
+                   help="also time the split kernels at these rows per chunk, over --tiles and --warps (the default "
+                        "split row is the launcher's own choice)")
     args = p.parse_args()
     tiles = args.tiles or ((2048, 4096) if args.quick else (1024, 2048, 4096, 8192))
     warps = args.warps or ((4, 8) if args.quick else (2, 4, 8))
@@ -98,6 +103,9 @@ def main():
         variants = {"split": dict(path="split")}
         if single_pass_fits(H * W, C // GROUPS):
             variants["single"] = dict(path="single")
+        for rows, tile, nw in itertools.product(args.split_rows or (), tiles, warps):
+            variants[f"split r{rows} t{tile} w{nw}"] = dict(path="split", rows_per_chunk=rows, tile_elems=tile,
+                                                            num_warps=nw)
         for tile, nw, st in itertools.product(tiles, warps, stages):
             variants[f"looped t{tile} w{nw} s{st}"] = dict(path="looped", tile_elems=tile, num_warps=nw,
                                                           loop_stages=st)
@@ -113,9 +121,13 @@ def main():
         looped = {k: v for k, v in row["us"].items() if k.startswith("looped") and v is not None}
         best = min(looped, key=looped.get) if looped else None
         row["best_looped"] = best
+        knobs = {k: v for k, v in row["us"].items() if k.startswith("split ") and v is not None}
+        best_split = min(knobs, key=knobs.get) if knobs else None
+        row["best_split_knobs"] = best_split
+        split_knobs = f" (knobs: best {knobs[best_split]:.1f}, {best_split})" if best_split else ""
         single = f" single {row['us']['single']:.1f}" if "single" in row["us"] else ""
         worst_err = max(v for v in row["max_err"].values())
-        print(f"{N}x{C}x{H}x{W}: split {row['us']['split']:.1f}{single} | looped best {looped[best]:.1f} ({best})"
+        print(f"{N}x{C}x{H}x{W}: split {row['us']['split']:.1f}{split_knobs}{single} | looped best {looped[best]:.1f} ({best})"
               f" | max err {worst_err:.2e}", flush=True)
         results.append(row)
         if args.json:
