@@ -42,7 +42,8 @@ def print_kernels(profile: dict, top: int) -> None:
     for row in profile["top"][:top]:
         print(f"  {row['ms']:8.3f} ms x{row['count']:4d} {row['name']}")
     for row in profile.get("trace", []):
-        print(f"  #{row['index']:<4d} {row['us']:7.2f} us {row['name'][:40]:<40} after {row['after'][:50]} ({row['after_us']:.2f} us)")
+        print(f"  #{row['index']:<4d} {row['us']:7.2f} us {row['name'][:40]:<40} after {row['after'][:50]} "
+              f"({row['after_us']:.2f} us)")
 
 
 def profile_kernels(fn, inputs, keep: int = 25, trace: str | None = None) -> dict:

@@ -80,8 +80,8 @@ def main():
     p.add_argument("--warps", type=ints)
     p.add_argument("--stages", type=ints)
     p.add_argument("--split-rows", type=ints,
-                   help="also time the split kernels at these rows per chunk, over --tiles and --warps (the default "
-                        "split row is the launcher's own choice)")
+                   help="also time the split kernels at these rows per chunk, over --tiles and --warps (the row "
+                        "named plain 'split' keeps the launcher's own choice)")
     args = p.parse_args()
     tiles = args.tiles or ((2048, 4096) if args.quick else (1024, 2048, 4096, 8192))
     warps = args.warps or ((4, 8) if args.quick else (2, 4, 8))
@@ -127,8 +127,8 @@ def main():
         split_knobs = f" (knobs: best {knobs[best_split]:.1f}, {best_split})" if best_split else ""
         single = f" single {row['us']['single']:.1f}" if "single" in row["us"] else ""
         worst_err = max(v for v in row["max_err"].values())
-        print(f"{N}x{C}x{H}x{W}: split {row['us']['split']:.1f}{split_knobs}{single} | looped best {looped[best]:.1f} ({best})"
-              f" | max err {worst_err:.2e}", flush=True)
+        print(f"{N}x{C}x{H}x{W}: split {row['us']['split']:.1f}{split_knobs}{single} | looped best "
+              f"{looped[best]:.1f} ({best}) | max err {worst_err:.2e}", flush=True)
         results.append(row)
         if args.json:
             with open(args.json, "w") as f:
