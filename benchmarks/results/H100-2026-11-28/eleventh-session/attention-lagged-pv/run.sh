@@ -8,7 +8,7 @@ HERE=benchmarks/results/H100-2026-11-28/eleventh-session/attention-lagged-pv
 rm -rf /tmp/tree && mkdir /tmp/tree && cp -r sdaccel tests benchmarks pyproject.toml /tmp/tree/ \
   && (cd /tmp/tree && patch -p1 -s < $PWD/$HERE/lagged_pv.patch) || exit 1
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
-for c in 128,64,4,4,112,True 128,64,4,3,104,True 128,64,4,3,80,True; do for s in 2,8,4096,40 1,3,1000,40 2,8,1024,80; do
+for c in 128,64,4,4,112,True 128,64,4,3,104,True 128,64,4,3,80,True 128,64,4,2,80,True 64,128,4,2,128; do for s in 2,8,4096,40 1,3,1000,40 2,8,1024,80; do
   PYTHONPATH=/tmp/site:/tmp/tree timeout 60 python3 $HERE/smoke.py $c $s 2>&1 | tail -1 | cut -c1-160 | tee -a $OUT/smoke.txt
 done; done
 grep -q BAD $OUT/smoke.txt && { echo "smoke failed: not timing"; exit 1; }
