@@ -27,8 +27,9 @@ _EVICTION: list[weakref.ref] = []
 
 
 def set_l2_eviction(tensors: Iterable[torch.Tensor]) -> None:
-    """The tensors whose reading evicts L2 between timed calls (none: candidates are timed back to back)."""
-    _EVICTION[:] = [weakref.ref(t) for t in tensors if t.is_cuda]
+    """The tensors whose reading evicts L2 between timed calls (none: candidates are timed back to back). Kept
+    largest first, the order the reads take them in."""
+    _EVICTION[:] = [weakref.ref(t) for t in sorted((t for t in tensors if t.is_cuda), key=lambda t: -t.nbytes)]
 
 
 def _eviction_reads(keep_out: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -40,7 +41,7 @@ def _eviction_reads(keep_out: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     taken = {t.untyped_storage().data_ptr() for t in keep_out}
     alive = [t for t in (ref() for ref in _EVICTION) if t is not None and t.device == keep_out[0].device]
     reads, total = [], 0
-    for t in sorted(alive, key=lambda t: -t.nbytes):
+    for t in alive:
         if total >= 2 * l2:
             break
         if t.untyped_storage().data_ptr() not in taken:
@@ -60,22 +61,25 @@ def cuda_time_ms(fn, iters: int = 20, weights: Sequence[torch.Tensor] = (),
     then by a read of `inputs` (the activations, which the kernel before finds in L2 in the model); the time is that
     graph's minus the same graph without the calls."""
     evict = _eviction_reads([*weights, *inputs]) if weights else []
+    reads = [*evict, *inputs] if evict else []
 
     def before_each():
-        for t in (*evict, *(inputs if evict else ())):
+        for t in reads:
             t.sum()  # a read of every element; the one-element result is dropped
 
     fn()
     try:
         with on_side_stream():
             fn()  # warm-up on the capturing stream (lazy workspaces are allocated outside the capture)
-            before_each()
-        graph, base = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+            if evict:
+                before_each()
+        graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=side_stream()):
             for _ in range(iters):
                 before_each()
                 fn()
-        if evict:
+        if evict:  # the same reads without the calls: their time is subtracted
+            base = torch.cuda.CUDAGraph()
             with torch.cuda.graph(base, stream=side_stream()):
                 for _ in range(iters):
                     before_each()
