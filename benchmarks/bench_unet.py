@@ -19,6 +19,8 @@ Variants (the ablation ladder):
                  back, weights in L2 (before the eleventh session); run it in its own process
   fast-cudnn     fast with cuDNN for every convolution (no per-shape pick against im2col + cuBLAS GEMM); run it in
                  its own process (the picks are process-wide)
+  fast-convgemm  fast with conv="gemm": cuDNN against im2col + cuBLAS only, without sdaccel's Gluon convolution
+                 (sm_90); run it in its own process
   fast-cfgtwice  fast with share_cfg_prefix=False: the CFG batch's two halves computed in full (an even --batch is
                  CFG's: the same latents twice; fast takes them once and computes the part before the first
                  cross-attention once)
@@ -124,6 +126,7 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
         "fast-ffsplit": lambda: get_engine("fast", gemm_geglu="split"),
         "fast-hotpick": lambda: get_engine("fast", cold_picks=False),
         "fast-cudnn": lambda: get_engine("fast", conv="cudnn"),
+        "fast-convgemm": lambda: get_engine("fast", conv="gemm"),
         "fast-gnsplit": lambda: get_engine("fast"),
         "compile-ro": lambda: get_engine("compile", mode="reduce-overhead"),
         "onnxruntime": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=True),

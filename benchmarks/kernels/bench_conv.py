@@ -13,6 +13,8 @@ Impls:
   im2col+gemm  k > 1: patches copied into an (N*Ho*Wo, k*k*C) matrix with torch ops (im2col_reference; the engine
                uses the Triton kernel of kernels/im2col.py), then one cuBLAS GEMM
   gemm-only    the GEMM of im2col+gemm alone: what the GEMM side costs without the copy
+  sm90         sdaccel's Gluon implicit-GEMM kernel (kernels/conv_sm90.py), each of its CONFIGS that takes the
+               shape; the column shows the fastest, the last column its config
 """
 
 import os
@@ -27,6 +29,7 @@ from _timing import environment  # noqa: E402
 from bench_unet import make_inputs  # noqa: E402
 
 from sdaccel.engines.kernel_pick import cuda_time_ms  # noqa: E402
+from sdaccel.kernels import conv_sm90  # noqa: E402
 from sdaccel.kernels.im2col import im2col_reference  # noqa: E402
 from sdaccel.models import build_synthetic, get_spec  # noqa: E402
 from sdaccel.models.components import unet_fn  # noqa: E402
@@ -64,16 +67,20 @@ def main():
     p.add_argument("--batch", type=int, default=2, help="UNet batch (2 = one image with CFG)")
     p.add_argument("--iters", type=int, default=50, help="calls per timed CUDA-graph replay")
     p.add_argument("--csv", metavar="PATH", help="append result rows to this CSV file")
+    p.add_argument("--sm90-configs", metavar="A,B,K,S;...", help="the sm90 kernel's configs to time instead of its "
+                   "CONFIGS, e.g. '128,32,64,5;64,16,64,4' (BN_A, BN_B, BLOCK_K, STAGES)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("this benchmark needs a CUDA GPU")
     torch.backends.cudnn.benchmark = True
     env = environment()
+    sm90_configs = conv_sm90.CONFIGS if not args.sm90_configs else [
+        tuple(int(v) for v in c.split(",")) for c in args.sm90_configs.split(";")]
     shapes, weights = collect_shapes(args.arch, args.batch)
     print(f"# {args.arch} UNet convolutions at batch {args.batch} | {env['gpu']} | torch {env['torch']} "
           f"| cuDNN {torch.backends.cudnn.version()} | us per call, CUDA-graph replays of {args.iters} calls")
     print(f"{'N,C,H,W':<20}{'Cout':>6}{'k/s':>5}{'x':>4}{'GFLOP':>8}{'cudnn':>9}{'gemm':>9}{'im2col+gemm':>13}"
-          f"{'gemm-only':>11}{'cudnn TF/s':>12}  best")
+          f"{'gemm-only':>11}{'sm90':>9}{'cudnn TF/s':>12}  best (sm90 config)")
     rows, totals = [], {"best": 0.0}
     for key, count in sorted(shapes.items(), key=lambda kv: -kv[1]):
         n, c, h, w, cout, k, stride, pad = key
@@ -88,10 +95,19 @@ def main():
             cols = im2col_reference(x, k, stride, pad)
             impls["im2col+gemm"] = lambda: im2col_reference(x, k, stride, pad) @ w_mat.t()
             impls["gemm-only"] = lambda: cols @ w_mat.t()
+        for cfg in sm90_configs:
+            if conv_sm90.supports(x, weight, stride, pad, cfg) is None:
+                impls[f"sm90:{conv_sm90.config_name(cfg)}"] = (
+                    lambda cfg=cfg: conv_sm90.conv2d_sm90(x, weight, stride, pad, config=cfg))
         ref = impls["cudnn"]().permute(0, 2, 3, 1).reshape(-1, cout).float()
         times = {}
         for name, fn in impls.items():
-            out = fn().reshape(-1, cout) if name != "cudnn" else None
+            if name == "cudnn":
+                out = None
+            elif name.startswith("sm90"):  # a channels_last (N, Cout, H, W) tensor, as cuDNN's
+                out = fn().permute(0, 2, 3, 1).reshape(-1, cout)
+            else:
+                out = fn().reshape(-1, cout)
             if out is not None:
                 err = (out.float() - ref).abs().max().item() / max(ref.abs().max().item(), 1e-6)
                 if err > 2e-2:
@@ -102,6 +118,15 @@ def main():
         gflop = 2 * n * ho * ho * cout * c * k * k / 1e9
         runnable = {m: t for m, t in times.items() if m != "gemm-only"}
         best = min(runnable, key=runnable.get)
+        sm90 = {m: t for m, t in times.items() if m.startswith("sm90")}
+        if sm90:
+            fastest = min(sm90, key=sm90.get)
+            times["sm90"] = sm90[fastest]
+            totals["sm90 where it runs, else cudnn"] = totals.get("sm90 where it runs, else cudnn", 0.0) + count * min(
+                times["sm90"], times["cudnn"])
+        else:
+            totals["sm90 where it runs, else cudnn"] = totals.get("sm90 where it runs, else cudnn", 0.0) + count * times[
+                "cudnn"]
         totals["best"] += count * runnable[best]
         for name, t in times.items():
             totals[name] = totals.get(name, 0.0) + count * t
@@ -110,11 +135,12 @@ def main():
             return f"{times[name]:>{width}.1f}" if name in times else f"{'':>{width}}"
 
         print(f"{f'{n},{c},{h},{w}':<20}{cout:>6}{f'{k}/{stride}':>5}{count:>4}{gflop:>8.2f}{cell('cudnn', 9)}"
-              f"{cell('gemm', 9)}{cell('im2col+gemm', 13)}{cell('gemm-only', 11)}"
-              f"{gflop / times['cudnn'] * 1e3:>12.0f}  {best}", flush=True)
+              f"{cell('gemm', 9)}{cell('im2col+gemm', 13)}{cell('gemm-only', 11)}{cell('sm90', 9)}"
+              f"{gflop / times['cudnn'] * 1e3:>12.0f}  {best}{f' ({fastest})' if sm90 else ''}", flush=True)
         rows.append(dict(arch=args.arch, batch=args.batch, shape=f"{n}x{c}x{h}x{w}", cout=cout, k=k, stride=stride,
                          count=count, gflop=gflop, **{f"{m}_us": t for m, t in times.items()}, best=best, **env))
     print(f"# per UNet call: cuDNN everywhere {totals['cudnn']:.1f} us; best per shape {totals['best']:.1f} us; "
+          f"the better of cuDNN and sm90 {totals['sm90 where it runs, else cudnn']:.1f} us; "
           f"cuDNN where it is best and gemm-only elsewhere bounds a fused im2col at "
           f"{sum(r['count'] * min(r['cudnn_us'], r.get('gemm-only_us', r.get('gemm_us', 1e9))) for r in rows):.1f} us")
     if args.csv:

@@ -1,14 +1,23 @@
-"""Convolutions through cuDNN or, where it times faster for the shape, one cuBLAS GEMM.
+"""Convolutions through cuDNN or, where it times faster for the shape, one cuBLAS GEMM or sdaccel's Gluon kernel.
 
-  "cudnn"  F.conv2d on the channels_last activation (cuDNN's implicit GEMM, autotuned by benchmark mode)
-  "gemm"   a 1x1 convolution is a GEMM on the NHWC activation as it is; a k x k one a GEMM on its im2col matrix
-           (kernels/im2col.py). The weight, channels_last, is already the (Cout, k*k*Cin) matrix: no copy
+  "cudnn"          F.conv2d on the channels_last activation (cuDNN's implicit GEMM, autotuned by benchmark mode)
+  "gemm"           a 1x1 convolution is a GEMM on the NHWC activation as it is; a k x k one a GEMM on its im2col
+                   matrix (kernels/im2col.py). The weight, channels_last, is already the (Cout, k*k*Cin) matrix
+  "sm90:<config>"  a k x k "same" convolution as an implicit GEMM in one persistent Gluon kernel (sm_90 only;
+                   kernels/conv_sm90.py): TMA reads the NHWC input in place, tiles of 128 pixels x 160 or 80
+                   channels, so SD's 320/640/1280 channels are whole tiles where cuDNN's 128-wide ones leave a
+                   ragged third (a 320-channel layer) and a half-idle last wave
 
 cuDNN wins wherever the output is large. At SD1.5's 8x8 level at CFG batch 2 a 3x3 convolution is a 128 x 11520 x
 1280 problem: cuDNN leaves most of an H100's 132 SMs idle (23 us in the UNet), cuBLAS splits K (15 us) and the
 im2col copy is 3 MB (benchmarks/kernels/bench_conv.py). The first call with a new shape times both from CUDA-graph
-replays and keeps the faster correct one (kernel_pick.py), by name, so the engine cache can store it. Shapes whose
-output or im2col matrix would pass MAX_PICK_BYTES are not tried (cuDNN wins there, and timing costs memory).
+replays and keeps the faster correct one (kernel_pick.py), by name, so the engine cache can store it. The GEMM is
+not tried where its output or im2col matrix would pass MAX_PICK_BYTES (cuDNN wins there, and timing costs memory),
+the Gluon kernel not where its output would pass MAX_SM90_PICK_BYTES, nor without CUDA graphs (its host-side TMA
+descriptors cost more than it saves when launched from Python).
+
+Modes (set_mode; the fast engine's `conv`): "auto" times all three where they run, "gemm" cuDNN against the GEMM
+only, "cudnn" takes cuDNN everywhere.
 """
 
 from __future__ import annotations
@@ -16,18 +25,30 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..kernels import conv_sm90
 from ..kernels.im2col import im2col, output_size
 from ..kernels.precompile import is_recording
 from .kernel_pick import ShapePicks
 
 CUDNN, GEMM = "cudnn", "gemm"
+MODES = ("auto", "gemm", "cudnn")
 MAX_PICK_BYTES = 16 * 2**20
+# The pick keeps the reference output and one candidate's alive inside the first image: SD1.5's largest 3x3 output
+# at CFG batch 16 is 42 MB (16 x 320 x 64 x 64), SDXL's at CFG batch 8 84 MB (8 x 320 x 128 x 128).
+MAX_SM90_PICK_BYTES = 128 * 2**20
 _PICKS = ShapePicks(CUDNN, enabled=True, weights=(1,))
+_MODE = "auto"
+_GRAPHED = True
 
 
-def set_autotune(enabled: bool) -> None:
-    """False: always cuDNN (the engine's `conv="cudnn"`)."""
-    _PICKS.enabled = enabled
+def set_mode(mode: str, graphed: bool = True) -> None:
+    """Which paths a new shape times (MODES). graphed False: the calls are launched one by one, and the Gluon
+    kernel is left out ("auto" is "gemm"): its host TMA descriptors cost more than it saves there."""
+    global _MODE, _GRAPHED
+    if mode not in MODES:
+        raise ValueError(f"conv mode must be one of {', '.join(MODES)}, got {mode!r}")
+    _MODE, _GRAPHED = mode, graphed
+    _PICKS.enabled = mode != "cudnn"
 
 
 def cudnn_conv(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int) -> torch.Tensor:
@@ -55,7 +76,13 @@ def gemm_conv(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int) 
     return out.view(n, ho, wo, cout).permute(0, 3, 1, 2)
 
 
-_KERNELS = {CUDNN: cudnn_conv, GEMM: gemm_conv}
+# The Gluon kernel's configs: 128 + 32 channels a tile won most of SD1.5's and SDXL's 3x3 shapes on an H100, 64 + 16
+# the 640-channel ones at 32x32 and CFG batch 2, whose 160-wide tiles are too few for the SMs (twelfth session,
+# benchmarks/kernels/bench_conv.py). Each config is one more compile per image size at a cold start.
+_SM90 = {f"sm90:{conv_sm90.config_name(c)}": c for c in conv_sm90.CONFIGS}
+_KERNELS = {CUDNN: cudnn_conv, GEMM: gemm_conv,
+            **{name: (lambda x, w, s, p, config=c: conv_sm90.conv2d_sm90(x, w, s, p, config=config))
+               for name, c in _SM90.items()}}
 
 
 def gemm_may_pay(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int) -> bool:
@@ -69,6 +96,27 @@ def gemm_may_pay(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: in
     return max(rows * cout, columns) * x.element_size() <= MAX_PICK_BYTES
 
 
+def sm90_may_pay(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int) -> bool:
+    """Whether the Gluon kernel is worth timing here (k x k, k > 1: a 1x1 convolution is a plain GEMM, which cuBLAS
+    does as well) and its output small enough to time inside the first image."""
+    n, _, h, w = x.shape
+    return (weight.shape[-1] > 1 and stride == 1
+            and n * weight.shape[0] * h * w * x.element_size() <= MAX_SM90_PICK_BYTES)
+
+
+def candidates(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int, mode: str | None = None,
+               graphed: bool | None = None) -> dict:
+    """The paths worth timing for this convolution in this mode (default: the one set): cuDNN, the GEMM for small
+    outputs, the Gluon kernel's configs that take the shape on an sm_90 GPU when the calls are graphed."""
+    mode, graphed = mode or _MODE, _GRAPHED if graphed is None else graphed
+    names = [CUDNN]
+    if mode != "cudnn" and gemm_may_pay(x, weight, stride, padding):
+        names.append(GEMM)
+    if mode == "auto" and graphed and sm90_may_pay(x, weight, stride, padding):
+        names += [name for name, c in _SM90.items() if conv_sm90.supports(x, weight, stride, padding, c) is None]
+    return {name: _KERNELS[name] for name in names}
+
+
 def conv2d(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, padding: int = 0) -> torch.Tensor:
     """A square, ungrouped, undilated convolution without bias, through the path picked for its shape."""
     # Picks are made only while cuDNN autotunes (benchmark mode): the graph warm-up's first run, on cuDNN's
@@ -78,12 +126,17 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, padding: int 
     # path could only match by copying it.
     if not (x.is_cuda and _PICKS.enabled and (torch.backends.cudnn.benchmark or is_recording()) and x.dim() == 4
             and weight.shape[-1] == weight.shape[-2] and _gemm_layout(x, weight)
-            and gemm_may_pay(x, weight, stride, padding)):
+            and (gemm_may_pay(x, weight, stride, padding) or sm90_may_pay(x, weight, stride, padding))):
         return cudnn_conv(x, weight, stride, padding)
     key = (f"x{list(x.shape)} w{list(weight.shape)} s{stride} p{padding} "
            f"{str(x.dtype).removeprefix('torch.')}")
     args = (x, weight, stride, padding)
-    return _KERNELS[_PICKS.choose(key, args, lambda: _KERNELS)](*args)
+    name = _PICKS.choose(key, args, lambda: candidates(*args))
+    # A pick restored from the cache for this shape, met by a tensor the kernel cannot read (a view off TMA's
+    # 16-byte alignment): cuDNN, as for any shape the pick does not know.
+    if name in _SM90 and conv_sm90.supports(x, weight, stride, padding, _SM90[name]) is not None:
+        name = CUDNN
+    return _KERNELS[name](*args)
 
 
 def chosen_paths() -> dict[str, str]:

@@ -11,9 +11,11 @@ Options (each can be switched off for ablations):
                activations kept resident per captured shape (shared pool). Without graphs the picks leave out
                the Gluon kernels, whose launch from Python (200-320 us) costs more than they save
   attention    "auto": time the SDPA backends per shape and keep the fastest correct one; "sdpa": PyTorch's pick
-  conv         "auto": time cuDNN against one cuBLAS GEMM (im2col) per convolution shape of the fused blocks and
-               keep the faster (convolution.py; the GEMM wins where cuDNN's output tiles cannot fill the GPU, as at
-               SD1.5's 8x8 level at CFG batch 2); "cudnn": cuDNN everywhere
+  conv         "auto": time cuDNN against one cuBLAS GEMM (im2col) and, on sm_90 with graphs, sdaccel's Gluon
+               implicit-GEMM kernel per convolution shape of the fused blocks and keep the fastest (convolution.py;
+               the GEMM wins where cuDNN's output tiles cannot fill the GPU, as at SD1.5's 8x8 level at CFG batch 2,
+               the Gluon kernel where cuDNN's 128-channel tiles leave a ragged one, as at 320 channels);
+               "gemm": cuDNN against the GEMM only; "cudnn": cuDNN everywhere
   gemm_geglu   "auto": time the feed-forward's GEMM + GEGLU as cuBLAS + a GEGLU kernel against one warp-specialized
                Gluon kernel (sm_90 only) per shape and keep the faster (feed_forward.py; on an H100 it saves 2% of a
                UNet call at CFG batch 16 and of SDXL's denoising, nothing at CFG batch 2); "triton": also the
@@ -130,8 +132,8 @@ class FastEngine(Engine):
             raise UsageError(f"attention must be auto or sdpa, got {attention!r}")
         if gemm_geglu not in feed_forward.MODES:
             raise UsageError(f"gemm_geglu must be one of {', '.join(feed_forward.MODES)}, got {gemm_geglu!r}")
-        if conv not in ("auto", "cudnn"):
-            raise UsageError(f"conv must be auto or cudnn, got {conv!r}")
+        if conv not in convolution.MODES:
+            raise UsageError(f"conv must be one of {', '.join(convolution.MODES)}, got {conv!r}")
         if vae_dtype not in VAE_DTYPES:
             raise UsageError(f"vae_dtype must be one of {', '.join(VAE_DTYPES)}, got {vae_dtype!r}")
         if not isinstance(workspace_mb, int) or isinstance(workspace_mb, bool) or workspace_mb < 0:
@@ -310,7 +312,7 @@ class FastEngine(Engine):
         graphed = self.cuda_graphs and device.type == "cuda"  # launch costs matter to the picks without graphs
         set_autotune(self.attention == "auto", graphed)
         feed_forward.set_mode(self.gemm_geglu, graphed)
-        convolution.set_autotune(self.conv == "auto")
+        convolution.set_mode(self.conv, graphed)
         set_l2_eviction(components.unet.parameters() if self.cold_picks else ())
         # The tensors the stages (and graphs captured from them) read: refresh_weights copies new values into them.
         self._weights = weight_storages(components)

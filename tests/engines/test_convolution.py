@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from sdaccel.engines import convolution
+from sdaccel.kernels import conv_sm90
 
 
 @contextlib.contextmanager
@@ -53,6 +54,22 @@ def test_only_small_convolutions_are_timed():
     assert not convolution.gemm_may_pay(meta(8, 256, 512, 512), meta(128, 256, 1, 1), 1, 0)  # the VAE's: 537 MB
 
 
+def test_what_each_mode_times():
+    def meta(*shape):
+        return torch.empty(*shape, device="meta").contiguous(memory_format=torch.channels_last)
+
+    small, large = (meta(2, 1280, 8, 8), meta(1280, 1280, 3, 3)), (meta(16, 320, 64, 64), meta(320, 320, 3, 3))
+    assert list(convolution.candidates(*small, 1, 1, mode="auto")) == ["cudnn", "gemm"]  # off sm_90: no Gluon
+    assert list(convolution.candidates(*small, 1, 1, mode="gemm")) == ["cudnn", "gemm"]
+    assert list(convolution.candidates(*small, 1, 1, mode="cudnn")) == ["cudnn"]
+    assert list(convolution.candidates(*large, 1, 1, mode="auto")) == ["cudnn"]  # 377 MB of columns; not sm_90
+    assert convolution.sm90_may_pay(*large, 1, 1)  # a 42 MB output: timed where the Gluon kernel runs
+    assert not convolution.sm90_may_pay(meta(2, 960, 64, 64), meta(320, 960, 1, 1), 1, 0)  # 1x1: cuBLAS's
+    assert not convolution.sm90_may_pay(meta(16, 320, 128, 128), meta(320, 320, 3, 3), 1, 1)  # 168 MB out
+    with pytest.raises(ValueError, match="conv mode"):
+        convolution.set_mode("fastest")
+
+
 def test_off_the_gpu_it_is_plain_conv2d():
     x, w = _conv_inputs(1, 8, 6, 4, 3)
     before = convolution.chosen_paths()  # process-wide: earlier GPU tests may have picked shapes
@@ -71,6 +88,47 @@ def test_pick_on_the_gpu_keeps_a_correct_path():
     want = F.conv2d(x.float(), w.float(), None, 1, 1)
     assert ((got.float() - want).norm() / want.norm()) < 2e-3
     torch.testing.assert_close(convolution.gemm_conv(x, w, 1, 1).float(), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_sm90_candidates_only_with_graphs_and_only_on_hopper():
+    x, w = _conv_inputs(2, 320, 32, 320, 3, dtype=torch.float16)
+    x, w = x.cuda(), w.cuda()
+    sm90 = [n for n in convolution.candidates(x, w, 1, 1, mode="auto", graphed=True) if n.startswith("sm90:")]
+    assert bool(sm90) == (torch.cuda.get_device_capability()[0] == 9 and conv_sm90.available())
+    assert not [n for n in convolution.candidates(x, w, 1, 1, mode="auto", graphed=False) if n.startswith("sm90:")]
+    assert not [n for n in convolution.candidates(x, w, 1, 1, mode="gemm", graphed=True) if n.startswith("sm90:")]
+
+
+@pytest.mark.gpu
+def test_pick_among_all_three_computes_the_convolution():
+    x, w = _conv_inputs(2, 320, 16, 640, 3, dtype=torch.float16, seed=3)
+    x, w = x.cuda(), w.cuda()
+    convolution.set_mode("auto", graphed=True)
+    with _benchmark_mode():
+        got = convolution.conv2d(x, w, 1, 1)
+    key = next(k for k in convolution.chosen_paths() if "x[2, 320, 16, 16] w[640, 320, 3, 3]" in k)
+    assert convolution.chosen_paths()[key] in convolution.candidates(x, w, 1, 1)
+    want = F.conv2d(x.float(), w.float(), None, 1, 1)
+    assert ((got.float() - want).norm() / want.norm()) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not conv_sm90.available(), reason="Triton without Gluon")
+def test_a_restored_sm90_pick_on_a_tensor_it_cannot_read_takes_cudnn():
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernel needs an sm_90 GPU")
+    x, w = _conv_inputs(2, 64, 16, 160, 3, dtype=torch.float16)
+    base = torch.empty(x.numel() + 1, dtype=x.dtype, device="cuda")
+    xs = base[1:].view(2, 16, 16, 64).copy_(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)  # NHWC, 2 bytes off
+    w = w.cuda()
+    assert conv_sm90.supports(xs, w, 1, 1) is not None
+    name = next(n for n in convolution.candidates(x.cuda(), w, 1, 1, mode="auto", graphed=True)
+                if n.startswith("sm90:"))  # what the pick may have taken for this shape on an aligned tensor
+    convolution.restore_paths({f"x{list(xs.shape)} w{list(w.shape)} s1 p1 float16": name})
+    with _benchmark_mode():
+        got = convolution.conv2d(xs, w, 1, 1)
+    torch.testing.assert_close(got, F.conv2d(xs, w, None, 1, 1))
 
 
 @pytest.mark.gpu

@@ -1,0 +1,262 @@
+"""A k x k convolution (stride 1, "same" padding, no bias) as an implicit GEMM on Hopper (sm_90), in Gluon.
+
+    out[n, h, w, :] = sum over (i, j, c) of x[n, h + i - p, w + j - p, c] * W[:, i, j, c]   (NHWC, zero padding)
+
+cuDNN's kernels for SD's 3x3 convolutions use 128 x 128 tiles. At SD1.5's 64x64 level at CFG batch 2 (8192 output
+pixels x 320 channels) that is 64 x 3 tiles, the third column tile half empty, in 1.45 waves over an H100's 132 SMs:
+33 us a convolution inside the UNet's graph, 450-520 TFLOP/s (eleventh session's graphed profile). Here a tile is
+128 pixels x (BN_A + BN_B) channels, with BN_A + BN_B = 160 or 80 (two accumulators, since a Gluon tensor's sides
+are powers of two): 320 channels are two column tiles, and that convolution is 128 tiles, one wave.
+
+- The input is read in place through a 4-D TMA descriptor over NHWC memory. A K step is one filter tap (i, j) and
+  BLOCK_K input channels: the loader asks for the box of the tile's rows shifted by (i - p, j - p). Where the box
+  leaves the image, TMA fills zeros: the padding costs nothing and no im2col matrix is written.
+- The weight, channels_last, is already the (Cout, k*k*Cin) matrix the GEMM needs, tap-major.
+- Warp-specialized and persistent, as kernels/linear_geglu_sm90.py: a producer warp keeps a ring of STAGES slots
+  full; two math warpgroups share every tile, 64 rows each, so a weight tile in shared memory serves 128 rows
+  (cooperative; with K = 9 x 320 and up the main loop dominates, not the epilogue).
+- A tile's 128 pixels are whole image rows (or a run within one) of one image, so they are 128 consecutive rows of
+  the (N*H*W, Cout) output, which TMA stores directly.
+
+Only for sm_90; the fast engine times it against cuDNN per shape (engines/convolution.py). The reference is
+F.conv2d.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from . import sm_count
+from .gluon_hopper import (  # noqa: F401 - gluon and available are part of this module's interface
+    TensorDescriptor, available, fence_async_shared, gl, gluon, mbarrier, regs, tma, warpgroup_mma, warpgroup_mma_wait,
+)
+from .gluon_hopper import tma_load as _tma_load
+from .gluon_hopper import tma_store as _tma_store
+
+LOADER_REGS = regs(40)  # the producer warp only walks tiles and issues TMA
+CONSUMER_REGS = regs(232)  # the second math warpgroup
+
+__all__ = ["BLOCK_M", "CONFIGS", "available", "config_name", "conv2d_reference", "conv2d_sm90", "supports"]
+
+BLOCK_M = 128  # output pixels a tile (two warpgroups of 64)
+
+# (BN_A, BN_B, BLOCK_K, STAGES): a tile's channels are BN_A + BN_B, in two accumulators. 160 takes SD's 320, 640 and
+# 1280 channels without a ragged tile; 80 makes 4x the tiles where 160 leaves SMs idle (640 channels at 32x32, CFG
+# batch 2: 16 row tiles). Shared memory: STAGES x (128 + BN) x BLOCK_K x 2 bytes, plus 2 x 64 x BN x 2 for the stores.
+CONFIGS = [(128, 32, 64, 4), (64, 16, 64, 6)]
+
+
+def config_name(config: tuple) -> str:
+    """(128, 32, 64, 4) -> "128+32x64s4": channels a tile (two parts), K step, stages."""
+    bn_a, bn_b, block_k, stages = config
+    return f"{bn_a}+{bn_b}x{block_k}s{stages}"
+
+
+def conv2d_reference(x: torch.Tensor, weight: torch.Tensor, padding: int) -> torch.Tensor:
+    return F.conv2d(x, weight, None, 1, padding)
+
+
+if gluon is not None:
+
+    @gluon.jit
+    def _tile_origin(tile, num_n, tiles_h, tiles_w, BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr):
+        """Column tiles fastest: the CTAs that run at once share input rows, read from memory once."""
+        tm = tile // num_n
+        image = tm // (tiles_h * tiles_w)
+        rest = tm % (tiles_h * tiles_w)
+        return image, (rest // tiles_w) * BH, (rest % tiles_w) * BW, tm * (BH * BW), (tile % num_n) * BN
+
+    @gluon.jit
+    def _loader(x_desc, wa_desc, wb_desc, a_s, wa_s, wb_s, ready_bars, free_bars,
+                Cin, num_n, tiles_h, tiles_w, num_tiles, num_programs,
+                KSIZE: gl.constexpr, PAD: gl.constexpr, BN_A: gl.constexpr, BN_B: gl.constexpr, STAGES: gl.constexpr):
+        """The producer warp: every K step (tap, channel block) of every tile this CTA owns, as slots free up."""
+        BH: gl.constexpr = x_desc.block_type.shape[1]
+        BW: gl.constexpr = x_desc.block_type.shape[2]
+        BLOCK_K: gl.constexpr = x_desc.block_type.shape[3]
+        nbytes: gl.constexpr = x_desc.block_type.nbytes + wa_desc.block_type.nbytes + wb_desc.block_type.nbytes
+        c_steps = Cin // BLOCK_K
+        k_steps = KSIZE * KSIZE * c_steps
+        it = 0
+        for tile in range(gl.program_id(0), num_tiles, num_programs):
+            image, h0, w0, off_m, off_n = _tile_origin(tile, num_n, tiles_h, tiles_w, BH, BW, BN_A + BN_B)
+            for ki in range(k_steps):
+                tap = ki // c_steps
+                off_c = (ki % c_steps) * BLOCK_K
+                slot = it % STAGES
+                # Both math warpgroups free a slot once per use; the first STAGES uses find it free.
+                mbarrier.wait(free_bars.index(slot), ((it // STAGES) - 1) & 1, pred=it >= STAGES)
+                bar = ready_bars.index(slot)
+                mbarrier.expect(bar, nbytes)  # a box partly outside the image still counts whole (zero-filled)
+                box = a_s.index(slot).reshape([1, BH, BW, BLOCK_K])
+                _tma_load(x_desc, [image, h0 + tap // KSIZE - PAD, w0 + tap % KSIZE - PAD, off_c], bar, box)
+                off_k = tap * Cin + off_c
+                _tma_load(wa_desc, [off_n, off_k], bar, wa_s.index(slot))
+                _tma_load(wb_desc, [off_n + BN_A, off_k], bar, wb_s.index(slot))
+                it += 1
+
+    @gluon.jit
+    def _consumer(a_s, wa_s, wb_s, ready_bars, free_bars, oa_s, ob_s, outa_desc, outb_desc,
+                  num_n, tiles_h, tiles_w, num_tiles, k_steps, num_programs,
+                  C: gl.constexpr, BH: gl.constexpr, BW: gl.constexpr, BN_A: gl.constexpr, BN_B: gl.constexpr,
+                  STAGES: gl.constexpr):
+        """Math warpgroup C: rows 64 C .. 64 C + 63 of every tile the CTA owns."""
+        ROWS: gl.constexpr = (BH * BW) // 2
+        ROW0: gl.constexpr = C * ROWS
+        layout_a: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BN_A, 16])
+        layout_b: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BN_B, 16])
+        zero_a = gl.zeros([ROWS, BN_A], gl.float32, layout_a)
+        zero_b = gl.zeros([ROWS, BN_B], gl.float32, layout_b)
+        out_a = oa_s.index(C)
+        out_b = ob_s.index(C)
+        pid = gl.program_id(0)
+        for tile in range(pid, num_tiles, num_programs):
+            image, h0, w0, off_m, off_n = _tile_origin(tile, num_n, tiles_h, tiles_w, BH, BW, BN_A + BN_B)
+            it = ((tile - pid) // num_programs) * k_steps  # the tile's first use of the ring, in the loader's order
+            slot = it % STAGES
+            mbarrier.wait(ready_bars.index(slot), (it // STAGES) & 1)
+            a = a_s.index(slot).slice(ROW0, ROWS)
+            acc_a = warpgroup_mma(a, wa_s.index(slot).permute((1, 0)), zero_a, use_acc=False, is_async=True)
+            acc_b = warpgroup_mma(a, wb_s.index(slot).permute((1, 0)), zero_b, use_acc=False, is_async=True)
+            acc_a, acc_b = warpgroup_mma_wait(num_outstanding=2, deps=(acc_a, acc_b))  # makes them loop values
+            for ki in range(1, k_steps):
+                prev = slot
+                it += 1
+                slot = it % STAGES
+                mbarrier.wait(ready_bars.index(slot), (it // STAGES) & 1)
+                a = a_s.index(slot).slice(ROW0, ROWS)
+                acc_a = warpgroup_mma(a, wa_s.index(slot).permute((1, 0)), acc_a, is_async=True)
+                acc_b = warpgroup_mma(a, wb_s.index(slot).permute((1, 0)), acc_b, is_async=True)
+                # The previous step's products are done once at most these two are in flight: free its slot.
+                acc_a, acc_b = warpgroup_mma_wait(num_outstanding=2, deps=(acc_a, acc_b))
+                mbarrier.arrive(free_bars.index(prev))
+            acc_a, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, acc_b))
+            mbarrier.arrive(free_bars.index(slot))
+
+            tma.store_wait(0)  # this warpgroup's previous tile has left its staging buffers
+            out_a.store(acc_a.to(outa_desc.dtype))
+            out_b.store(acc_b.to(outb_desc.dtype))
+            fence_async_shared()
+            _tma_store(outa_desc, [off_m + ROW0, off_n], out_a)
+            _tma_store(outb_desc, [off_m + ROW0, off_n + BN_A], out_b)
+        tma.store_wait(0)
+
+    # Sizes are not specialized on: no recompile per batch (a new width is a new box, so a new compile anyway).
+    @gluon.jit(do_not_specialize=["Cin", "num_n", "tiles_h", "tiles_w", "num_tiles"])
+    def _conv_sm90_kernel(
+        x_desc, wa_desc, wb_desc, outa_desc, outb_desc, Cin, num_n, tiles_h, tiles_w, num_tiles, num_programs,
+        KSIZE: gl.constexpr, PAD: gl.constexpr, STAGES: gl.constexpr,
+    ):
+        dtype: gl.constexpr = x_desc.dtype
+        BH: gl.constexpr = x_desc.block_type.shape[1]
+        BW: gl.constexpr = x_desc.block_type.shape[2]
+        BLOCK_K: gl.constexpr = x_desc.block_type.shape[3]
+        BN_A: gl.constexpr = wa_desc.block_type.shape[0]
+        BN_B: gl.constexpr = wb_desc.block_type.shape[0]
+        k_steps = KSIZE * KSIZE * (Cin // BLOCK_K)
+
+        # The input box (1, BH, BW, BLOCK_K) is kept as the (BH * BW, BLOCK_K) matrix the products read: the same
+        # bytes, as the swizzle runs along BLOCK_K within each row of 128 bytes either way.
+        a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BH * BW, BLOCK_K], dtype)
+        a_s = gl.allocate_shared_memory(dtype, [STAGES, BH * BW, BLOCK_K], a_layout)
+        wa_s = gl.allocate_shared_memory(dtype, [STAGES, BN_A, BLOCK_K], wa_desc.layout)
+        wb_s = gl.allocate_shared_memory(dtype, [STAGES, BN_B, BLOCK_K], wb_desc.layout)
+        oa_s = gl.allocate_shared_memory(dtype, [2] + outa_desc.block_type.shape, outa_desc.layout)
+        ob_s = gl.allocate_shared_memory(dtype, [2] + outb_desc.block_type.shape, outb_desc.layout)
+        ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        free_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready_bars.index(i), count=1)
+            mbarrier.init(free_bars.index(i), count=2)  # both math warpgroups read every use of a slot
+        fence_async_shared()
+
+        gl.warp_specialize([
+            (_consumer, (a_s, wa_s, wb_s, ready_bars, free_bars, oa_s, ob_s, outa_desc, outb_desc,
+                         num_n, tiles_h, tiles_w, num_tiles, k_steps, num_programs, 0, BH, BW, BN_A, BN_B, STAGES)),
+            (_consumer, (a_s, wa_s, wb_s, ready_bars, free_bars, oa_s, ob_s, outa_desc, outb_desc,
+                         num_n, tiles_h, tiles_w, num_tiles, k_steps, num_programs, 1, BH, BW, BN_A, BN_B, STAGES)),
+            (_loader, (x_desc, wa_desc, wb_desc, a_s, wa_s, wb_s, ready_bars, free_bars,
+                       Cin, num_n, tiles_h, tiles_w, num_tiles, num_programs, KSIZE, PAD, BN_A, BN_B, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready_bars.index(i))
+            mbarrier.invalidate(free_bars.index(i))
+
+
+# ----------------------------------------------------------------- launcher
+
+def _box(height: int, width: int) -> tuple[int, int] | None:
+    """(rows, columns) of the image a 128-pixel tile covers, or None when tiles cannot be whole boxes of it."""
+    if width >= BLOCK_M:
+        return (1, BLOCK_M) if width % BLOCK_M == 0 else None
+    if BLOCK_M % width or height % (BLOCK_M // width):
+        return None
+    return BLOCK_M // width, width
+
+
+def supports(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, padding: int = 1,
+             config: Optional[tuple] = None) -> str | None:
+    """Why the kernel cannot take this convolution (None: it can)."""
+    if gluon is None:
+        return "Triton without Gluon"
+    if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] != 9:
+        return "needs an sm_90 GPU (wgmma)"
+    if x.dtype not in (torch.float16, torch.bfloat16) or weight.dtype != x.dtype:
+        return f"dtypes {x.dtype} / {weight.dtype} (fp16 or bf16, the same)"
+    if x.dim() != 4 or weight.dim() != 4 or weight.shape[1] != x.shape[1] or weight.shape[2] != weight.shape[3]:
+        return f"x {tuple(x.shape)} and W {tuple(weight.shape)} (an ungrouped square filter)"
+    k = weight.shape[-1]
+    if stride != 1 or k % 2 == 0 or padding != k // 2:
+        return f"stride {stride}, padding {padding} for a {k}x{k} filter (stride 1, 'same' padding only)"
+    if not x.is_contiguous(memory_format=torch.channels_last) or not weight.is_contiguous(
+            memory_format=torch.channels_last):
+        return "x and W must be channels_last (read in place)"
+    bn_a, bn_b, block_k, _ = config or CONFIGS[0]
+    cin, cout = x.shape[1], weight.shape[0]
+    if cin % block_k or cout % (bn_a + bn_b):
+        return f"{cin} -> {cout} channels (multiples of {block_k} in, {bn_a + bn_b} out)"
+    if _box(x.shape[2], x.shape[3]) is None:
+        return f"a {x.shape[2]}x{x.shape[3]} image is not whole {BLOCK_M}-pixel boxes"
+    if x.data_ptr() % 16 or weight.data_ptr() % 16:
+        return "x or W is not 16-byte aligned for TMA"
+    return None
+
+
+def conv2d_sm90(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, padding: int = 1, *,
+                config: Optional[tuple] = None) -> torch.Tensor:
+    """F.conv2d(x, weight, None, stride, padding) for channels_last x and W; the result is channels_last.
+    config: one of CONFIGS (or any (BN_A, BN_B, BLOCK_K, STAGES) of powers of two that fits shared memory); None:
+    CONFIGS[0]. Raises ValueError for convolutions it does not take."""
+    config = config or CONFIGS[0]
+    reason = supports(x, weight, stride, padding, config)
+    if reason:
+        raise ValueError(f"conv2d_sm90: {reason}")
+    bn_a, bn_b, block_k, stages = config
+    n, cin, h, w = x.shape
+    cout, k = weight.shape[0], weight.shape[-1]
+    bh, bw = _box(h, w)
+    out = torch.empty((n, cout, h, w), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+    out_rows = out.permute(0, 2, 3, 1).view(n * h * w, cout)  # NHWC memory: pixel rows of channels
+    gdtype = gl.float16 if x.dtype == torch.float16 else gl.bfloat16
+
+    def descriptor(t, block):
+        return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gdtype))
+
+    w_rows = weight.permute(0, 2, 3, 1).reshape(cout, k * k * cin)  # a view: channels_last is tap-major rows
+    tiles_h, tiles_w, num_n = h // bh, w // bw, cout // (bn_a + bn_b)
+    num_tiles = n * tiles_h * tiles_w * num_n
+    programs = min(num_tiles, sm_count(x))
+    _conv_sm90_kernel[(programs,)](
+        descriptor(x.permute(0, 2, 3, 1), [1, bh, bw, block_k]),
+        descriptor(w_rows, [bn_a, block_k]), descriptor(w_rows, [bn_b, block_k]),
+        descriptor(out_rows, [BLOCK_M // 2, bn_a]), descriptor(out_rows, [BLOCK_M // 2, bn_b]),
+        cin, num_n, tiles_h, tiles_w, num_tiles, programs,
+        KSIZE=k, PAD=padding, STAGES=stages, num_warps=4,
+    )
+    return out

@@ -1,0 +1,116 @@
+"""The Gluon sm_90 implicit-GEMM convolution: compiled for sm_90a on any machine (Gluon has no CPU interpreter), run
+and checked against the fp32 reference on a Hopper GPU."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sdaccel.kernels import conv_sm90 as module
+
+hopper = pytest.mark.skipif(not module.available(), reason="needs an sm_90 GPU")
+
+_COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.experimental.gluon import language as gl
+from sdaccel.kernels import conv_sm90 as module
+config, box, k = json.loads(sys.argv[1])
+bn_a, bn_b, block_k, stages = config
+
+def desc(shape):
+    layout = gl.NVMMASharedLayout.get_default_for(shape, gl.float16)
+    return f"tensordesc<fp16[{', '.join(map(str, shape))}],{layout!r}>"
+
+signature = {"x_desc": desc([1, *box, block_k]), "wa_desc": desc([bn_a, block_k]), "wb_desc": desc([bn_b, block_k]),
+             "outa_desc": desc([module.BLOCK_M // 2, bn_a]), "outb_desc": desc([module.BLOCK_M // 2, bn_b]),
+             "Cin": "i32", "num_n": "i32", "tiles_h": "i32", "tiles_w": "i32", "num_tiles": "i32",
+             "num_programs": "i32", "KSIZE": "constexpr", "PAD": "constexpr", "STAGES": "constexpr"}
+names = list(signature)
+constants = {(names.index(n),): v for n, v in {"KSIZE": k, "PAD": k // 2, "STAGES": stages}.items()}
+kernel = triton.compile(GluonASTSource(module._conv_sm90_kernel, signature, constants),
+                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+ptx = kernel.asm["ptx"]
+print(json.dumps({"wgmma": "wgmma.mma_async" in ptx, "tma": "cp.async.bulk.tensor" in ptx,
+                  "partitions": ptx.count("setmaxnreg.dec"), "shared": kernel.metadata.shared}))
+"""
+
+
+@pytest.mark.skipif(module.gluon is None, reason="Triton without Gluon")
+@pytest.mark.parametrize("config, box, k", [(module.CONFIGS[0], (2, 64), 3), (module.CONFIGS[1], (4, 32), 1)], ids=str)
+def test_compiles_for_sm90(config, box, k):
+    """No GPU needed: the kernel goes through Triton's whole pipeline to an sm_90a binary, so an API change in a
+    new Triton shows up on a CPU-only machine. In a subprocess: the kernel tests run Triton's interpreter
+    (conftest.py), which Gluon's compiler cannot call into."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps([config, box, k])],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["wgmma"] and result["tma"]  # tensor cores fed by TMA
+    assert result["partitions"] >= 1  # warp-specialized: the producer warp gives its registers back
+    assert result["shared"] <= 227 * 1024  # an H100's shared memory per block
+
+
+def test_tiles_are_whole_boxes_of_the_image():
+    assert module._box(64, 64) == (2, 64)
+    assert module._box(8, 32) == (4, 32)
+    assert module._box(3, 256) == (1, 128)
+    assert module._box(8, 8) is None  # 16 rows of an 8-row image
+    assert module._box(64, 48) is None  # 128 pixels are not whole rows of 48
+    assert module._box(5, 200) is None
+
+
+def test_refuses_what_it_cannot_run():
+    x = torch.randn(1, 64, 16, 16, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(160, 64, 3, 3, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    assert module.supports(x, w) is not None  # a CPU tensor (or Triton without Gluon)
+    with pytest.raises(ValueError, match="conv2d_sm90"):
+        module.conv2d_sm90(x, w)
+
+
+def _operands(n, cin, h, w, cout, k, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, cin, h, w, generator=g).to(device="cuda", dtype=dtype)
+    weight = (torch.randn(cout, cin, k, k, generator=g) / (cin * k * k) ** 0.5).to(device="cuda", dtype=dtype)
+    return (x.contiguous(memory_format=torch.channels_last), weight.contiguous(memory_format=torch.channels_last))
+
+
+# (N, Cin, H, W, Cout, k, config index): SD1.5's 64x64 and 32x32 levels; borders on every side of a box (H > box
+# rows, several boxes a row for W = 256); a 1x1 filter; non-square images; several tiles a CTA (N = 16).
+CASES = [(2, 320, 64, 64, 320, 3, 0), (2, 640, 32, 32, 640, 3, 1), (1, 64, 8, 32, 160, 3, 0),
+         (1, 128, 2, 256, 80, 3, 1), (2, 320, 16, 16, 640, 1, 0), (160, 64, 16, 16, 160, 3, 0)]
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_matches_reference(case, dtype, check_against_reference):
+    n, cin, h, w, cout, k, index = case
+    x, weight = _operands(n, cin, h, w, cout, k, dtype)
+    out = module.conv2d_sm90(x, weight, 1, k // 2, config=module.CONFIGS[index])
+    assert out.shape == (n, cout, h, w) and out.is_contiguous(memory_format=torch.channels_last)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):  # a true fp32 reference, not TF32's 10 bits
+        ref32 = module.conv2d_reference(x.float(), weight.float(), k // 2)
+    check_against_reference(out, module.conv2d_reference(x, weight, k // 2), ref32, what=str(case))
+
+
+@pytest.mark.gpu
+@hopper
+def test_refuses_shapes_it_cannot_tile():
+    x, weight = _operands(1, 64, 8, 8, 160, 3, torch.float16)
+    assert "boxes" in module.supports(x, weight)
+    x, weight = _operands(1, 64, 16, 16, 100, 3, torch.float16)
+    assert "channels" in module.supports(x, weight)
+    assert "stride" in module.supports(x, weight, stride=2)
+    x, weight = _operands(1, 64, 16, 16, 160, 3, torch.float16)
+    assert "channels_last" in module.supports(x.contiguous(), weight)
+    assert module.supports(x, weight) is None
