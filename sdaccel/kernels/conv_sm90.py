@@ -31,7 +31,8 @@ import torch.nn.functional as F
 
 from . import sm_count
 from .gluon_hopper import (  # noqa: F401 - gluon and available are part of this module's interface
-    TensorDescriptor, available, fence_async_shared, gl, gluon, mbarrier, regs, tma, warpgroup_mma, warpgroup_mma_wait,
+    TensorDescriptor, available, fence_async_shared, gl, gluon, mbarrier, refusal, regs, tma, warpgroup_mma,
+    warpgroup_mma_wait,
 )
 from .gluon_hopper import tma_load as _tma_load
 from .gluon_hopper import tma_store as _tma_store
@@ -203,12 +204,9 @@ def _box(height: int, width: int) -> tuple[int, int] | None:
 def supports(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, padding: int = 1,
              config: Optional[tuple] = None) -> str | None:
     """Why the kernel cannot take this convolution (None: it can)."""
-    if gluon is None:
-        return "Triton without Gluon"
-    if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] != 9:
-        return "needs an sm_90 GPU (wgmma)"
-    if x.dtype not in (torch.float16, torch.bfloat16) or weight.dtype != x.dtype:
-        return f"dtypes {x.dtype} / {weight.dtype} (fp16 or bf16, the same)"
+    problem = refusal(x, weight)
+    if problem:
+        return problem
     if x.dim() != 4 or weight.dim() != 4 or weight.shape[1] != x.shape[1] or weight.shape[2] != weight.shape[3]:
         return f"x {tuple(x.shape)} and W {tuple(weight.shape)} (an ungrouped square filter)"
     k = weight.shape[-1]

@@ -1,4 +1,5 @@
-"""What sdaccel's Gluon kernels for Hopper share (flash_attention_sm90.py, linear_geglu_sm90.py). Not a kernel.
+"""What sdaccel's Gluon kernels for Hopper share (flash_attention_sm90.py, linear_geglu_sm90.py, conv_sm90.py). Not a
+kernel.
 
 Gluon is Triton's lower-level language (Triton 3.5+, no extra install): TMA, asynchronous wgmma, mbarriers, warp
 specialization and register budgets, which plain Triton does not expose. Its names move between Triton versions; the
@@ -30,6 +31,18 @@ def available(device: torch.device | None = None) -> bool:
     if gluon is None or not torch.cuda.is_available():
         return False
     return torch.cuda.get_device_capability(device)[0] == 9
+
+
+def refusal(x: torch.Tensor, weight: torch.Tensor) -> str | None:
+    """Why a Gluon GEMM-type kernel cannot take activation x and weight W on this machine (None: it can as far as
+    Gluon, the GPU and the dtypes go; each kernel checks its shapes)."""
+    if gluon is None:
+        return "Triton without Gluon"
+    if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] != 9:
+        return "needs an sm_90 GPU (wgmma)"
+    if x.dtype not in (torch.float16, torch.bfloat16) or weight.dtype != x.dtype:
+        return f"dtypes {x.dtype} / {weight.dtype} (fp16 or bf16, the same)"
+    return None
 
 
 def regs(n: int):

@@ -33,7 +33,8 @@ import torch
 
 from . import sm_count
 from .gluon_hopper import (  # noqa: F401 - gluon and available are part of this module's interface
-    TensorDescriptor, available, fence_async_shared, gl, gluon, mbarrier, regs, tma, warpgroup_mma, warpgroup_mma_wait,
+    TensorDescriptor, available, fence_async_shared, gl, gluon, mbarrier, refusal, regs, tma, warpgroup_mma,
+    warpgroup_mma_wait,
 )
 from .gluon_hopper import tma_load as _tma_load
 from .gluon_hopper import tma_store as _tma_store
@@ -222,12 +223,9 @@ if gluon is not None:
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> str | None:
     """Why the kernel cannot take x (..., K) and W (2D, K) (None: it can)."""
-    if gluon is None:
-        return "Triton without Gluon"
-    if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] != 9:
-        return "needs an sm_90 GPU (wgmma)"
-    if x.dtype not in (torch.float16, torch.bfloat16) or weight.dtype != x.dtype:
-        return f"dtypes {x.dtype} / {weight.dtype} (fp16 or bf16, the same)"
+    problem = refusal(x, weight)
+    if problem:
+        return problem
     if weight.dim() != 2 or weight.shape[0] % 2 or x.shape[-1] != weight.shape[1]:
         return f"x {tuple(x.shape)} and W {tuple(weight.shape)} (W must be (2D, K))"
     K, D = weight.shape[1], weight.shape[0] // 2
