@@ -119,14 +119,11 @@ def main():
         runnable = {m: t for m, t in times.items() if m != "gemm-only"}
         best = min(runnable, key=runnable.get)
         sm90 = {m: t for m, t in times.items() if m.startswith("sm90")}
+        either = "sm90 where it runs, else cudnn"
         if sm90:
             fastest = min(sm90, key=sm90.get)
             times["sm90"] = sm90[fastest]
-            totals["sm90 where it runs, else cudnn"] = totals.get("sm90 where it runs, else cudnn", 0.0) + count * min(
-                times["sm90"], times["cudnn"])
-        else:
-            totals["sm90 where it runs, else cudnn"] = totals.get("sm90 where it runs, else cudnn", 0.0) + count * times[
-                "cudnn"]
+        totals[either] = totals.get(either, 0.0) + count * min(times.get("sm90", times["cudnn"]), times["cudnn"])
         totals["best"] += count * runnable[best]
         for name, t in times.items():
             totals[name] = totals.get(name, 0.0) + count * t

@@ -10,11 +10,11 @@
 
 cuDNN wins wherever the output is large. At SD1.5's 8x8 level at CFG batch 2 a 3x3 convolution is a 128 x 11520 x
 1280 problem: cuDNN leaves most of an H100's 132 SMs idle (23 us in the UNet), cuBLAS splits K (15 us) and the
-im2col copy is 3 MB (benchmarks/kernels/bench_conv.py). The first call with a new shape times the candidates from CUDA-graph
-replays and keeps the fastest correct one (kernel_pick.py), by name, so the engine cache can store it. The GEMM is
-not tried where its output or im2col matrix would pass MAX_PICK_BYTES (cuDNN wins there, and timing costs memory),
-the Gluon kernel not where its output would pass MAX_SM90_PICK_BYTES, nor without CUDA graphs (its host-side TMA
-descriptors cost more than it saves when launched from Python).
+im2col copy is 3 MB (benchmarks/kernels/bench_conv.py). The first call with a new shape times the candidates from
+CUDA-graph replays and keeps the fastest correct one (kernel_pick.py), by name, so the engine cache can store it.
+The GEMM is not tried where its output or im2col matrix would pass MAX_PICK_BYTES (cuDNN wins there, and timing
+costs memory), the Gluon kernel not where its output would pass MAX_SM90_PICK_BYTES, nor without CUDA graphs (its
+host-side TMA descriptors cost more than it saves when launched from Python).
 
 Modes (set_mode; the fast engine's `conv`): "auto" times all three where they run, "gemm" cuDNN against the GEMM
 only, "cudnn" takes cuDNN everywhere.
