@@ -104,6 +104,10 @@ def sm90_may_pay(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: in
             and n * weight.shape[0] * h * w * x.element_size() <= MAX_SM90_PICK_BYTES)
 
 
+def _sm90_offered(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int, mode: str, graphed: bool) -> bool:
+    return mode == "auto" and graphed and sm90_may_pay(x, weight, stride, padding)
+
+
 def candidates(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int, mode: str | None = None,
                graphed: bool | None = None) -> dict:
     """The paths worth timing for this convolution in this mode (default: the one set): cuDNN, the GEMM for small
@@ -112,7 +116,7 @@ def candidates(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int,
     names = [CUDNN]
     if mode != "cudnn" and gemm_may_pay(x, weight, stride, padding):
         names.append(GEMM)
-    if mode == "auto" and graphed and sm90_may_pay(x, weight, stride, padding):
+    if _sm90_offered(x, weight, stride, padding, mode, graphed):
         names += [name for name, c in _SM90.items() if conv_sm90.supports(x, weight, stride, padding, c) is None]
     return {name: _KERNELS[name] for name in names}
 
@@ -123,10 +127,12 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, padding: int 
     # heuristics, would otherwise time cuDNN at an algorithm it is about to replace. A dry run recording Triton
     # kernels (no benchmark mode there) goes on to the pick, which then runs both paths and chooses nothing.
     # The picks are keyed by shape: a tensor of a picked shape in another layout (NCHW) takes cuDNN, which the GEMM
-    # path could only match by copying it.
+    # path could only match by copying it. Shapes with nothing to time against cuDNN in this mode (without graphs,
+    # every call of a large convolution) return here, before the key is built.
     if not (x.is_cuda and _PICKS.enabled and (torch.backends.cudnn.benchmark or is_recording()) and x.dim() == 4
             and weight.shape[-1] == weight.shape[-2] and _gemm_layout(x, weight)
-            and (gemm_may_pay(x, weight, stride, padding) or sm90_may_pay(x, weight, stride, padding))):
+            and (gemm_may_pay(x, weight, stride, padding)
+                 or _sm90_offered(x, weight, stride, padding, _MODE, _GRAPHED))):
         return cudnn_conv(x, weight, stride, padding)
     key = (f"x{list(x.shape)} w{list(weight.shape)} s{stride} p{padding} "
            f"{str(x.dtype).removeprefix('torch.')}")
