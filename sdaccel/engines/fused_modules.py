@@ -633,9 +633,15 @@ class FusedUpsample2D(nn.Module):
         h = upsample_nearest2x(x)
         if not m.use_conv:
             return h
-        if s == 1.0:
-            return m.conv(h)
         c = m.conv
+        if s == 1.0 and _plain_conv(c):
+            # Through the convolution pick, as the ResNet blocks' (convolution.py): on Hopper the Gluon kernel takes
+            # SD1.5's 640 -> 640 at 64x64 in 86 us against cuDNN's 103 (H200, alone). Its bias: one NHWC pass, as
+            # cuDNN's own broadcast kernel.
+            out = _conv_without_bias(c, h)
+            return out if c.bias is None else bias_add(out, c.bias)
+        if s == 1.0:
+            return c(h)
         return F.conv2d(h, c.weight, scaled_bias(c.bias, s), c.stride, c.padding, c.dilation, c.groups)
 
 
