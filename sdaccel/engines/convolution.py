@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import conv_sm90
+from ..kernels.bias_add import bias_add
 from ..kernels.im2col import im2col, output_size
 from ..kernels.precompile import is_recording
 from .kernel_pick import ShapePicks
@@ -121,8 +122,21 @@ def candidates(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int,
     return {name: _KERNELS[name] for name in names}
 
 
-def conv2d(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, padding: int = 0) -> torch.Tensor:
-    """A square, ungrouped, undilated convolution without bias, through the path picked for its shape."""
+def conv2d(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, padding: int = 0,
+           bias: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """A square, ungrouped, undilated convolution through the path picked for its shape, plus an optional bias and
+    residual (the output's shape): in the Gluon kernel's epilogue where it was picked, else one bias_add pass."""
+    name = _path(x, weight, stride, padding)
+    if name in _SM90 and conv_sm90.epilogue_refusal(x, weight, bias, residual) is None:
+        return conv_sm90.conv2d_sm90(x, weight, stride, padding, config=_SM90[name], bias=bias, residual=residual)
+    out = _KERNELS[name](x, weight, stride, padding)
+    if bias is not None:
+        return bias_add(out, bias, residual)
+    return out if residual is None else out + residual
+
+
+def _path(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int) -> str:
+    """The path for this convolution: the pick's for its shape, or cuDNN."""
     # Picks are made only while cuDNN autotunes (benchmark mode): the graph warm-up's first run, on cuDNN's
     # heuristics, would otherwise time cuDNN at an algorithm it is about to replace. A dry run recording Triton
     # kernels (no benchmark mode there) goes on to the pick, which then runs both paths and chooses nothing.
@@ -133,7 +147,7 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, padding: int 
             and weight.shape[-1] == weight.shape[-2] and _gemm_layout(x, weight)
             and (gemm_may_pay(x, weight, stride, padding)
                  or _sm90_offered(x, weight, stride, padding, _MODE, _GRAPHED))):
-        return cudnn_conv(x, weight, stride, padding)
+        return CUDNN
     key = (f"x{list(x.shape)} w{list(weight.shape)} s{stride} p{padding} "
            f"{str(x.dtype).removeprefix('torch.')}")
     args = (x, weight, stride, padding)
@@ -141,8 +155,8 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, padding: int 
     # A pick restored from the cache for this shape, met by a tensor the kernel cannot read (a view off TMA's
     # 16-byte alignment): cuDNN, as for any shape the pick does not know.
     if name in _SM90 and conv_sm90.supports(x, weight, stride, padding, _SM90[name]) is not None:
-        name = CUDNN
-    return _KERNELS[name](*args)
+        return CUDNN
+    return name
 
 
 def chosen_paths() -> dict[str, str]:

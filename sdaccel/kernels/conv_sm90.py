@@ -1,6 +1,7 @@
-"""A k x k convolution (stride 1, "same" padding, no bias) as an implicit GEMM on Hopper (sm_90), in Gluon.
+"""A k x k convolution (stride 1, "same" padding) as an implicit GEMM on Hopper (sm_90), in Gluon.
 
     out[n, h, w, :] = sum over (i, j, c) of x[n, h + i - p, w + j - p, c] * W[:, i, j, c]   (NHWC, zero padding)
+                      (+ bias[:]) (+ residual[n, h, w, :])
 
 cuDNN's kernels for SD's 3x3 convolutions use 128 x 128 tiles. At SD1.5's 64x64 level at CFG batch 2 (8192 output
 pixels x 320 channels) that is 64 x 3 tiles, the third column tile half empty, in 1.45 waves over an H100's 132 SMs:
@@ -17,6 +18,8 @@ are powers of two): 320 channels are two column tiles, and that convolution is 1
   (cooperative; with K = 9 x 320 and up the main loop dominates, not the epilogue).
 - A tile's 128 pixels are whole image rows (or a run within one) of one image, so they are 128 consecutive rows of
   the (N*H*W, Cout) output, which TMA stores directly.
+- The epilogue adds a bias and a residual (a ResNet block's conv2 with its skip connection), both optional at run
+  time, so one binary serves all: the separate add kernel would read the output back and write it again.
 
 Only for sm_90; the fast engine times it against cuDNN per shape (engines/convolution.py). The reference is
 F.conv2d.
@@ -40,7 +43,8 @@ from .gluon_hopper import tma_store as _tma_store
 LOADER_REGS = regs(40)  # the producer warp only walks tiles and issues TMA
 CONSUMER_REGS = regs(232)  # the second math warpgroup
 
-__all__ = ["BLOCK_M", "CONFIGS", "available", "config_name", "conv2d_reference", "conv2d_sm90", "supports"]
+__all__ = ["BLOCK_M", "CONFIGS", "available", "config_name", "conv2d_reference", "conv2d_sm90", "epilogue_refusal",
+           "supports"]
 
 BLOCK_M = 128  # output pixels a tile (two warpgroups of 64)
 
@@ -56,8 +60,10 @@ def config_name(config: tuple) -> str:
     return f"{bn_a}+{bn_b}x{block_k}s{stages}"
 
 
-def conv2d_reference(x: torch.Tensor, weight: torch.Tensor, padding: int) -> torch.Tensor:
-    return F.conv2d(x, weight, None, 1, padding)
+def conv2d_reference(x: torch.Tensor, weight: torch.Tensor, padding: int, bias: Optional[torch.Tensor] = None,
+                     residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    out = F.conv2d(x, weight, None if bias is None else bias.to(x.dtype), 1, padding)
+    return out if residual is None else out + residual
 
 
 if gluon is not None:
@@ -101,6 +107,7 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer(a_s, wa_s, wb_s, ready_bars, free_bars, oa_s, ob_s, outa_desc, outb_desc,
+                  bias_ptr, resa_desc, resb_desc, res_bar, has_bias, has_residual,
                   num_n, tiles_h, tiles_w, num_tiles, k_steps, num_programs,
                   C: gl.constexpr, BH: gl.constexpr, BW: gl.constexpr, BN_A: gl.constexpr, BN_B: gl.constexpr,
                   STAGES: gl.constexpr):
@@ -113,12 +120,22 @@ if gluon is not None:
                                                            instr_shape=[16, BN_B, 16])
         zero_a = gl.zeros([ROWS, BN_A], gl.float32, layout_a)
         zero_b = gl.zeros([ROWS, BN_B], gl.float32, layout_b)
+        bias_on = has_bias != 0
+        res_on = has_residual != 0
         out_a = oa_s.index(C)
         out_b = ob_s.index(C)
         pid = gl.program_id(0)
         for tile in range(pid, num_tiles, num_programs):
             image, h0, w0, off_m, off_n = _tile_origin(tile, num_n, tiles_h, tiles_w, BH, BW, BN_A + BN_B)
-            it = ((tile - pid) // num_programs) * k_steps  # the tile's first use of the ring, in the loader's order
+            local = (tile - pid) // num_programs  # the CTA's how-manyth tile
+            it = local * k_steps  # the tile's first use of the ring, in the loader's order
+            if res_on:
+                # The residual tile comes by TMA into the staging buffers while the products run, once the previous
+                # tile's store has read them.
+                tma.store_wait(0)
+                mbarrier.expect(res_bar, resa_desc.block_type.nbytes + resb_desc.block_type.nbytes)
+                _tma_load(resa_desc, [off_m + ROW0, off_n], res_bar, out_a)
+                _tma_load(resb_desc, [off_m + ROW0, off_n + BN_A], res_bar, out_b)
             slot = it % STAGES
             mbarrier.wait(ready_bars.index(slot), (it // STAGES) & 1)
             a = a_s.index(slot).slice(ROW0, ROWS)
@@ -136,10 +153,22 @@ if gluon is not None:
                 # The previous step's products are done once at most these two are in flight: free its slot.
                 acc_a, acc_b = warpgroup_mma_wait(num_outstanding=2, deps=(acc_a, acc_b))
                 mbarrier.arrive(free_bars.index(prev))
+            # The bias, loaded while the last step's products finish (predicated off when absent).
+            cols_a = off_n + gl.arange(0, BN_A, layout=gl.SliceLayout(0, layout_a))
+            cols_b = off_n + BN_A + gl.arange(0, BN_B, layout=gl.SliceLayout(0, layout_b))
+            bias_a = gl.load(bias_ptr + cols_a, mask=(cols_a >= 0) & bias_on, other=0.0)
+            bias_b = gl.load(bias_ptr + cols_b, mask=(cols_b >= 0) & bias_on, other=0.0)
             acc_a, acc_b = warpgroup_mma_wait(num_outstanding=0, deps=(acc_a, acc_b))
             mbarrier.arrive(free_bars.index(slot))
-
-            tma.store_wait(0)  # this warpgroup's previous tile has left its staging buffers
+            acc_a = acc_a + bias_a.to(gl.float32)[None, :]
+            acc_b = acc_b + bias_b.to(gl.float32)[None, :]
+            if res_on:
+                # Each thread reads the residual's elements it then overwrites with the result: no hazard.
+                mbarrier.wait(res_bar, local & 1)
+                acc_a = acc_a + out_a.load(layout_a).to(gl.float32)
+                acc_b = acc_b + out_b.load(layout_b).to(gl.float32)
+            else:
+                tma.store_wait(0)  # this warpgroup's previous tile has left its staging buffers
             out_a.store(acc_a.to(outa_desc.dtype))
             out_b.store(acc_b.to(outb_desc.dtype))
             fence_async_shared()
@@ -148,9 +177,11 @@ if gluon is not None:
         tma.store_wait(0)
 
     # Sizes are not specialized on: no recompile per batch (a new width is a new box, so a new compile anyway).
-    @gluon.jit(do_not_specialize=["Cin", "num_n", "tiles_h", "tiles_w", "num_tiles"])
+    # The epilogue's flags neither: one binary with and without a bias and a residual.
+    @gluon.jit(do_not_specialize=["Cin", "num_n", "tiles_h", "tiles_w", "num_tiles", "has_bias", "has_residual"])
     def _conv_sm90_kernel(
-        x_desc, wa_desc, wb_desc, outa_desc, outb_desc, Cin, num_n, tiles_h, tiles_w, num_tiles, num_programs,
+        x_desc, wa_desc, wb_desc, outa_desc, outb_desc, bias_ptr, resa_desc, resb_desc, has_bias, has_residual,
+        Cin, num_n, tiles_h, tiles_w, num_tiles, num_programs,
         KSIZE: gl.constexpr, PAD: gl.constexpr, STAGES: gl.constexpr,
     ):
         dtype: gl.constexpr = x_desc.dtype
@@ -171,15 +202,20 @@ if gluon is not None:
         ob_s = gl.allocate_shared_memory(dtype, [2] + outb_desc.block_type.shape, outb_desc.layout)
         ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         free_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        res_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # one a math warpgroup
         for i in gl.static_range(STAGES):
             mbarrier.init(ready_bars.index(i), count=1)
             mbarrier.init(free_bars.index(i), count=2)  # both math warpgroups read every use of a slot
+        for i in gl.static_range(2):
+            mbarrier.init(res_bars.index(i), count=1)
         fence_async_shared()
 
         gl.warp_specialize([
             (_consumer, (a_s, wa_s, wb_s, ready_bars, free_bars, oa_s, ob_s, outa_desc, outb_desc,
+                         bias_ptr, resa_desc, resb_desc, res_bars.index(0), has_bias, has_residual,
                          num_n, tiles_h, tiles_w, num_tiles, k_steps, num_programs, 0, BH, BW, BN_A, BN_B, STAGES)),
             (_consumer, (a_s, wa_s, wb_s, ready_bars, free_bars, oa_s, ob_s, outa_desc, outb_desc,
+                         bias_ptr, resa_desc, resb_desc, res_bars.index(1), has_bias, has_residual,
                          num_n, tiles_h, tiles_w, num_tiles, k_steps, num_programs, 1, BH, BW, BN_A, BN_B, STAGES)),
             (_loader, (x_desc, wa_desc, wb_desc, a_s, wa_s, wb_s, ready_bars, free_bars,
                        Cin, num_n, tiles_h, tiles_w, num_tiles, num_programs, KSIZE, PAD, BN_A, BN_B, STAGES)),
@@ -188,6 +224,8 @@ if gluon is not None:
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready_bars.index(i))
             mbarrier.invalidate(free_bars.index(i))
+        for i in gl.static_range(2):
+            mbarrier.invalidate(res_bars.index(i))
 
 
 # ----------------------------------------------------------------- launcher
@@ -226,13 +264,32 @@ def supports(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, padding: in
     return None
 
 
+def epilogue_refusal(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                     residual: Optional[torch.Tensor]) -> str | None:
+    """Why the epilogue cannot add this bias and residual to the convolution of x by weight (None: it can)."""
+    n, _, h, w = x.shape
+    cout = weight.shape[0]
+    if bias is not None and (bias.shape != (cout,) or bias.dtype != x.dtype or not bias.is_contiguous()
+                             or bias.device != x.device):
+        return (f"bias {tuple(bias.shape)} {bias.dtype} for {cout} channels {x.dtype} (a contiguous vector of the "
+                "input's dtype and device)")
+    if residual is not None and (residual.shape != (n, cout, h, w) or residual.dtype != x.dtype
+                                 or residual.device != x.device or residual.data_ptr() % 16
+                                 or not residual.is_contiguous(memory_format=torch.channels_last)):
+        return (f"residual {tuple(residual.shape)} {residual.dtype} for an output {(n, cout, h, w)} {x.dtype} "
+                "(channels_last, same shape and dtype, 16-byte aligned for TMA)")
+    return None
+
+
 def conv2d_sm90(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, padding: int = 1, *,
-                config: Optional[tuple] = None) -> torch.Tensor:
-    """F.conv2d(x, weight, None, stride, padding) for channels_last x and W; the result is channels_last.
+                config: Optional[tuple] = None, bias: Optional[torch.Tensor] = None,
+                residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """F.conv2d(x, weight, bias, stride, padding) (+ residual) for channels_last x and W; the result is
+    channels_last. residual: the output's shape and dtype, channels_last, added in the epilogue with the bias.
     config: one of CONFIGS (or any (BN_A, BN_B, BLOCK_K, STAGES) of powers of two that fits shared memory); None:
     CONFIGS[0]. Raises ValueError for convolutions it does not take."""
     config = config or CONFIGS[0]
-    reason = supports(x, weight, stride, padding, config)
+    reason = supports(x, weight, stride, padding, config) or epilogue_refusal(x, weight, bias, residual)
     if reason:
         raise ValueError(f"conv2d_sm90: {reason}")
     bn_a, bn_b, block_k, stages = config
@@ -250,10 +307,15 @@ def conv2d_sm90(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, padding:
     tiles_h, tiles_w, num_n = h // bh, w // bw, cout // (bn_a + bn_b)
     num_tiles = n * tiles_h * tiles_w * num_n
     programs = min(num_tiles, sm_count(x))
+    res_rows = out_rows if residual is None else residual.permute(0, 2, 3, 1).view(n * h * w, cout)
     _conv_sm90_kernel[(programs,)](
         descriptor(x.permute(0, 2, 3, 1), [1, bh, bw, block_k]),
         descriptor(w_rows, [bn_a, block_k]), descriptor(w_rows, [bn_b, block_k]),
         descriptor(out_rows, [BLOCK_M // 2, bn_a]), descriptor(out_rows, [BLOCK_M // 2, bn_b]),
+        # Absent operands: the output itself, never read (the loads are predicated off or not issued).
+        out if bias is None else bias,
+        descriptor(res_rows, [BLOCK_M // 2, bn_a]), descriptor(res_rows, [BLOCK_M // 2, bn_b]),
+        int(bias is not None), int(residual is not None),
         cin, num_n, tiles_h, tiles_w, num_tiles, programs,
         KSIZE=k, PAD=padding, STAGES=stages, num_warps=4,
     )

@@ -139,3 +139,31 @@ def test_a_picked_gemm_shape_in_nchw_layout_takes_cudnn():
     with _benchmark_mode():
         got = convolution.conv2d(x, w, 1, 1)
     torch.testing.assert_close(got, F.conv2d(x, w, None, 1, 1))
+
+
+@pytest.mark.parametrize("with_bias, with_residual", [(True, True), (True, False), (False, True)])
+def test_bias_and_residual_join_the_convolution(with_bias, with_residual):
+    """conv2d's epilogue operands: added after the convolution on any path (in the Gluon kernel where it ran)."""
+    x, w = _conv_inputs(2, 8, 6, 4, 3, seed=5)
+    bias = torch.randn(4) if with_bias else None
+    residual = torch.randn(2, 4, 6, 6).contiguous(memory_format=torch.channels_last) if with_residual else None
+    want = F.conv2d(x, w, bias, 1, 1) + (0 if residual is None else residual)
+    torch.testing.assert_close(convolution.conv2d(x, w, 1, 1, bias=bias, residual=residual), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not conv_sm90.available(), reason="needs an sm_90 GPU and Triton with Gluon")
+def test_an_sm90_pick_adds_bias_and_residual_in_its_epilogue():
+    x, w = _conv_inputs(2, 64, 16, 160, 3, dtype=torch.float16, seed=6)
+    x, w = x.cuda(), w.cuda() / 24
+    bias = torch.randn(160, device="cuda", dtype=torch.float16)
+    residual = torch.randn(2, 160, 16, 16, device="cuda", dtype=torch.float16).contiguous(
+        memory_format=torch.channels_last)
+    name = next(n for n in convolution.candidates(x, w, 1, 1, mode="auto", graphed=True) if n.startswith("sm90:"))
+    convolution.restore_paths({f"x{list(x.shape)} w{list(w.shape)} s1 p1 float16": name})
+    with _benchmark_mode():
+        got = convolution.conv2d(x, w, 1, 1, bias=bias, residual=residual)
+        unfused = convolution.conv2d(x, w, 1, 1, bias=bias, residual=residual.contiguous())  # NCHW: bias_add
+    want = F.conv2d(x.float(), w.float(), bias.float(), 1, 1) + residual.float()
+    assert ((got.float() - want).norm() / want.norm()) < 2e-3
+    assert ((unfused.float() - want).norm() / want.norm()) < 2e-3

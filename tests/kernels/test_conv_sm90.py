@@ -29,6 +29,8 @@ def desc(shape):
 
 signature = {"x_desc": desc([1, *box, block_k]), "wa_desc": desc([bn_a, block_k]), "wb_desc": desc([bn_b, block_k]),
              "outa_desc": desc([module.BLOCK_M // 2, bn_a]), "outb_desc": desc([module.BLOCK_M // 2, bn_b]),
+             "bias_ptr": "*fp16", "resa_desc": desc([module.BLOCK_M // 2, bn_a]),
+             "resb_desc": desc([module.BLOCK_M // 2, bn_b]), "has_bias": "i32", "has_residual": "i32",
              "Cin": "i32", "num_n": "i32", "tiles_h": "i32", "tiles_w": "i32", "num_tiles": "i32",
              "num_programs": "i32", "KSIZE": "constexpr", "PAD": "constexpr", "STAGES": "constexpr"}
 names = list(signature)
@@ -114,3 +116,39 @@ def test_refuses_shapes_it_cannot_tile():
     x, weight = _operands(1, 64, 16, 16, 160, 3, torch.float16)
     assert "channels_last" in module.supports(x.contiguous(), weight)
     assert module.supports(x, weight) is None
+
+
+def test_epilogue_refuses_operands_it_cannot_add():
+    x = torch.randn(2, 64, 16, 16, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(160, 64, 3, 3, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    out_like = torch.randn(2, 160, 16, 16, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    assert module.epilogue_refusal(x, w, torch.zeros(160, dtype=torch.float16), out_like) is None
+    assert module.epilogue_refusal(x, w, None, None) is None
+    assert "bias" in module.epilogue_refusal(x, w, torch.zeros(80, dtype=torch.float16), None)
+    assert "bias" in module.epilogue_refusal(x, w, torch.zeros(160), None)  # fp32: another binary
+    assert "residual" in module.epilogue_refusal(x, w, None, out_like.contiguous())  # NCHW memory
+    assert "residual" in module.epilogue_refusal(x, w, None, out_like[:1])  # half the batch
+
+
+# (N, Cin, H, W, Cout, k, config index, bias, residual): the ResNet block's conv2 (both), the upsampler's (bias).
+EPILOGUE_CASES = [(2, 320, 64, 64, 320, 3, 0, True, True), (2, 640, 32, 32, 640, 3, 1, True, True),
+                  (1, 128, 2, 256, 80, 3, 1, True, False), (2, 64, 16, 16, 160, 3, 0, False, True)]
+
+
+@pytest.mark.gpu
+@hopper
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", EPILOGUE_CASES, ids=str)
+def test_epilogue_adds_bias_and_residual(case, dtype, check_against_reference):
+    n, cin, h, w, cout, k, index, with_bias, with_residual = case
+    x, weight = _operands(n, cin, h, w, cout, k, dtype, seed=1)
+    g = torch.Generator().manual_seed(2)
+    bias = torch.randn(cout, generator=g).to(device="cuda", dtype=dtype) if with_bias else None
+    residual = (torch.randn(n, cout, h, w, generator=g).to(device="cuda", dtype=dtype)
+                .contiguous(memory_format=torch.channels_last)) if with_residual else None
+    out = module.conv2d_sm90(x, weight, 1, k // 2, config=module.CONFIGS[index], bias=bias, residual=residual)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        ref32 = module.conv2d_reference(x.float(), weight.float(), k // 2, None if bias is None else bias.float(),
+                                        None if residual is None else residual.float())
+    check_against_reference(out, module.conv2d_reference(x, weight, k // 2, bias, residual), ref32, what=str(case))

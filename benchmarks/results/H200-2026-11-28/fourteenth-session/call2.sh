@@ -1,0 +1,23 @@
+#!/bin/bash
+# Fourteenth session, call 2: the Gluon convolution's epilogue adds the bias and the residual (epilogue_gl_load.patch, the
+# working tree of this call) against the tree without it (the patch reversed on a copy). GPU tests of the kernel,
+# the pick and the engine; one SD1.5 UNet call on both trees, each its own process with an empty cache, alternated,
+# CFG batch 2 (twice) and 16; SDXL CFG batch 2 once each if the call's time allows.
+set -u
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
+D=benchmarks/results/H200-2026-11-28/fourteenth-session
+nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
+rm -rf /tmp/base && mkdir /tmp/base && cp -r sdaccel tests benchmarks pyproject.toml /tmp/base/ \
+  && (cd /tmp/base && patch -R -p1 -s < $OLDPWD/$D/epilogue_gl_load.patch) || exit 1
+PYTHONPATH=/tmp/site:$PWD SDACCEL_CACHE=/tmp/c_t timeout 240 python3 -m pytest -q -m gpu tests/kernels/test_conv_sm90.py \
+  tests/engines/test_convolution.py tests/engines/test_fast.py 2>&1 | tail -8 | cut -c1-300 | tee $OUT/gpu_tests.txt
+grep -q " failed" $OUT/gpu_tests.txt && exit 0
+mkdir -p /tmp/u
+unet() { # tag tree arch batch iters
+  rm -rf /tmp/c_$1; (cd $2 && PYTHONPATH=/tmp/site:$2 SDACCEL_CACHE=/tmp/c_$1 timeout 150 python3 benchmarks/bench_unet.py \
+    --arch $3 --batch $4 --iters $5 --variants fast --out /tmp/u/unet_$1.json > /tmp/u/unet_$1.log 2>&1)
+  grep -E "^fast " /tmp/u/unet_$1.log | sed "s/^/$1 /"; tar czf $OUT/unet.tgz -C /tmp u; }
+for i in 1 2; do unet epi_b2_$i $PWD sd15 2 50; unet base_b2_$i /tmp/base sd15 2 50; done
+unet epi_b16 $PWD sd15 16 20; unet base_b16 /tmp/base sd15 16 20
+[ $SECONDS -lt 400 ] && { unet epi_sdxl_b2 $PWD sdxl 2 30; unet base_sdxl_b2 /tmp/base sdxl 2 30; }
+echo "elapsed ${SECONDS}s"
