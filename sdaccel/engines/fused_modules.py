@@ -649,13 +649,12 @@ class FusedUpsample2D(nn.Module):
         h = upsample_nearest2x(x)
         if not m.use_conv:
             return h
-        c = m.conv
-        if s == 1.0 and _plain_conv(c):
-            # Through the convolution pick, as the ResNet blocks' (convolution.py): on Hopper the Gluon kernel takes
-            # SD1.5's 640 -> 640 at 64x64 in 86 us against cuDNN's 103 (H200, alone), the bias in its epilogue.
-            return _conv_bias_add(c, h, c.bias)
+        # cuDNN with its bias, not the convolution pick: through the pick (the Gluon kernel takes SD1.5's 640 -> 640
+        # at 64x64 in 86 us against cuDNN's 103) one UNet call was 0.8% faster on an H200, but the first image at
+        # batch 8 peaked 1 GiB higher, above eager's (benchmarks/README.md, fourteenth session).
         if s == 1.0:
-            return c(h)
+            return m.conv(h)
+        c = m.conv
         return F.conv2d(h, c.weight, scaled_bias(c.bias, s), c.stride, c.padding, c.dilation, c.groups)
 
 

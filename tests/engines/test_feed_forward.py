@@ -85,11 +85,20 @@ def test_picks_survive_a_restart_and_unknown_names_are_dropped(clean_choices):
                                            "m512 k1280 d5120 float16": "split"}
 
 
+def _with_one_inf(kernel):
+    def run(*args):
+        out = kernel(*args)
+        out.view(-1)[7] = float("inf")
+        return out
+    return run
+
+
 def test_pick_keeps_only_candidates_that_agree_with_the_first():
     x, w, b = _inputs()
+    before = [t.clone() for t in (x, w, b)]
     split = feed_forward.split_path
     kernels = {"split": split, "wrong": lambda x, w, b: split(x, w, b) + 0.5, "refuses": lambda x, w, b: 1 / 0,
-               "nan": lambda x, w, b: split(x, w, b) * float("nan"), "agrees": split}
+               "nan": lambda x, w, b: split(x, w, b) * float("nan"), "inf": _with_one_inf(split), "agrees": split}
     timed = []
 
     def time_ms(fn):
@@ -98,6 +107,7 @@ def test_pick_keeps_only_candidates_that_agree_with_the_first():
 
     assert pick_fastest((x, w, b), kernels, "split", time_ms=time_ms) == "agrees"
     assert len(timed) == 2  # only split and agrees: a wrong, refusing or non-finite candidate is never timed
+    assert all(torch.equal(t, t0) for t, t0 in zip((x, w, b), before))  # the in-place check touched outputs only
 
 
 def test_the_engine_refuses_an_unknown_mode():
