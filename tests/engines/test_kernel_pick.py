@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from sdaccel.engines import kernel_pick
 from sdaccel.engines.kernel_pick import ShapePicks
 from sdaccel.kernels.precompile import recording_kernels
 
@@ -82,3 +83,19 @@ def test_weights_timed_out_of_l2_are_read_from_memory():
           f"one read of the L2's size {read_others * 1e3:.2f} us")
     assert cold > 1.2 * hot, (cold, hot)
     assert cold < read_others, (cold, read_others)  # the eviction reads (2x the L2) are subtracted
+
+
+def test_the_difference_is_taken_in_place_only_in_the_candidates_own_memory():
+    reference = torch.tensor([1.0, 2.0, 3.0])
+    args = (torch.tensor([5.0, 5.0, 5.0]),)
+    own = torch.tensor([1.5, 2.0, 1.0])
+    assert kernel_pick._max_abs_difference(own, reference, args) == 2.0
+    assert torch.equal(own, torch.tensor([0.5, 0.0, 2.0]))  # overwritten: no output-sized temporary
+    # An output that is an input (an in-place kernel) or a view of the reference, or a broadcast view: untouched.
+    assert kernel_pick._max_abs_difference(args[0], reference, args) == 4.0
+    assert torch.equal(args[0], torch.tensor([5.0, 5.0, 5.0]))
+    assert kernel_pick._max_abs_difference(reference[:], reference, args) == 0.0
+    assert torch.equal(reference, torch.tensor([1.0, 2.0, 3.0]))
+    broadcast = torch.tensor([2.0]).expand(3)
+    assert kernel_pick._max_abs_difference(broadcast, reference, args) == 1.0
+    assert torch.equal(broadcast, torch.tensor([2.0, 2.0, 2.0]))

@@ -14,7 +14,7 @@ components = load_components("synthetic:sd15", device=device, dtype=torch.float1
 pipe = Pipeline(components, engine="fast", dtype="fp16", device=device)
 torch.cuda.synchronize()
 torch.cuda.reset_peak_memory_stats()
-torch.cuda.memory._record_memory_history(max_entries=400000)
+torch.cuda.memory._record_memory_history(max_entries=400000, stacks="python")
 pipe(["a photo"] * batch, seed=0, output="tensor", steps=50)
 torch.cuda.synchronize()
 snapshot = torch.cuda.memory._snapshot()
