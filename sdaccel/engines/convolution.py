@@ -129,7 +129,11 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, padding: int 
     name = _path(x, weight, stride, padding)
     if name in _SM90 and conv_sm90.epilogue_refusal(x, weight, bias, residual) is None:
         return conv_sm90.conv2d_sm90(x, weight, stride, padding, config=_SM90[name], bias=bias, residual=residual)
-    out = _KERNELS[name](x, weight, stride, padding)
+    return add_bias_residual(_KERNELS[name](x, weight, stride, padding), bias, residual)
+
+
+def add_bias_residual(out: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None) -> torch.Tensor:
+    """out + bias (per channel) + residual, each optional: one bias_add pass where there is a bias."""
     if bias is not None:
         return bias_add(out, bias, residual)
     return out if residual is None else out + residual

@@ -19,7 +19,7 @@ from ..errors import UsageError
 from ..kernels import bias_add, group_norm, layer_norm
 from ..kernels.upsample import upsample_nearest2x
 from .attention import attention
-from .convolution import conv2d
+from .convolution import add_bias_residual, conv2d
 from .feed_forward import linear_geglu
 
 
@@ -63,29 +63,22 @@ def _plain_conv(conv: nn.Module) -> bool:
     return type(conv) is nn.Conv2d and conv.padding_mode == "zeros"
 
 
-def _square(conv: nn.Conv2d) -> bool:
-    return (conv.groups == 1 and conv.dilation == (1, 1) and isinstance(conv.padding, tuple)
-            and len(set(conv.padding)) == 1 and len(set(conv.stride)) == 1)
-
-
 def _conv_without_bias(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     # cuDNN adds a conv's bias in a separate broadcast kernel: the fused blocks add it inside a kernel they
     # launch anyway (the next GroupNorm, or the residual add).
-    if _square(conv):  # cuDNN, or one GEMM where that is faster for the shape (convolution.py)
-        return conv2d(x, conv.weight, conv.stride[0], conv.padding[0])
-    return F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
+    return _conv_bias_add(conv, x, None)
 
 
 def _conv_bias_add(conv: nn.Conv2d, x: torch.Tensor, bias: torch.Tensor | None,
                    residual: torch.Tensor | None = None) -> torch.Tensor:
     """conv(x) without its own bias, + bias (per channel) + residual: inside the Gluon convolution's epilogue where
     the pick took that kernel for the shape, else one bias_add pass after the convolution (convolution.py)."""
-    if _square(conv):
+    square = (conv.groups == 1 and conv.dilation == (1, 1) and isinstance(conv.padding, tuple)
+              and len(set(conv.padding)) == 1 and len(set(conv.stride)) == 1)
+    if square:  # cuDNN, or one GEMM or the Gluon kernel where that is faster for the shape (convolution.py)
         return conv2d(x, conv.weight, conv.stride[0], conv.padding[0], bias=bias, residual=residual)
     out = F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
-    if bias is not None:
-        return bias_add(out, bias, residual)
-    return out if residual is None else out + residual
+    return add_bias_residual(out, bias, residual)
 
 
 def repeat_batch(t: torch.Tensor, batch: int) -> torch.Tensor:
@@ -719,9 +712,8 @@ class FusedSpatialAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, height * width, -1)
         proj = a.to_out[0]
         out = F.linear(out, proj.weight)
-        bias = scaled_bias(proj.bias, s)
         residual = x.permute(0, 2, 3, 1).reshape(batch, height * width, channels)
-        out = bias_add(out, bias, residual) if bias is not None else out + residual
+        out = add_bias_residual(out, scaled_bias(proj.bias, s), residual)
         return out.view(batch, height, width, channels).permute(0, 3, 1, 2)  # NCHW view of NHWC memory
 
 
