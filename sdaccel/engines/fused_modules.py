@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UsageError
-from ..kernels import bias_add, group_norm, layer_norm
+from ..kernels import bias_add_, group_norm, layer_norm
 from ..kernels.upsample import upsample_nearest2x
 from .attention import attention
 from .convolution import add_bias_residual, conv2d
@@ -452,7 +452,7 @@ class FusedTransformer2D(nn.Module):
             tokens = block(tokens, encoder_hidden_states)
         residual = x.permute(0, 2, 3, 1).reshape(batch, height * width, channels)
         residual = repeat_batch(residual, tokens.shape[0])  # the blocks widened the latents to both CFG halves
-        out = bias_add(F.linear(tokens, self._linear_weight(m.proj_out)), m.proj_out.bias, residual)
+        out = bias_add_(F.linear(tokens, self._linear_weight(m.proj_out)), m.proj_out.bias, residual)
         out = out.view(-1, height, width, channels).permute(0, 3, 1, 2)  # NCHW view of NHWC memory
         return Transformer2DModelOutput(sample=out) if return_dict else (out,)
 
@@ -642,12 +642,13 @@ class FusedUpsample2D(nn.Module):
         h = upsample_nearest2x(x)
         if not m.use_conv:
             return h
-        # cuDNN with its bias, not the convolution pick: through the pick (the Gluon kernel takes SD1.5's 640 -> 640
-        # at 64x64 in 86 us against cuDNN's 103) one UNet call was 0.8% faster on an H200, but the first image at
-        # batch 8 peaked 1 GiB higher, above eager's (benchmarks/README.md, fourteenth session).
-        if s == 1.0:
-            return m.conv(h)
         c = m.conv
+        if s == 1.0 and _plain_conv(c):
+            # Through the convolution pick, as the ResNet blocks' (convolution.py), the bias in the Gluon kernel's
+            # epilogue where the pick took it.
+            return _conv_bias_add(c, h, c.bias)
+        if s == 1.0:
+            return c(h)
         return F.conv2d(h, c.weight, scaled_bias(c.bias, s), c.stride, c.padding, c.dilation, c.groups)
 
 

@@ -140,7 +140,7 @@ def parallel_target(t: torch.Tensor) -> int:
     return 2 * sm_count(t) if t.is_cuda else sm_count(t)
 
 
-from .bias_add import bias_add, bias_add_reference  # noqa: E402
+from .bias_add import bias_add, bias_add_, bias_add_reference  # noqa: E402
 from .geglu import geglu, geglu_reference  # noqa: E402
 from .group_norm import group_norm, group_norm_reference  # noqa: E402
 from .layer_norm import layer_norm, layer_norm_reference  # noqa: E402
@@ -150,6 +150,7 @@ __all__ = [
     "interpreter_enabled",
     "use_triton",
     "bias_add",
+    "bias_add_",
     "bias_add_reference",
     "geglu",
     "geglu_reference",

@@ -60,7 +60,10 @@ def test_cpu_without_interpreter_uses_reference(monkeypatch):
         raise AssertionError("Triton launcher called on CPU without the interpreter")
 
     monkeypatch.setattr(ba_module, "launch_bias_add", no_triton)
-    assert torch.equal(bias_add(x, bias, residual), bias_add_reference(x, bias, residual))
+    expected = bias_add_reference(x, bias, residual)
+    assert torch.equal(bias_add(x, bias, residual), expected)
+    out = ba_module.bias_add_(x, bias, residual)
+    assert out.data_ptr() == x.data_ptr() and torch.equal(out, expected)
 
 
 def test_registered_torch_op_matches_reference(device):
@@ -68,3 +71,21 @@ def test_registered_torch_op_matches_reference(device):
         pytest.skip("torch without triton_op")
     x, bias, residual = _inputs((2, 33, 96), 96, torch.float32, device)
     torch.testing.assert_close(torch.ops.sdaccel.bias_add(x, bias, residual), bias_add_reference(x, bias, residual))
+
+
+@pytest.mark.parametrize("layout", ["tokens", "channels_last", "nchw", "transposed"])
+def test_in_place_variant_writes_into_dense_x(layout, device):
+    shape, channels = ((2, 33, 96), 96) if layout in ("tokens", "transposed") else ((2, 96, 5, 7), 96)
+    x, bias, residual = _inputs(shape, channels, torch.float16, device)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    if layout == "transposed":  # not dense: a new tensor, x untouched
+        x, residual = x.transpose(0, 1), residual.transpose(0, 1)
+    before = x.clone()
+    expected = bias_add(before, bias, residual)
+    out = ba_module.bias_add_(x, bias, residual)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    if layout == "transposed":
+        assert torch.equal(x, before) and out.data_ptr() != x.data_ptr()
+    else:
+        assert out.data_ptr() == x.data_ptr() and out.stride() == x.stride()
