@@ -303,18 +303,20 @@ def conv2d_sm90(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, padding:
     def descriptor(t, block):
         return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gdtype))
 
+    def half_tiles(rows):  # each math warpgroup's 64 rows x (BN_A | BN_B) channels of an NHWC output-shaped matrix
+        return descriptor(rows, [BLOCK_M // 2, bn_a]), descriptor(rows, [BLOCK_M // 2, bn_b])
+
     w_rows = weight.permute(0, 2, 3, 1).reshape(cout, k * k * cin)  # a view: channels_last is tap-major rows
     tiles_h, tiles_w, num_n = h // bh, w // bw, cout // (bn_a + bn_b)
     num_tiles = n * tiles_h * tiles_w * num_n
     programs = min(num_tiles, sm_count(x))
-    res_rows = out_rows if residual is None else residual.permute(0, 2, 3, 1).view(n * h * w, cout)
+    out_tiles = half_tiles(out_rows)
+    # Absent operands: the output itself, never read (the loads are predicated off or not issued).
+    res_tiles = out_tiles if residual is None else half_tiles(residual.permute(0, 2, 3, 1).view(n * h * w, cout))
     _conv_sm90_kernel[(programs,)](
         descriptor(x.permute(0, 2, 3, 1), [1, bh, bw, block_k]),
         descriptor(w_rows, [bn_a, block_k]), descriptor(w_rows, [bn_b, block_k]),
-        descriptor(out_rows, [BLOCK_M // 2, bn_a]), descriptor(out_rows, [BLOCK_M // 2, bn_b]),
-        # Absent operands: the output itself, never read (the loads are predicated off or not issued).
-        out if bias is None else bias,
-        descriptor(res_rows, [BLOCK_M // 2, bn_a]), descriptor(res_rows, [BLOCK_M // 2, bn_b]),
+        *out_tiles, out if bias is None else bias, *res_tiles,
         int(bias is not None), int(residual is not None),
         cin, num_n, tiles_h, tiles_w, num_tiles, programs,
         KSIZE=k, PAD=padding, STAGES=stages, num_warps=4,
