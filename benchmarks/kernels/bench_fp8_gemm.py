@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from collections import Counter
 
 import torch
+from _timing import graph_time_us
 
 from sdaccel.models import get_spec
 
@@ -135,29 +135,6 @@ def unet_quality(arch: str, batch: int) -> dict:
             h.remove()
     result["fp8_layers"] = len(layers)
     return result
-
-
-def graph_time_us(fn, calls: int = 20, reps: int = 7) -> float:
-    """Median time of one call, from CUDA graphs of `calls` back-to-back calls."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -15,11 +15,11 @@ convolution before it has just written), replayed --iters times; microseconds pe
 import argparse
 import itertools
 import json
-import statistics
 import sys
 
 import torch
 
+from _timing import graph_time_us
 from sdaccel.kernels.group_norm import group_norm_reference, launch_group_norm, single_pass_fits
 
 GROUPS = 32
@@ -42,31 +42,6 @@ LARGE_SHAPES = [(2, 320, 64, 64), (2, 640, 64, 64), (2, 960, 64, 64), (16, 320, 
 
 def ints(text: str) -> tuple[int, ...]:
     return tuple(int(v) for v in text.split(","))
-
-
-def graph_time_us(fn, calls: int, iters: int) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / calls)
-    del graph
-    return statistics.median(times)
 
 
 def main():
