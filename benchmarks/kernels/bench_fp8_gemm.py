@@ -22,8 +22,9 @@ Per call, the shapes' times are summed with their multiplicity.
 
 --quality adds what FP8 would do to one UNet call's output: the eager fp16 UNet with every Linear and Conv2d
 (except conv_in and conv_out) fake-quantized to e4m3 (weights per output channel, activations per tensor from their
-amax at each call, or per token) against the fp32 UNet, next to plain fp16's error, on the same seeded random weights and inputs.
-Random weights are not a trained model's (no outlier channels): an indication, not an image-quality verdict.
+amax at each call, or per token) against the fp32 UNet, next to plain fp16's error, on the same seeded random
+weights and inputs. Random weights are not a trained model's (no outlier channels): an indication, not an
+image-quality verdict.
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ def main():
             print(f"b{batch} {kind:8s} x{count:<3d} M {m:6d} K {k:5d} N {n:5d}  fp16 {row['fp16_us']:8.1f} us"
                   f"  fp8 {row['fp8_us']:8.1f}  fp8-fast {row['fp8_fast_us']:8.1f}  quantize {row['quantize_us']:6.1f}"
                   f"  err fp16 {row['fp16_err']:.1e} fp8 {row['fp8_err']:.1e}", flush=True)
-        for group in ("linear", "conv"):
+        for group in ("linear", "conv") if rows else ():
             f16, f8, f8f, q = (sums[f"{group}_{k}"] / 1e3 for k in ("fp16_us", "fp8_us", "fp8_fast_us", "quantize_us"))
             print(f"b{batch} {group} per UNet call: fp16 {f16:.3f} ms, fp8 {f8:.3f} (fast accum {f8f:.3f}), "
                   f"activation casts {q:.3f} ms", flush=True)
