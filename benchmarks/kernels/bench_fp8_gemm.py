@@ -37,19 +37,44 @@ import torch
 from _timing import graph_time_us
 
 from sdaccel.models import get_spec
+from sdaccel.quality.metrics import relative_error
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max
 
 
-def record_gemms(arch: str, batch: int) -> Counter:
-    """(M, K, N, kind) -> how many times one eager UNet call at this batch runs it."""
+def synthetic_unet(arch: str, batch: int):
+    """The arch's UNet in fp32 on the GPU (seeded weights) and call(unet, dtype): one call on seeded random inputs
+    at that dtype, the output in fp32."""
     from diffusers import UNet2DConditionModel
 
     spec = get_spec(arch)
     torch.manual_seed(0)
     with torch.device("cuda"):
-        unet = UNet2DConditionModel(**spec.unet).half().eval()
+        unet = UNet2DConditionModel(**spec.unet).eval()
+    size = spec.unet["sample_size"]
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(batch, spec.unet["in_channels"], size, size, device="cuda", generator=g)
+    context = torch.randn(batch, 77, spec.unet["cross_attention_dim"], device="cuda", generator=g)
+    extra = {}
+    if spec.is_xl:
+        extra = {"text_embeds": torch.randn(batch, spec.text_encoders[1].config["projection_dim"], device="cuda",
+                                            generator=g),
+                 "time_ids": torch.tensor([[size * 8] * 2 + [0, 0] + [size * 8] * 2] * batch, device="cuda",
+                                          dtype=torch.float32)}
+
+    def call(unet, dtype):
+        kw = {"added_cond_kwargs": {k: v.to(dtype) for k, v in extra.items()}} if extra else {}
+        with torch.inference_mode():
+            return unet(x.to(dtype), 500, encoder_hidden_states=context.to(dtype), **kw).sample.float()
+
+    return unet, call
+
+
+def record_gemms(arch: str, batch: int) -> Counter:
+    """(M, K, N, kind) -> how many times one eager UNet call at this batch runs it."""
+    unet, call = synthetic_unet(arch, batch)
+    unet = unet.half()
     shapes: Counter = Counter()
 
     def on_linear(mod, args, out):
@@ -63,19 +88,7 @@ def record_gemms(arch: str, batch: int) -> Counter:
 
     hooks = [m.register_forward_hook(on_linear) for m in unet.modules() if isinstance(m, torch.nn.Linear)]
     hooks += [m.register_forward_hook(on_conv) for m in unet.modules() if isinstance(m, torch.nn.Conv2d)]
-    size = spec.unet["sample_size"]
-    with torch.device("cuda"):
-        x = torch.randn(batch, spec.unet["in_channels"], size, size, dtype=torch.float16)
-        context = torch.randn(batch, 77, spec.unet["cross_attention_dim"], dtype=torch.float16)
-        extra = {}
-        if spec.is_xl:
-            extra["added_cond_kwargs"] = {
-                "text_embeds": torch.randn(batch, spec.text_encoders[1].config["projection_dim"],
-                                           dtype=torch.float16),
-                "time_ids": torch.tensor([[size * 8, size * 8, 0, 0, size * 8, size * 8]] * batch,
-                                         dtype=torch.float16)}
-    with torch.inference_mode():
-        unet(x, 999, encoder_hidden_states=context, **extra)
+    call(unet, torch.float16)
     for h in hooks:
         h.remove()
     del unet
@@ -98,31 +111,10 @@ def fake_quantize(t: torch.Tensor, dim: int | None = None, token: bool = False) 
 
 def unet_quality(arch: str, batch: int) -> dict:
     """Relative error of one UNet call against fp32: fp16 eager, and fp16 with FP8 fake-quantized GEMMs."""
-    from diffusers import UNet2DConditionModel
-
-    spec = get_spec(arch)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        ref_unet = UNet2DConditionModel(**spec.unet).eval()
-    size = spec.unet["sample_size"]
-    g = torch.Generator(device="cuda").manual_seed(1)
-    x = torch.randn(batch, spec.unet["in_channels"], size, size, device="cuda", generator=g)
-    context = torch.randn(batch, 77, spec.unet["cross_attention_dim"], device="cuda", generator=g)
-    extra = {}
-    if spec.is_xl:
-        extra = {"text_embeds": torch.randn(batch, spec.text_encoders[1].config["projection_dim"], device="cuda",
-                                            generator=g),
-                 "time_ids": torch.tensor([[size * 8] * 2 + [0, 0] + [size * 8] * 2] * batch, device="cuda",
-                                          dtype=torch.float32)}
-
-    def call(unet, dtype):
-        kw = {"added_cond_kwargs": {k: v.to(dtype) for k, v in extra.items()}} if extra else {}
-        with torch.inference_mode():
-            return unet(x.to(dtype), 500, encoder_hidden_states=context.to(dtype), **kw).sample.float()
-
+    ref_unet, call = synthetic_unet(arch, batch)
     ref = call(ref_unet, torch.float32)
     unet = ref_unet.half()
-    result = {"fp16_rel_err": rel_err(call(unet, torch.float16), ref)}
+    result = {"fp16_rel_err": relative_error(call(unet, torch.float16), ref)}
     layers = [m for name, m in unet.named_modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d))
               and name not in ("conv_in", "conv_out")]
     with torch.no_grad():
@@ -131,15 +123,11 @@ def unet_quality(arch: str, batch: int) -> dict:
     for token in (False, True):
         hooks = [m.register_forward_pre_hook(lambda mod, args, token=token: (fake_quantize(args[0], token=token),)
                                              + tuple(args[1:])) for m in layers]
-        result["fp8_token_rel_err" if token else "fp8_rel_err"] = rel_err(call(unet, torch.float16), ref)
+        result["fp8_token_rel_err" if token else "fp8_rel_err"] = relative_error(call(unet, torch.float16), ref)
         for h in hooks:
             h.remove()
     result["fp8_layers"] = len(layers)
     return result
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.float() - ref).norm() / ref.norm()).item()
 
 
 def time_shape(m: int, k: int, n: int, cast_k: int) -> dict:
@@ -156,14 +144,14 @@ def time_shape(m: int, k: int, n: int, cast_k: int) -> dict:
     out16 = torch.empty(m, n, device="cuda", dtype=torch.float16)
     row = {"M": m, "K": k, "N": n}
     row["fp16_us"] = graph_time_us(lambda: torch.mm(a, w.t(), out=out16))
-    row["fp16_err"] = rel_err(out16, ref)
+    row["fp16_err"] = relative_error(out16, ref)
     for fast in (False, True):
         def fp8(fast=fast):
             return torch._scaled_mm(a8, w8.t(), scale_a=sa, scale_b=sw, out_dtype=torch.float16,
                                     use_fast_accum=fast)
         tag = "fp8_fast" if fast else "fp8"
         row[f"{tag}_us"] = graph_time_us(fp8)
-        row[f"{tag}_err"] = rel_err(fp8(), ref)
+        row[f"{tag}_err"] = relative_error(fp8(), ref)
     act = a[:, :cast_k].contiguous()  # what a convolution's activation holds: cast_k channels a pixel
     act8 = torch.empty_like(act, dtype=E4M3)
     row["quantize_us"] = graph_time_us(lambda: act8.copy_(act * inv_sa))
