@@ -26,6 +26,8 @@ Variants (the ablation ladder):
                  cross-attention once)
   fast-gnsplit   fast with every GroupNorm too large for the single-pass kernel on the split statistics + normalize
                  kernels (none on the looped kernel: one program per sample and group, one launch)
+  fast-fp8       fast with fp8=True: the transformer blocks' Q/K/V, cross Q and feed-forward GEMMs in e4m3, their
+                 inputs written in e4m3 by the norm and GEGLU kernels (engines/fp8.py; opt-in, outside the numerics rule)
   compile-ro     torch.compile(mode="reduce-overhead"), compile time reported separately
   onnxruntime    ONNX Runtime CUDA EP over an `sdaccel optimize --provider cuda --fp16` folder (--onnx-folder; without
                  it the engine builds one in its cache first), IO binding, CUDA graph per shape
@@ -128,6 +130,7 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
         "fast-cudnn": lambda: get_engine("fast", conv="cudnn"),
         "fast-convgemm": lambda: get_engine("fast", conv="gemm"),
         "fast-gnsplit": lambda: get_engine("fast"),
+        "fast-fp8": lambda: get_engine("fast", fp8=True),
         "compile-ro": lambda: get_engine("compile", mode="reduce-overhead"),
         "onnxruntime": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=True),
         "onnxruntime-nograph": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=False),

@@ -65,6 +65,7 @@ from .base import Engine, Stages, restore_weight_storages, weight_storages
 from .compile import cache_root
 from .cudagraph import input_signature
 from .engine_cache import EngineCache, environment, weights_digest
+from .fp8 import fp8_available
 from .eager import cast_stages, place_modules
 from .fused_modules import cfg_prefix_refusal, fuse_modules
 from .kernel_pick import set_l2_eviction
@@ -124,7 +125,7 @@ class FastEngine(Engine):
                  channels_last: bool = True, fp32_ops: tuple[str, ...] | list[str] = (), workspace_mb: int = 256,
                  gemm_geglu: str = "auto", conv: str = "auto", vae_dtype: str = "auto",
                  compile_workers: int | None = None, share_cfg_prefix: bool = True, loop_plan: bool = True,
-                 cold_picks: bool = True, allow_cpu: bool = False):
+                 cold_picks: bool = True, fp8: bool = False, allow_cpu: bool = False):
         unknown = set(fp32_ops) - FP32_OPS
         if unknown:
             raise UsageError(f"unknown fp32 op(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(FP32_OPS))}")
@@ -145,6 +146,9 @@ class FastEngine(Engine):
         self.share_cfg_prefix = share_cfg_prefix
         self.loop_plan = loop_plan
         self.cold_picks = cold_picks
+        if not isinstance(fp8, bool):
+            raise UsageError(f"fp8 must be True or False, got {fp8!r}")
+        self.fp8 = fp8  # opt-in: the transformer blocks' main GEMMs in e4m3 (engines/fp8.py)
         self.fp32_ops = tuple(sorted(fp32_ops))
         self.workspace_mb = workspace_mb
         self.gemm_geglu = gemm_geglu
@@ -191,13 +195,15 @@ class FastEngine(Engine):
     def _rebuild_fused(components: Components) -> dict[str, int]:
         """Rebuild, in place, what the fused modules derive from the weights: packed QKV/KV, combined biases,
         packed time projections."""
-        from .fused_modules import FusedAttention, FusedResnetBlock, TimeEmbeddingProjections
+        from .fused_modules import FusedAttention, FusedResnetBlock, FusedTransformerBlock, TimeEmbeddingProjections
 
         packed = rebuilt = 0
         for module in [*components.unet.modules(), *components.vae.modules()]:
             if isinstance(module, FusedAttention):
-                module.refresh()
+                module.refresh()  # and its e4m3 copy in FP8 mode
                 packed += 1
+            elif isinstance(module, FusedTransformerBlock):
+                module.refresh()  # the feed-forward's e4m3 weights in FP8 mode (nothing otherwise)
             elif isinstance(module, (FusedResnetBlock, TimeEmbeddingProjections)):
                 module.refresh()  # combined biases, packed time projections
                 rebuilt += 1
@@ -221,7 +227,8 @@ class FastEngine(Engine):
         return {"fused": self.fused, "cuda_graphs": self.cuda_graphs, "attention": self.attention,
                 "gemm_geglu": self.gemm_geglu, "conv": self.conv, "fp32_ops": list(self.fp32_ops),
                 "workspace_mb": self.workspace_mb, "vae_dtype": self.vae_dtype,
-                "share_cfg_prefix": self.share_cfg_prefix, "loop_plan": self.loop_plan, "cold_picks": self.cold_picks}
+                "share_cfg_prefix": self.share_cfg_prefix, "loop_plan": self.loop_plan, "cold_picks": self.cold_picks,
+                "fp8": self.fp8}
 
     def _worker_count(self, device: torch.device) -> int:
         """How many processes compile a new shape's kernels; 0 where that is off or cannot work."""
@@ -273,6 +280,10 @@ class FastEngine(Engine):
     def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
         if device.type != "cuda" and not self.allow_cpu:
             raise EngineUnavailableError("the fast engine needs a CUDA GPU")
+        if self.fp8:
+            problem = fp8_available(device) or (None if self.fused else "FP8 mode needs the fused blocks (fused=True)")
+            if problem:
+                raise UsageError(f"fp8: {problem}")
         _use_persistent_triton_cache()
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # pick conv algorithms per shape during warm-up
@@ -295,7 +306,7 @@ class FastEngine(Engine):
         convolution.restore_paths(learned.get("convolution", {}))
         self.cache = cache
         if self.fused:
-            counts = fuse_modules(components.unet, fp32_attention="attention" in self.fp32_ops)
+            counts = fuse_modules(components.unet, fp32_attention="attention" in self.fp32_ops, fp8=self.fp8)
             for key, value in fuse_modules(components.vae.decoder).items():
                 counts[f"vae_{key}"] = value
             self.fusion_counts = counts

@@ -16,11 +16,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UsageError
-from ..kernels import bias_add_, group_norm, layer_norm
+from ..kernels import bias_add_, geglu, group_norm, layer_norm
+from ..kernels.fp8 import E4M3
 from ..kernels.upsample import upsample_nearest2x
 from .attention import attention
 from .convolution import add_bias_residual, conv2d
 from .feed_forward import linear_geglu
+from . import fp8 as fp8_mode
+from .fp8 import SITES_PER_BLOCK, Fp8Scales, Fp8Weight, fp8_linear, fp8_shapes_refusal
 
 
 def _silu(module: nn.Module) -> bool:
@@ -323,6 +326,7 @@ class FusedAttention(nn.Module):
         self.is_cross = attn.is_cross_attention
         self.context_projections: ContextProjections | None = None  # set by fuse_modules (cross-attention)
         self.kv_slice: tuple[int, int] | None = None  # this attention's columns of the shared K/V projections
+        self.fp8_weight: Fp8Weight | None = None  # enable_fp8: the Q/K/V (self) or Q (cross) projection in e4m3
         q, k, v = attn.to_q, attn.to_k, attn.to_v
         if not all(type(layer) is nn.Linear for layer in (q, k, v)):
             raise UsageError("attention projections are wrapped (LoRA adapters loaded?): fuse them first")
@@ -333,10 +337,19 @@ class FusedAttention(nn.Module):
         names = ("to_k", "to_v") if self.is_cross else ("to_q", "to_k", "to_v")
         return [_merged_base(getattr(self.attn, name)) for name in names]
 
+    def _fp8_source(self) -> torch.Tensor:
+        return self.attn.to_q.weight if self.is_cross else self.packed_weight
+
+    def enable_fp8(self) -> None:
+        """Project x in e4m3 from now on when it arrives in e4m3 (forward's x_scale): FP8 mode (engines/fp8.py)."""
+        self.fp8_weight = Fp8Weight(self._fp8_source())
+
     def refresh(self) -> None:
         """Copy the current q/k/v weights into the packed weight, in place (its address, which captured CUDA
         graphs read, stays), and make them views of it again. For weights changed after fusion (LoRA fuse)."""
         _pack_weights(self._projections(), self.packed_weight)
+        if self.fp8_weight is not None:
+            self.fp8_weight.refresh(self._fp8_source())
 
     @staticmethod
     def supports(attn: nn.Module) -> bool:
@@ -347,12 +360,16 @@ class FusedAttention(nn.Module):
                 and not attn.residual_connection and attn.rescale_output_factor == 1.0
                 and getattr(attn, "norm_q", None) is None)
 
-    def project(self, x: torch.Tensor, context: torch.Tensor | None):
-        """(B, L, C) tokens -> q, k, v as (B, heads, L, head_dim) views of the packed projections."""
+    def project(self, x: torch.Tensor, context: torch.Tensor | None, x_scale: torch.Tensor | None = None):
+        """(B, L, C) tokens -> q, k, v as (B, heads, L, head_dim) views of the packed projections. x in e4m3
+        (FP8 mode): x_scale is its scale, and the Q (cross) or Q/K/V (self) GEMM runs in e4m3."""
         batch, length, _ = x.shape
         heads = self.heads
+        fp8 = x.dtype == E4M3
         if self.is_cross:
-            q = F.linear(x, self.attn.to_q.weight).view(batch, length, heads, -1).transpose(1, 2)
+            q = fp8_linear(x, x_scale, self.fp8_weight, self.packed_weight.dtype) if fp8 else \
+                F.linear(x, self.attn.to_q.weight)
+            q = q.view(batch, length, heads, -1).transpose(1, 2)
             if self.context_projections is not None:
                 kv = self.context_projections(context, self)  # a column slice of the one K/V GEMM
             else:
@@ -360,13 +377,16 @@ class FusedAttention(nn.Module):
             kv = kv.view(batch, context.shape[1], 2, heads, -1)
             k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
         else:
-            qkv = F.linear(x, self.packed_weight).view(batch, length, 3, heads, -1)
+            qkv = fp8_linear(x, x_scale, self.fp8_weight, self.packed_weight.dtype) if fp8 else \
+                F.linear(x, self.packed_weight)
+            qkv = qkv.view(batch, length, 3, heads, -1)
             q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
         return q, k, v
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
+                x_scale: torch.Tensor | None = None) -> torch.Tensor:
         """Attention output before the output projection, as (B, L, heads * head_dim)."""
-        q, k, v = self.project(x, context)
+        q, k, v = self.project(x, context, x_scale)
         if self.fp32:
             out = attention(q.float(), k.float(), v.float()).to(q.dtype)
         else:
@@ -380,6 +400,7 @@ class FusedTransformerBlock(nn.Module):
     The residual adds, output-projection biases and the following LayerNorm run as one SkipLayerNorm kernel; the
     feed-forward's bias and GELU gate as one BiasSplitGelu kernel after its GEMM, or inside it (feed_forward.py,
     per shape); its output GEMM adds onto the residual in place.
+    FP8 mode (enable_fp8, engines/fp8.py): the norms and the GEGLU kernel write e4m3 for four e4m3 GEMMs.
     """
 
     def __init__(self, block: nn.Module, fp32_attention: bool = False):
@@ -387,6 +408,36 @@ class FusedTransformerBlock(nn.Module):
         self.block = block
         self.attn1 = FusedAttention(block.attn1, fp32_attention)
         self.attn2 = FusedAttention(block.attn2, fp32_attention)
+        self.ff_in: Fp8Weight | None = None  # enable_fp8: the feed-forward's two weights in e4m3
+        self.ff_out: Fp8Weight | None = None
+        self.fp8_scales: Fp8Scales | None = None  # a reference to the model's scales (not a submodule)
+        self.fp8_site = 0  # this block's first slot in them
+
+    def fp8_refusal(self) -> str | None:
+        """Why this block's GEMMs cannot run in e4m3 (None: they can)."""
+        b = self.block
+        for name, w in (("Q/K/V", self.attn1.packed_weight), ("cross Q", b.attn2.to_q.weight),
+                        ("feed-forward in", b.ff.net[0].proj.weight), ("feed-forward out", b.ff.net[2].weight)):
+            if w.shape[0] % 16 or w.shape[1] % 16:
+                return f"{name} weight {tuple(w.shape)} (both sides multiples of 16)"
+        return None
+
+    def enable_fp8(self, scales: Fp8Scales, first_site: int) -> None:
+        """Run the Q/K/V, cross Q and feed-forward GEMMs in e4m3, with activation scales in slots first_site ..
+        first_site + 3 of `scales` (engines/fp8.py). Check fp8_refusal first."""
+        b = self.block
+        self.attn1.enable_fp8()
+        self.attn2.enable_fp8()
+        self.ff_in = Fp8Weight(b.ff.net[0].proj.weight)
+        self.ff_out = Fp8Weight(b.ff.net[2].weight)
+        object.__setattr__(self, "fp8_scales", scales)
+        self.fp8_site = first_site
+
+    def refresh(self) -> None:
+        """Requantize the feed-forward's e4m3 weights from the current ones (attn1/attn2 refresh their own)."""
+        if self.ff_in is not None:
+            self.ff_in.refresh(self.block.ff.net[0].proj.weight)
+            self.ff_out.refresh(self.block.ff.net[2].weight)
 
     @staticmethod
     def supports(block: nn.Module) -> bool:
@@ -399,6 +450,8 @@ class FusedTransformerBlock(nn.Module):
                 and all(isinstance(n, nn.LayerNorm) for n in (block.norm1, block.norm2, block.norm3)))
 
     def forward(self, h: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        if self.fp8_scales is not None and fp8_shapes_refusal(h, self.attn1.fp8_weight) is None:
+            return self._forward_fp8(h, context)
         b = self.block
         n = layer_norm(h, b.norm1.weight, b.norm1.bias, b.norm1.eps)
         a = F.linear(self.attn1(n), b.attn1.to_out[0].weight)
@@ -417,6 +470,24 @@ class FusedTransformerBlock(nn.Module):
         f = linear_geglu(n, proj_in.weight, proj_in.bias)  # cuBLAS + GEGLU kernel, or one fused kernel
         h.view(-1, h.shape[-1]).addmm_(f.view(-1, f.shape[-1]), proj_out.weight.t())
         return h
+
+    def _forward_fp8(self, h: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """forward with the norms and GEGLU writing e4m3 for the four e4m3 GEMMs that read them."""
+        b = self.block
+        qkv, cross_q, ff_in, ff_out = (self.fp8_scales.slot(self.fp8_site + i) for i in range(SITES_PER_BLOCK))
+        n = layer_norm(h, b.norm1.weight, b.norm1.bias, b.norm1.eps, out_scale=qkv[0], out_amax=qkv[1])
+        a = F.linear(self.attn1(n, x_scale=qkv[0]), b.attn1.to_out[0].weight)
+        n, h = layer_norm(a, b.norm2.weight, b.norm2.bias, b.norm2.eps, skip=h, input_bias=b.attn1.to_out[0].bias,
+                          return_sum=True, out_scale=cross_q[0], out_amax=cross_q[1])
+        if context is not None and context.shape[0] != h.shape[0]:
+            n = repeat_batch(n.view(torch.uint8), context.shape[0]).view(E4M3)  # bytes: cat of any 1-byte type
+            h = repeat_batch(h, context.shape[0])
+        proj_in, proj_out = b.ff.net[0].proj, b.ff.net[2]
+        a = F.linear(self.attn2(n, context, x_scale=cross_q[0]), b.attn2.to_out[0].weight)
+        n, h = layer_norm(a, b.norm3.weight, b.norm3.bias, b.norm3.eps, skip=h, input_bias=b.attn2.to_out[0].bias,
+                          return_sum=True, sum_bias=proj_out.bias, out_scale=ff_in[0], out_amax=ff_in[1])
+        f = geglu(fp8_linear(n, ff_in[0], self.ff_in, h.dtype), proj_in.bias, out_scale=ff_out[0], out_amax=ff_out[1])
+        return h.add_(fp8_linear(f, ff_out[0], self.ff_out, h.dtype))
 
 
 class FusedTransformer2D(nn.Module):
@@ -457,11 +528,13 @@ class FusedTransformer2D(nn.Module):
         return Transformer2DModelOutput(sample=out) if return_dict else (out,)
 
 
-def fuse_modules(root: nn.Module, fp32_attention: bool = False) -> dict[str, int]:
+def fuse_modules(root: nn.Module, fp32_attention: bool = False, fp8: bool = False) -> dict[str, int]:
     """Swap every supported block under `root` for its fused version, in place. Returns counts per kind.
 
     fp32_attention: run attention (q, k, v, softmax) in fp32 inside fp16/bf16 models, the seeds'
-    `--force_fp32_ops unet:MultiHeadAttention`; the fused SDPA kernels already keep the softmax in fp32."""
+    `--force_fp32_ops unet:MultiHeadAttention`; the fused SDPA kernels already keep the softmax in fp32.
+    fp8: the transformer blocks' Q/K/V, cross Q and feed-forward GEMMs in e4m3 (engines/fp8.py), with the scales'
+    update hooked after `root`'s last layer (conv_out)."""
     counts = _fuse_children(root, fp32_attention)
     # One packed time-embedding projection for all of the model's fused ResNet blocks (they share temb).
     blocks = [m for m in root.modules() if isinstance(m, FusedResnetBlock) and m.block.time_emb_proj is not None]
@@ -494,12 +567,34 @@ def fuse_modules(root: nn.Module, fp32_attention: bool = False) -> dict[str, int
             object.__setattr__(module, "sdaccel_per_call", per_call)
         first.register_forward_pre_hook(_clear_per_call)
         last.register_forward_hook(_clear_per_call)
+    if fp8:
+        counts["fp8_blocks"] = _enable_fp8(root, last)
     return counts
 
 
 def _clear_per_call(module: nn.Module, *args) -> None:
     for shared in module.sdaccel_per_call:
         shared.clear()
+
+
+def _enable_fp8(root: nn.Module, last: nn.Module | None) -> int:
+    """FP8 mode for every transformer block under root that takes it and is at least fp8_mode.MIN_WIDTH wide; the
+    scales' update after `last`."""
+    blocks = [m for m in root.modules() if isinstance(m, FusedTransformerBlock) and m.fp8_refusal() is None
+              and m.attn1.packed_weight.shape[1] >= fp8_mode.MIN_WIDTH]
+    if not blocks or not isinstance(last, nn.Module):
+        return 0
+    scales = Fp8Scales(SITES_PER_BLOCK * len(blocks), blocks[0].attn1.packed_weight.device)
+    root.sdaccel_fp8_scales = scales  # registered once, so .to() and buffers() see it
+    for i, block in enumerate(blocks):
+        block.enable_fp8(scales, SITES_PER_BLOCK * i)
+    object.__setattr__(last, "sdaccel_fp8_scales", scales)
+    last.register_forward_hook(_update_fp8_scales)
+    return len(blocks)
+
+
+def _update_fp8_scales(module: nn.Module, *args) -> None:
+    module.sdaccel_fp8_scales.update_()
 
 
 def _fuse_children(root: nn.Module, fp32_attention: bool) -> dict[str, int]:

@@ -9,6 +9,8 @@ projection's bias add folded in. gelu is exact by default,
     gelu(g) = 0.5 g (1 + erf(g / sqrt(2))),
 or the tanh form with ``approximate="tanh"``,
     gelu(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
+With out_scale the output is e4m3, out / out_scale saturated, for the FP8 GEMM that reads it, and max |out| is
+recorded (kernels/fp8.py).
 """
 
 from __future__ import annotations
@@ -19,20 +21,28 @@ import torch
 import torch.nn.functional as F
 
 from . import compiling, launchable, next_pow2, register_triton_op, use_triton
+from .fp8 import E4M3, check_fp8_output, quantize_e4m3_reference
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # pragma: no cover - CPU-only installs use the reference
     triton = None
+else:
+    from .fp8 import record_amax, to_e4m3
 
 
 # ---------------------------------------------------------------- reference
 
 def geglu_reference(
-    h: torch.Tensor, bias: Optional[torch.Tensor] = None, approximate: str = "none"
+    h: torch.Tensor, bias: Optional[torch.Tensor] = None, approximate: str = "none",
+    out_scale: Optional[torch.Tensor] = None, out_amax: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Plain torch at h's dtype, as diffusers computes it; what the tests trust."""
+    """Plain torch at h's dtype, as diffusers computes it; what the tests trust. With out_scale: in fp32, then
+    e4m3 of out / out_scale (max |out| into out_amax)."""
+    if out_scale is not None:
+        out = geglu_reference(h.float(), None if bias is None else bias.float(), approximate)
+        return quantize_e4m3_reference(out, out_scale, out_amax)
     if bias is not None:
         h = h + bias.to(h.dtype)
     hidden, gate = h.chunk(2, dim=-1)
@@ -57,10 +67,10 @@ if triton is not None:
     # Sizes are not specialized on: no recompile per resolution or batch (kernels/__init__.py).
     @triton.jit(do_not_specialize=["M"])
     def _geglu_kernel(
-        h_ptr, bias_ptr, out_ptr,
+        h_ptr, bias_ptr, out_ptr, scale_ptr, amax_ptr,
         M, D,
         BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-        HAS_BIAS: tl.constexpr, TANH: tl.constexpr,
+        HAS_BIAS: tl.constexpr, TANH: tl.constexpr, FP8_OUT: tl.constexpr,
     ):
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -75,7 +85,12 @@ if triton is not None:
             gate += tl.load(bias_ptr + D + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
 
         out_offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
-        tl.store(out_ptr + out_offs, (hidden * gelu(gate, TANH)).to(out_ptr.dtype.element_ty), mask=mask)
+        out = hidden * gelu(gate, TANH)
+        if FP8_OUT:
+            record_amax(amax_ptr, out, mask)
+            tl.store(out_ptr + out_offs, to_e4m3(out, 1.0 / tl.load(scale_ptr)), mask=mask)
+        else:
+            tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 # ----------------------------------------------------------------- launcher
@@ -94,6 +109,8 @@ def launch_geglu(
     h: torch.Tensor,
     bias: Optional[torch.Tensor],
     approximate: str,
+    out_scale: Optional[torch.Tensor] = None,
+    out_amax: Optional[torch.Tensor] = None,
     *,
     tile_elems: int = 4096,
     num_warps: int = 4,
@@ -108,15 +125,16 @@ def launch_geglu(
     D = two_d // 2
     h = h.contiguous()
     M = h.numel() // two_d if two_d else 0
-    out = h.new_empty((*h.shape[:-1], D))
+    fp8 = out_scale is not None
+    out = h.new_empty((*h.shape[:-1], D), dtype=E4M3 if fp8 else h.dtype)
     block_d = pick_feature_block(D)
     block_m = max(1, min(tile_elems // block_d, next_pow2(M)))
     grid = (triton.cdiv(M, block_m), triton.cdiv(D, block_d))
     launchable(_geglu_kernel, traceable)[grid](
-        h, bias.contiguous() if bias is not None else h, out,
+        h, bias.contiguous() if bias is not None else h, out, out_scale if fp8 else h, out_amax if fp8 else h,
         M, D,
         BLOCK_M=block_m, BLOCK_D=block_d,
-        HAS_BIAS=bias is not None, TANH=approximate == "tanh",
+        HAS_BIAS=bias is not None, TANH=approximate == "tanh", FP8_OUT=fp8,
         num_warps=num_warps,
     )
     return out
@@ -138,8 +156,18 @@ def _geglu_op_body(h: torch.Tensor, bias: Optional[torch.Tensor], approximate: s
 _geglu_op = register_triton_op("geglu", _geglu_op_body)
 
 
-def geglu(h: torch.Tensor, bias: Optional[torch.Tensor] = None, approximate: str = "none") -> torch.Tensor:
-    """out = (h[..., :D] + bias[:D]) * gelu(h[..., D:] + bias[D:]); h is (..., 2D)."""
+def geglu(h: torch.Tensor, bias: Optional[torch.Tensor] = None, approximate: str = "none", *,
+          out_scale: Optional[torch.Tensor] = None, out_amax: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """out = (h[..., :D] + bias[:D]) * gelu(h[..., D:] + bias[D:]); h is (..., 2D).
+
+    out_scale, out_amax: 1-element float32 tensors: out is returned in e4m3 as out / out_scale (saturated), for
+    an FP8 GEMM, and max |out| is recorded into out_amax (atomic max)."""
+    if check_fp8_output(out_scale, out_amax, h):
+        if compiling():
+            raise ValueError("geglu: e4m3 output is not traceable by torch.compile")
+        if not use_triton(h):
+            return geglu_reference(h, bias, approximate, out_scale, out_amax)
+        return launch_geglu(h, bias, approximate, out_scale, out_amax)
     if compiling():  # torch.compile must see one registered op
         return _geglu_op(h, bias, approximate)
     return _geglu_run(h, bias, approximate, False)  # eager: skip the dispatcher

@@ -79,3 +79,29 @@ def check_against_reference():
         assert kernel_err <= bound, f"{what}: kernel error {kernel_err:.3g} > {bound:.3g} (torch {torch_err:.3g})"
 
     return check
+
+
+def e4m3_step(v: torch.Tensor) -> torch.Tensor:
+    """The spacing of e4m3 values at |v| (fp32): 2^(exponent - 3) in the normal range, 2^-9 below it."""
+    exponent = torch.floor(torch.log2(v.abs().clamp_min(2.0 ** -6)))
+    return torch.exp2(exponent - 3)
+
+
+@pytest.fixture
+def check_e4m3():
+    """check(kernel_q, ref_q, ref_fp32, scale): an e4m3 output against the reference's quantization of the same
+    values. Every value is at most one e4m3 step (at the reference's magnitude) from the fp32 reference's scaled
+    value, and all but 1% equal the reference's e4m3 exactly (those that differ sat on a rounding boundary that
+    the kernel's and torch's fp32 arithmetic crossed differently)."""
+
+    def check(kernel_q, ref_q, ref_fp32, scale, what=""):
+        assert kernel_q.dtype == ref_q.dtype == torch.float8_e4m3fn, what
+        assert kernel_q.shape == ref_q.shape, what
+        want = (ref_fp32.float() / scale).clamp(-448.0, 448.0)
+        got = kernel_q.float()
+        excess = ((got - want).abs() - e4m3_step(want)).max().item()
+        assert excess <= 0, f"{what}: an e4m3 value is {excess:.3g} beyond one step from the fp32 reference"
+        differ = (got != ref_q.float()).float().mean().item()
+        assert differ <= 0.01, f"{what}: {differ:.1%} of the values differ from the reference's e4m3"
+
+    return check

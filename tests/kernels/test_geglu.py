@@ -65,3 +65,21 @@ def test_registered_torch_op_matches_reference(device):
     h, bias = _inputs((2, 33, 2 * 96), torch.float32, device)
     torch.testing.assert_close(torch.ops.sdaccel.geglu(h, bias, "tanh"), geglu_reference(h, bias, "tanh"),
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.01], ids=["scale1", "scale0.01"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(2, 77, 2 * 320), (1, 123, 2 * 96)], ids=str)
+def test_geglu_e4m3_output(shape, dtype, scale, device, check_e4m3):
+    """FP8 mode: out / scale in e4m3 (saturated at +-448 with the small scale), max |out| recorded."""
+    h, bias = _inputs(shape, dtype, device, seed=3)
+    out_scale = torch.tensor([scale], device=device)
+    amax = torch.full((1,), 0.5, device=device)  # a running maximum: below this call's, so it is replaced
+    q = geglu(h, bias, out_scale=out_scale, out_amax=amax)
+    ref32 = geglu_reference(h.float(), bias.float())
+    check_e4m3(q, geglu_reference(h, bias, "none", out_scale.clone(), torch.zeros(1, device=device)), ref32, scale)
+    torch.testing.assert_close(amax, ref32.abs().amax().reshape(1), rtol=1e-5, atol=0)
+    if scale < 0.05:
+        assert q.float().abs().max().item() == 448.0  # saturated, not inf or nan
+    with pytest.raises(ValueError, match="out_amax must be"):
+        geglu(h, bias, out_scale=out_scale)

@@ -1,0 +1,119 @@
+"""The fast engine's opt-in FP8 mode (`FastEngine(fp8=True)`): the transformer blocks' GEMMs in e4m3.
+
+Which GEMMs: in every fused transformer block at least MIN_WIDTH channels wide, the four whose input an sdaccel
+kernel writes, so that the cast to
+e4m3 costs nothing (that kernel writes one byte a value instead of two):
+    LayerNorm 1          -> packed Q/K/V projection
+    SkipLayerNorm 2      -> cross-attention's Q projection
+    SkipLayerNorm 3      -> feed-forward's first GEMM (its bias and GEGLU in the GEGLU kernel, which writes e4m3)
+    GEGLU kernel         -> feed-forward's second GEMM (then added onto the residual stream)
+The attention output projections, proj_in / proj_out, the text K/V, time projections and convolutions stay fp16.
+The GEMMs run in cuBLASLt through torch._scaled_mm (fp32 accumulation, fp16 output).
+
+Scales (per tensor):
+- weights: amax(W) / 448, quantized once when the modules are fused, again on refresh (a LoRA fuse);
+- activations: delayed scaling, as Transformer Engine does it: each producing kernel records max |y| of this
+  call into a device float, and after the UNet call (a hook on its last layer, so inside its CUDA graph) every
+  scale becomes amax / 448 and the amaxes restart from zero. A call runs with the scales of the call before it;
+  values beyond them saturate at +-448 * scale. The first scales are 1: e4m3 is a floating-point format, so a
+  scale only moves its range (2^-9 .. 448), which LayerNorm and GEGLU outputs of order 1 sit inside already.
+
+What it costs in accuracy, and why it is opt-in: e4m3 keeps 3 mantissa bits, so one UNet call lands much further
+from fp32 than fp16 does (benchmarks/README.md, seventeenth session), outside the numerics rule the default engine
+meets. Whether images of a trained model hold up is for `sdaccel compare` on that model to say.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..kernels.fp8 import E4M3, E4M3_MAX
+
+SITES_PER_BLOCK = 4  # qkv, cross_q, ff_in, ff_out (FusedTransformerBlock's order)
+# Blocks narrower than this stay fp16. At 320 channels the GEMMs are short in K, and the fp16 path's fused GEMM +
+# GEGLU kernel (no wide intermediate) and its residual add inside cuBLAS beat e4m3: with every block in e4m3, an
+# SD1.5 UNet call (all of whose 4096-token blocks are 320 wide) was 4% slower at CFG batch 2 and 3% at 16, while
+# SDXL's (640 and 1280 wide) was 10% faster (H200, seventeenth session).
+MIN_WIDTH = 640
+
+
+def fp8_available(device: torch.device) -> str | None:
+    """Why e4m3 GEMMs cannot run on this device (None: they can)."""
+    if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
+        return "this torch has no float8 GEMM (torch._scaled_mm)"
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        return f"FP8 tensor cores need compute capability 8.9 or newer (this GPU: " \
+               f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))})"
+    return None
+
+
+SLOT_FLOATS = 4  # a site's scale 16 bytes from the next: cuBLASLt refuses scale pointers that are not 16-byte aligned
+
+
+class Fp8Scales(nn.Module):
+    """The activation scales and amaxes of a model's FP8 GEMM inputs, one slot a site, in two device buffers (one
+    update for all of them per call)."""
+
+    def __init__(self, sites: int, device: torch.device):
+        super().__init__()
+        shape = (sites, SLOT_FLOATS)  # column 0 is the value; the rest pads each slot to 16 bytes
+        self.register_buffer("scales", torch.ones(shape, dtype=torch.float32, device=device), persistent=False)
+        self.register_buffer("amaxes", torch.zeros(shape, dtype=torch.float32, device=device), persistent=False)
+
+    @property
+    def scale(self) -> torch.Tensor:
+        """Every site's scale, (sites,): a view."""
+        return self.scales[:, 0]
+
+    @property
+    def amax(self) -> torch.Tensor:
+        """Every site's amax of this call so far, (sites,): a view."""
+        return self.amaxes[:, 0]
+
+    def slot(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scale, amax) of one site: 1-element views, 16-byte aligned, read and written by the kernels at call
+        time."""
+        return self.scales[index, :1], self.amaxes[index, :1]
+
+    @torch.no_grad()
+    def update_(self) -> None:
+        """Each site's next scale from this call's amax (sites that saw no finite, non-zero value keep theirs)."""
+        seen = torch.isfinite(self.amaxes) & (self.amaxes > 0)
+        self.scales.copy_(torch.where(seen, self.amaxes / E4M3_MAX, self.scales))
+        self.amaxes.zero_()
+
+
+class Fp8Weight(nn.Module):
+    """A (N, K) weight in e4m3 with its per-tensor scale, requantized in place by refresh (its address, which
+    captured CUDA graphs read, stays)."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.register_buffer("data", torch.empty(weight.shape, dtype=E4M3, device=weight.device), persistent=False)
+        self.register_buffer("scale", torch.ones(1, dtype=torch.float32, device=weight.device), persistent=False)
+        self.refresh(weight)
+
+    @torch.no_grad()
+    def refresh(self, weight: torch.Tensor) -> None:
+        w = weight.detach().float()
+        amax = w.abs().amax() if w.numel() else torch.zeros((), device=w.device)
+        self.scale.copy_(torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax)).reshape(1))
+        self.data.copy_((w / self.scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3))
+
+
+def fp8_shapes_refusal(x: torch.Tensor, weight: Fp8Weight) -> str | None:
+    """Why cuBLASLt's e4m3 GEMM cannot take x (..., K) @ W^T (None: it can): K and N multiples of 16."""
+    n, k = weight.data.shape
+    if x.shape[-1] != k or k % 16 or n % 16:
+        return f"x (..., {x.shape[-1]}) @ W ({n}, {k})^T (K and N multiples of 16)"
+    return None
+
+
+def fp8_linear(x8: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight,
+               out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """(x8 * x_scale) @ (W * w_scale)^T in fp32, rounded to out_dtype: x8 (..., K) e4m3, W (N, K) e4m3."""
+    k = x8.shape[-1]
+    out = torch._scaled_mm(x8.reshape(-1, k), weight.data.t(), scale_a=x_scale, scale_b=weight.scale,
+                           out_dtype=out_dtype)
+    return out.view(*x8.shape[:-1], weight.data.shape[0])

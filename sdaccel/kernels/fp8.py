@@ -1,0 +1,71 @@
+"""FP8 (e4m3) outputs for the kernels that feed the fast engine's FP8 GEMMs: scaling, rounding, amax.
+
+A kernel that writes e4m3 for a GEMM writes q = round_e4m3(clamp(y / scale, -448, 448)) and records amax = max |y|
+into a device float (atomic max), so the engine can derive the next call's scale from this call's range (delayed
+scaling, engines/fp8.py). `scale` is the dequantization factor: y ~ q * scale; the GEMM multiplies it back.
+
+The rounding is done here in fp32, before the cast, so the cast itself is exact: Triton's CPU interpreter (which
+the tests run the kernels in) mis-rounds float -> e4m3 where rounding carries into the exponent (31.7 -> 16, not 32)
+and in e4m3's subnormal range. On the GPU the pre-rounded cast costs a few integer instructions in kernels bound by
+memory.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU-only installs use the reference
+    triton = None
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = 448.0  # the largest finite e4m3fn value
+E4M3_MIN_NORMAL = 2.0 ** -6  # below it the spacing is fixed at 2^-9 (subnormals)
+
+
+def quantize_e4m3_reference(y: torch.Tensor, scale: torch.Tensor, amax: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """e4m3 of y / scale, saturated to +-448 (y in any float dtype; computed in fp32). amax, when given (a 1-element
+    fp32 tensor), becomes max(amax, max |y|) in place."""
+    v = y.float()
+    if amax is not None and v.numel():
+        amax.copy_(torch.maximum(amax, v.abs().amax().reshape(amax.shape)))
+    return (v / scale.float()).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+
+
+if triton is not None:
+
+    @triton.jit
+    def to_e4m3(y, inv_scale):
+        """fp32 y times inv_scale, saturated and rounded to e4m3's grid (nearest, ties to even), as e4m3."""
+        v = tl.minimum(tl.maximum(y * inv_scale, -448.0), 448.0)
+        bits = v.to(tl.int32, bitcast=True)
+        # Normal range: keep fp32's top 3 mantissa bits, rounding on the integer bits so a carry reaches the exponent.
+        normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)  # & 0xFFF00000
+        # Subnormal range: multiples of 2^-9, |v| rounded to nearest even by the 1.5 * 2^23 shift, v's sign back
+        # (a value that rounds to zero may come out +0 where torch writes -0: the same number to a GEMM).
+        a = tl.abs(v)
+        subnormal = ((a * 512.0 + 12582912.0) - 12582912.0) * 0.001953125
+        subnormal = tl.where(v < 0, -subnormal, subnormal)
+        return tl.where(a < 0.015625, subnormal, normal).to(tl.float8e4nv)
+
+    @triton.jit
+    def record_amax(amax_ptr, y, mask):
+        """amax = max(amax, max |y| over the masked 2-D block): one atomic per program."""
+        tl.atomic_max(amax_ptr, tl.max(tl.max(tl.where(mask, tl.abs(y), 0.0), axis=1), axis=0))
+
+
+def check_fp8_output(scale: Optional[torch.Tensor], amax: Optional[torch.Tensor], like: torch.Tensor) -> bool:
+    """Whether a kernel call asks for e4m3 output (scale given); raises ValueError for malformed scale/amax."""
+    if scale is None:
+        if amax is not None:
+            raise ValueError("out_amax without out_scale")
+        return False
+    for name, t in (("out_scale", scale), ("out_amax", amax)):
+        if t is None or t.dtype != torch.float32 or t.numel() != 1 or t.device != like.device:
+            raise ValueError(f"{name} must be a 1-element float32 tensor on {like.device} (got "
+                             f"{None if t is None else (tuple(t.shape), t.dtype, str(t.device))})")
+    return True

@@ -1,0 +1,176 @@
+"""The fast engine's opt-in FP8 mode (engines/fp8.py): e4m3 weights and delayed activation scales, the fused
+transformer blocks' e4m3 path, and the engine option. On the CPU the kernels fall back to their references and
+torch._scaled_mm runs on the CPU; tests marked gpu run cuBLASLt's e4m3 GEMMs inside the engine's CUDA graphs."""
+
+import pytest
+import torch
+
+import sdaccel
+from sdaccel.engines import fp8 as fp8_module
+from sdaccel.engines.fast import FastEngine
+from sdaccel.engines.fp8 import Fp8Scales, Fp8Weight, fp8_linear, fp8_shapes_refusal
+from sdaccel.engines.fused_modules import FusedTransformerBlock, fuse_modules
+from sdaccel.errors import UsageError
+from sdaccel.kernels.fp8 import E4M3
+from sdaccel.models import build_synthetic, get_spec
+from sdaccel.quality.metrics import relative_error
+
+GPU = torch.cuda.is_available()
+
+
+@pytest.fixture(autouse=True)
+def every_block_width(monkeypatch):
+    """The tiny models' blocks are 32 and 64 channels wide: take them all (MIN_WIDTH is tested on its own)."""
+    monkeypatch.setattr(fp8_module, "MIN_WIDTH", 0)
+
+
+def test_scales_follow_each_calls_amax():
+    scales = Fp8Scales(3, torch.device("cpu"))
+    scale, amax = scales.slot(1)
+    amax.fill_(44.8)  # what a kernel records through the view
+    scales.amax[2] = float("inf")  # an overflowed site keeps its scale
+    scales.update_()
+    torch.testing.assert_close(scales.scale, torch.tensor([1.0, 0.1, 1.0]))
+    assert scales.amax.eq(0).all() and scale.item() == pytest.approx(0.1)  # the kernels' view reads the new value
+    assert all(scales.slot(i)[j].data_ptr() % 16 == 0 for i in range(3) for j in (0, 1))  # cuBLASLt's alignment
+
+
+def test_weight_quantization_and_refresh_in_place():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(48, 32, generator=g) * 0.02
+    q = Fp8Weight(w)
+    assert q.data.dtype == E4M3 and q.scale.item() == pytest.approx(w.abs().max().item() / 448)
+    assert relative_error(q.data.float() * q.scale, w) < 0.05
+    ptr = q.data.data_ptr()
+    q.refresh(w * 10)
+    assert q.data.data_ptr() == ptr and q.scale.item() == pytest.approx(10 * w.abs().max().item() / 448)
+    assert Fp8Weight(torch.zeros(16, 16)).scale.item() == 1.0  # all zeros: a finite scale
+
+
+def test_fp8_linear_is_the_dequantized_product():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 5, 32, generator=g)
+    w = Fp8Weight(torch.randn(48, 32, generator=g))
+    x_scale = torch.tensor([0.01])
+    x8 = (x / x_scale).clamp(-448, 448).to(E4M3)
+    out = fp8_linear(x8, x_scale, w, torch.float32)
+    want = (x8.float() * x_scale) @ (w.data.float() * w.scale).t()
+    assert out.shape == (3, 5, 48)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    assert fp8_shapes_refusal(x, w) is None
+    assert "multiples of 16" in fp8_shapes_refusal(torch.zeros(2, 24), Fp8Weight(torch.ones(48, 24)))
+
+
+def _unet_inputs(spec, gen):
+    x = torch.randn(1, 4, 16, 16, generator=gen)
+    ctx = torch.randn(2, 77, spec.unet["cross_attention_dim"], generator=gen)
+    return x, torch.tensor(500), ctx
+
+
+def test_fused_blocks_in_fp8_stay_close_and_scales_update_after_each_call():
+    spec = get_spec("sd15-tiny")
+    plain, fp8 = build_synthetic(spec).unet, build_synthetic(spec).unet
+    counts = fuse_modules(plain)
+    assert "fp8_blocks" not in counts
+    counts = fuse_modules(fp8, fp8=True)
+    blocks = [m for m in fp8.modules() if isinstance(m, FusedTransformerBlock)]
+    assert counts["fp8_blocks"] == len(blocks) == counts["transformer_block"] >= 4
+    scales = fp8.sdaccel_fp8_scales
+    assert scales.scale.shape == (4 * len(blocks),) and scales.scale.eq(1).all()
+    x, t, ctx = _unet_inputs(spec, torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        want = plain(torch.cat([x, x]), t, ctx).sample
+        first = fp8(torch.cat([x, x]), t, ctx).sample
+        after_first = scales.scale.clone()
+        second = fp8(torch.cat([x, x]), t, ctx).sample
+    # Each call ends with the update: the amaxes restart, the scales are this call's amax / 448.
+    assert scales.amax.eq(0).all() and not after_first.eq(1).any()
+    # Same inputs, nearly the same ranges (the second call quantized with the first call's scales, not with 1).
+    torch.testing.assert_close(scales.scale, after_first, rtol=0.1, atol=0)
+    for out in (first, second):
+        err = relative_error(out, want)
+        assert 1e-4 < err < 0.05, err  # e4m3 moves the result, but not far
+
+
+def test_blocks_narrower_than_min_width_stay_fp16(monkeypatch):
+    unet = build_synthetic(get_spec("sd15-tiny")).unet  # blocks 32 and 64 channels wide
+    monkeypatch.setattr(fp8_module, "MIN_WIDTH", 64)
+    counts = fuse_modules(unet, fp8=True)
+    blocks = [m for m in unet.modules() if isinstance(m, FusedTransformerBlock)]
+    wide = [b for b in blocks if b.attn1.packed_weight.shape[1] >= 64]
+    assert 0 < counts["fp8_blocks"] == len(wide) < len(blocks)
+    assert all((b.ff_in is not None) == (b in wide) for b in blocks)
+    assert unet.sdaccel_fp8_scales.scale.shape == (4 * len(wide),)
+    monkeypatch.setattr(fp8_module, "MIN_WIDTH", 10**6)
+    other = build_synthetic(get_spec("sd15-tiny")).unet
+    assert fuse_modules(other, fp8=True)["fp8_blocks"] == 0 and not hasattr(other, "sdaccel_fp8_scales")
+
+
+def test_refresh_requantizes_changed_weights():
+    """A LoRA fuse writes new weights: refresh_weights rebuilds the e4m3 copies in place (graphs keep reading them)."""
+    comps = build_synthetic(get_spec("sd15-tiny"))
+    engine = FastEngine(allow_cpu=True, fp8=True)
+    engine.prepare(comps, torch.float32, torch.device("cpu"))
+    block = next(m for m in comps.unet.modules() if isinstance(m, FusedTransformerBlock))
+    ff_out, qkv = block.ff_out, block.attn1.fp8_weight
+    before = ff_out.data.float().clone(), qkv.data.float().clone(), ff_out.data.data_ptr()
+    with torch.no_grad():
+        block.block.ff.net[2].weight.mul_(3)
+        block.block.attn1.to_k.weight.add_(1)
+    engine.refresh_weights(comps)
+    assert ff_out.data.data_ptr() == before[2]
+    torch.testing.assert_close(ff_out.scale, block.block.ff.net[2].weight.abs().amax().reshape(1) / 448)
+    assert not torch.equal(qkv.data.float(), before[1])
+
+
+def test_engine_option_is_checked_and_keys_the_cache():
+    with pytest.raises(UsageError, match="fp8 must be True or False"):
+        FastEngine(fp8="yes")
+    with pytest.raises(UsageError, match="FP8 mode needs the fused blocks"):
+        FastEngine(allow_cpu=True, fp8=True, fused=False).prepare(build_synthetic(get_spec("sd15-tiny")),
+                                                                  torch.float32, torch.device("cpu"))
+    assert FastEngine(fp8=True).options()["fp8"] is True and FastEngine().options()["fp8"] is False
+
+
+@pytest.mark.parametrize("arch", ["sd15-tiny", "sdxl-tiny"])
+def test_fp8_pipeline_runs_end_to_end(arch):
+    eager = sdaccel.Pipeline(build_synthetic(get_spec(arch)), engine="eager", dtype="fp32")
+    engine = FastEngine(allow_cpu=True, fp8=True)
+    fast = sdaccel.Pipeline(build_synthetic(get_spec(arch)), engine=engine, dtype="fp32")
+    assert engine.fusion_counts["fp8_blocks"] == engine.fusion_counts["transformer_block"]
+    a = eager("a cat", steps=2, scheduler="ddim", output="tensor")
+    b = fast("a cat", steps=2, scheduler="ddim", output="tensor")
+    assert torch.isfinite(b.latents).all()
+    assert 0 < relative_error(b.latents, a.latents) < 0.05
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("arch", ["sd15-tiny", "sdxl-tiny"])
+def test_fp8_unet_call_in_cuda_graphs(arch):
+    """On the GPU: the kernels write e4m3, cuBLASLt multiplies, the scales update inside the captured graph."""
+    from sdaccel.engines.fp8 import fp8_available
+
+    if fp8_available(torch.device("cuda")):
+        pytest.skip(fp8_available(torch.device("cuda")))
+    spec = get_spec(arch)
+    ref = sdaccel.engines.get_engine("eager").prepare(build_synthetic(spec), torch.float32, torch.device("cuda"))
+    comps = build_synthetic(spec)
+    stages = FastEngine(fp8=True).prepare(comps, torch.float16, torch.device("cuda"))
+    gen = torch.Generator().manual_seed(3)
+    x, t, ctx = (v.cuda() for v in _unet_inputs(spec, gen))
+    extra = ()
+    if spec.is_xl:
+        extra = (torch.randn(2, spec.text_encoders[1].config["projection_dim"], generator=gen).cuda(),
+                 torch.tensor([[128, 128, 0, 0, 128, 128]] * 2, dtype=torch.float32).cuda())
+    once = x if stages.unet_takes_cfg_once else torch.cat([x, x])
+    scales = comps.unet.sdaccel_fp8_scales.scale
+    with torch.inference_mode():
+        want = ref.unet(torch.cat([x, x]), t, ctx, *extra)
+        outs = [stages.unet(once.half(), t, ctx.half(), *(e.half() for e in extra)).float().clone() for _ in range(4)]
+        seen = scales.clone()
+        stages.unet(once.half(), t, ctx.half(), *(e.half() for e in extra))
+    assert not seen.eq(1).any()  # updated by the graph's replays
+    torch.testing.assert_close(scales, seen, rtol=0.1, atol=0)
+    for out in outs[1:]:
+        assert torch.isfinite(out).all() and relative_error(out, want) < 0.1
