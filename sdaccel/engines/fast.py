@@ -65,8 +65,8 @@ from .base import Engine, Stages, restore_weight_storages, weight_storages
 from .compile import cache_root
 from .cudagraph import input_signature
 from .engine_cache import EngineCache, environment, weights_digest
-from .fp8 import fp8_available
 from .eager import cast_stages, place_modules
+from .fp8 import fp8_available
 from .fused_modules import cfg_prefix_refusal, fuse_modules
 from .kernel_pick import set_l2_eviction
 from .loop_plan import LoopPlanner, plan_refusal

@@ -1,8 +1,7 @@
 """The fast engine's opt-in FP8 mode (`FastEngine(fp8=True)`): the transformer blocks' GEMMs in e4m3.
 
 Which GEMMs: in every fused transformer block at least MIN_WIDTH channels wide, the four whose input an sdaccel
-kernel writes, so that the cast to
-e4m3 costs nothing (that kernel writes one byte a value instead of two):
+kernel writes, so that the cast to e4m3 costs nothing (that kernel writes one byte a value instead of two):
     LayerNorm 1          -> packed Q/K/V projection
     SkipLayerNorm 2      -> cross-attention's Q projection
     SkipLayerNorm 3      -> feed-forward's first GEMM (its bias and GEGLU in the GEGLU kernel, which writes e4m3)
@@ -102,17 +101,10 @@ class Fp8Weight(nn.Module):
         self.data.copy_((w / self.scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3))
 
 
-def fp8_shapes_refusal(x: torch.Tensor, weight: Fp8Weight) -> str | None:
-    """Why cuBLASLt's e4m3 GEMM cannot take x (..., K) @ W^T (None: it can): K and N multiples of 16."""
-    n, k = weight.data.shape
-    if x.shape[-1] != k or k % 16 or n % 16:
-        return f"x (..., {x.shape[-1]}) @ W ({n}, {k})^T (K and N multiples of 16)"
-    return None
-
-
 def fp8_linear(x8: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight,
                out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
-    """(x8 * x_scale) @ (W * w_scale)^T in fp32, rounded to out_dtype: x8 (..., K) e4m3, W (N, K) e4m3."""
+    """(x8 * x_scale) @ (W * w_scale)^T in fp32, rounded to out_dtype: x8 (..., K) e4m3, W (N, K) e4m3 (cuBLASLt
+    takes K and N multiples of 16: FusedTransformerBlock.fp8_refusal checks its weights)."""
     k = x8.shape[-1]
     out = torch._scaled_mm(x8.reshape(-1, k), weight.data.t(), scale_a=x_scale, scale_b=weight.scale,
                            out_dtype=out_dtype)

@@ -8,7 +8,7 @@ import torch
 import sdaccel
 from sdaccel.engines import fp8 as fp8_module
 from sdaccel.engines.fast import FastEngine
-from sdaccel.engines.fp8 import Fp8Scales, Fp8Weight, fp8_linear, fp8_shapes_refusal
+from sdaccel.engines.fp8 import Fp8Scales, Fp8Weight, fp8_linear
 from sdaccel.engines.fused_modules import FusedTransformerBlock, fuse_modules
 from sdaccel.errors import UsageError
 from sdaccel.kernels.fp8 import E4M3
@@ -57,8 +57,6 @@ def test_fp8_linear_is_the_dequantized_product():
     want = (x8.float() * x_scale) @ (w.data.float() * w.scale).t()
     assert out.shape == (3, 5, 48)
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
-    assert fp8_shapes_refusal(x, w) is None
-    assert "multiples of 16" in fp8_shapes_refusal(torch.zeros(2, 24), Fp8Weight(torch.ones(48, 24)))
 
 
 def _unet_inputs(spec, gen):
@@ -104,6 +102,17 @@ def test_blocks_narrower_than_min_width_stay_fp16(monkeypatch):
     monkeypatch.setattr(fp8_module, "MIN_WIDTH", 10**6)
     other = build_synthetic(get_spec("sd15-tiny")).unet
     assert fuse_modules(other, fp8=True)["fp8_blocks"] == 0 and not hasattr(other, "sdaccel_fp8_scales")
+
+
+def test_blocks_whose_gemms_cublaslt_cannot_take_stay_fp16():
+    unet = build_synthetic(get_spec("sd15-tiny")).unet
+    fuse_modules(unet)
+    blocks = [m for m in unet.modules() if isinstance(m, FusedTransformerBlock)]
+    assert all(b.fp8_refusal() is None for b in blocks)
+    ff_out = blocks[0].block.ff.net[2]
+    ff_out.weight = torch.nn.Parameter(torch.zeros(ff_out.weight.shape[0], 40))  # K = 40: not a multiple of 16
+    assert blocks[0].fp8_refusal() == f"feed-forward out weight ({ff_out.weight.shape[0]}, 40) (both sides " \
+                                      "multiples of 16)"
 
 
 def test_refresh_requantizes_changed_weights():
