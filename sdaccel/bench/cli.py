@@ -10,7 +10,9 @@ def register(subparsers) -> None:
         "bench", help="benchmark engines side by side (each in a fresh process): table, CSV, JSON, plots",
         description="Benchmark every engine available here (or --engines) on the same model and settings. "
                     "Defaults: synthetic:sd15, 50 steps on a GPU; synthetic:sd15-tiny, 4 steps on a CPU.")
-    p.add_argument("--engines", help="comma-separated engine names (default: every engine available here)")
+    p.add_argument("--engines", help="comma-separated engine names (default: every engine available here); NAME@TAG "
+                                     "runs NAME once more under its own --engine-opt NAME@TAG.KEY=VALUE options, e.g. "
+                                     "--engines fast,fast@fp8 --engine-opt fast@fp8.fp8=1")
     p.add_argument("--model", help="diffusers folder, checkpoint, HF repo id or synthetic:<arch> "
                                    "(default: synthetic:sd15 on a GPU, synthetic:sd15-tiny on a CPU)")
     p.add_argument("--arch", help="force the architecture (sd15, sd21, sd21-base, sdxl, *-tiny)")

@@ -7,6 +7,7 @@ output can say it: a CPU-only machine gets a tiny model and few steps, not a 50-
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,11 +33,32 @@ def parse_int_list(text: str, what: str) -> tuple[int, ...]:
 
 
 ENGINE_OPT_SYNTAX = "ENGINE.KEY=VALUE (e.g. onnxruntime.folder=/tmp/sd15-onnx)"
+# An engine of a run is named by a label: the engine's name, or NAME@TAG for the same engine once more under options
+# of its own (--engines fast,fast@fp8 --engine-opt fast@fp8.fp8=1: both in one run, each in its fresh process).
+_LABEL = re.compile(r"[a-z][a-z0-9_]*(@[a-z0-9_-]+)?")
+
+
+def engine_kind(label: str) -> str:
+    """The engine a label runs: "fast@fp8" -> "fast", "fast" -> "fast"."""
+    return label.split("@", 1)[0]
+
+
+def check_engine_label(label: str, what: str) -> str:
+    """`label` if it is NAME or NAME@TAG with NAME a known engine; a one-line UsageError otherwise."""
+    from ..engines import ENGINES
+
+    if not _LABEL.fullmatch(label):
+        raise UsageError(f"{what} {label!r}: expected an engine name or NAME@TAG (e.g. fast@fp8; TAG: letters, "
+                         "digits, _ and -)")
+    if engine_kind(label) not in ENGINES:
+        raise UsageError(f"unknown engine {engine_kind(label)!r}; available: {', '.join(sorted(ENGINES))}")
+    return label
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def parse_engine_opts(items, what: str = "--engine-opt") -> dict[str, dict[str, Any]]:
     """["onnxruntime.folder=/x", "onnxruntime.cuda_graph=1"] -> {"onnxruntime": {"folder": "/x", "cuda_graph": True}}.
+    ENGINE may be a NAME@TAG label ("fast@fp8.fp8=1"): options of that label only.
 
     Values are coerced by the engine's own default for that option (a bool option takes 1/0, true/false, yes/no,
     on/off; a tuple option takes comma-separated items); options without a typed default get bool/int/float/str by
@@ -56,9 +78,11 @@ def parse_engine_opts(items, what: str = "--engine-opt") -> dict[str, dict[str, 
 
 
 def _add_option(options: dict[str, dict[str, Any]], engine: str, key: str, value: Any, what: str) -> None:
-    """options[engine][key] = value, the engine and option checked against the engine's constructor; text is
-    typed after the option's default (coerce_option), a list (as JSON brings a tuple back) becomes a tuple."""
-    params = _engine_parameters(engine, what)
+    """options[engine][key] = value, the engine (a label) and option checked against the engine's constructor; text
+    is typed after the option's default (coerce_option), a list (as JSON brings a tuple back) becomes a tuple."""
+    if "@" in engine:
+        check_engine_label(engine, what)
+    params = _engine_parameters(engine_kind(engine), what)
     if key not in params:
         raise UsageError(f"{what}: engine {engine!r} has no option {key!r}; its options: {', '.join(params) or 'none'}")
     if isinstance(value, str):
@@ -158,12 +182,12 @@ class BenchConfig:
                 else tuple(dict.fromkeys(str(e).strip().lower() for e in self.engines))
             if not engines:
                 raise UsageError("engines is empty")
-            unknown = [e for e in engines if e not in ENGINES]
-            if unknown:
-                raise UsageError(f"unknown engine {unknown[0]!r}; available: {', '.join(sorted(ENGINES))}")
+            for label in engines:
+                check_engine_label(label, "engine")
             object.__setattr__(self, "engines", engines)
-        if self.baseline not in ENGINES:
+        if engine_kind(self.baseline) not in ENGINES:
             raise UsageError(f"unknown baseline engine {self.baseline!r}; available: {', '.join(sorted(ENGINES))}")
+        check_engine_label(self.baseline, "baseline engine")
         if self.batch_sizes is not None:
             sizes = parse_int_list(self.batch_sizes, "batch sizes") if isinstance(self.batch_sizes, str) \
                 else tuple(self.batch_sizes)
@@ -211,12 +235,13 @@ class BenchConfig:
         own values, e.g. an unknown onnxruntime provider): refused now, not in a worker minutes later."""
         from ..engines import ENGINES
 
-        mode = options.get("compile", {}).get("mode")
-        if self.compile_mode and mode is not None and mode != self.compile_mode:
-            raise UsageError(f"--compile-mode {self.compile_mode} and engine option compile.mode={mode} disagree")
         for engine, kwargs in options.items():
+            mode = kwargs.get("mode") if engine_kind(engine) == "compile" else None
+            if self.compile_mode and mode is not None and mode != self.compile_mode:
+                raise UsageError(f"--compile-mode {self.compile_mode} and engine option {engine}.mode={mode} disagree")
             try:
-                ENGINES[engine](**kwargs)  # constructors only record and check their options: cheap, no side effects
+                # constructors only record and check their options: cheap, no side effects
+                ENGINES[engine_kind(engine)](**kwargs)
             except (UsageError, TypeError, ValueError) as exc:
                 raise UsageError(f"engine option for {engine}: {exc}") from None
         return options
@@ -260,8 +285,9 @@ class BenchConfig:
                                    notes=tuple(self.notes) + tuple(notes))
 
     def engine_options(self, engine: str) -> dict[str, Any]:
-        """The keyword arguments `engine` is built with in this run: --compile-mode, then --engine-opt."""
-        options = {"mode": self.compile_mode} if engine == "compile" and self.compile_mode else {}
+        """The keyword arguments `engine` (a label) is built with in this run: --compile-mode, then --engine-opt
+        (a NAME@TAG label gets its own options only, not NAME's)."""
+        options = {"mode": self.compile_mode} if engine_kind(engine) == "compile" and self.compile_mode else {}
         options.update(self.engine_opts.get(engine, {}))
         return options
 

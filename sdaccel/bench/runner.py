@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from .config import BenchConfig
+from .config import BenchConfig, engine_kind
 from .memory import SOURCE_DESCRIPTIONS
 from .plots import write_plots
 from ..atomic import write_text
@@ -88,9 +88,10 @@ def run_bench(config: BenchConfig, *, isolate: bool = True, log: Callable[[str],
     results = []
     partial = out / f"bench-{run_id}.partial.json"
     for engine in cfg.engines:
-        if availability.get(engine):
-            log(f"== {engine}: skipped, not available here: {availability[engine]}")
-            results.append(failure_result(cfg, engine, "unavailable", availability[engine]))
+        reason = availability.get(engine_kind(engine))
+        if reason:
+            log(f"== {engine}: skipped, not available here: {reason}")
+            results.append(failure_result(cfg, engine, "unavailable", reason))
             continue
         options = cfg.engine_options(engine)
         log(f"== {engine}: measuring in a {'fresh process' if isolate else 'shared process (no isolation)'}"

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .config import BenchConfig
+from .config import BenchConfig, engine_kind
 from .memory import MemoryProbe, is_out_of_memory, release_memory, simulated_out_of_memory
 from .report import json_safe
 from .schema import new_row
@@ -171,7 +171,7 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
             + (f", engine options {json.dumps(options, sort_keys=True)}" if options else ""))
         start = time.perf_counter()
         components = load_components(cfg.model, arch=cfg.arch, device=device, dtype=resolve_dtype(cfg.dtype, device))
-        pipe = Pipeline(components, engine=engine, dtype=cfg.dtype, device=device, **options)
+        pipe = Pipeline(components, engine=engine_kind(engine), dtype=cfg.dtype, device=device, **options)
         synchronize(device)
         load_s = time.perf_counter() - start
         first = run_once(pipe, cfg, first_batch, seed=0, probe=probe)

@@ -33,6 +33,14 @@ def test_values_are_typed_by_the_engine_s_own_defaults():
     (["--engine-opt", "eager.channels_last=1", "--engine-opt", "eager.channels_last=0"], "given twice"),
     (["--engine-opt", "onnxruntime.provider=tpu"], "unknown onnxruntime provider 'tpu'"),
     (["--compile-mode", "default", "--engine-opt", "compile.mode=max-autotune"], "disagree"),
+    (["--compile-mode", "default", "--engine-opt", "compile@at.mode=max-autotune"], "compile@at.mode=max-autotune disagree"),
+    (["--engines", "fast@"], "expected an engine name or NAME@TAG"),
+    (["--engines", "fast@a@b"], "expected an engine name or NAME@TAG"),
+    (["--engines", "warp@x"], "unknown engine 'warp'"),
+    (["--engine-opt", "warp@x.speed=9"], "unknown engine 'warp'"),
+    (["--engine-opt", "fast@.fp8=1"], "expected an engine name or NAME@TAG"),
+    (["--engine-opt", "fast@fp8.nope=1"], "engine 'fast@fp8' has no option 'nope'"),
+    (["--baseline", "warp@x"], "unknown baseline engine 'warp@x'"),
 ])
 def test_bad_engine_options_are_one_line_and_exit_2(args, message, tmp_path, capsys):
     assert cli.main(["bench", *args, "--out", str(tmp_path)]) == 2
@@ -96,3 +104,21 @@ def test_engine_info_carries_what_the_engine_picked_while_running():
     assert engine_info(pipe) == {"fusions": {"resnet": 22}, "picks": Picking().report()}
     assert engine_info(SimpleNamespace(stages=SimpleNamespace(info={}), engine=get_engine("eager"))) == {}
     assert set(get_engine("fast").report()) == {"attention", "feed_forward", "convolution"}
+
+
+def test_one_engine_twice_under_labels_each_with_its_own_options(tmp_path):
+    """NAME@TAG runs NAME again in the same run, with only the options given for that label; rows, settings and the
+    speed-up column carry the label."""
+    cfg = BenchConfig(engines=("eager", "eager@nhwc_off"), baseline="eager", out=str(tmp_path),
+                      engine_opts=["eager@nhwc_off.channels_last=0"], **dict(TINY, runs=1, warmup=0))
+    assert cfg.engine_options("eager") == {} and cfg.engine_options("eager@nhwc_off") == {"channels_last": False}
+    rows = run_bench(cfg, isolate=False, log=lambda line: None)
+    assert [r["engine"] for r in rows] == ["eager", "eager@nhwc_off"] and all(r["status"] == "ok" for r in rows)
+    assert [json.loads(r["engine_options"]).get("channels_last") for r in rows] == [True, False]
+    assert rows[1]["speedup_vs_baseline"] is not None
+    payload = json.loads(next(tmp_path.glob("bench-*.json")).read_text())
+    assert payload["engine_options"]["eager@nhwc_off"] == {"channels_last": False}
+    assert "eager@nhwc_off" in (tmp_path / "table.md").read_text()
+    again = BenchConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert again == cfg
+    assert BenchConfig(engines="compile@ro", compile_mode="default").engine_options("compile@ro") == {"mode": "default"}
