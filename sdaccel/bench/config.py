@@ -53,6 +53,8 @@ def check_engine_label(label: str, what: str) -> str:
     if engine_kind(label) not in ENGINES:
         raise UsageError(f"unknown engine {engine_kind(label)!r}; available: {', '.join(sorted(ENGINES))}")
     return label
+
+
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
