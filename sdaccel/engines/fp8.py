@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels.fp8 import E4M3, E4M3_MAX
+from ..kernels.fp8 import E4M3, E4M3_MAX, quantize_e4m3_reference
 
 SITES_PER_BLOCK = 4  # qkv, cross_q, ff_in, ff_out (FusedTransformerBlock's order)
 # Blocks narrower than this stay fp16. At 320 channels the GEMMs are short in K, and the fp16 path's fused GEMM +
@@ -41,9 +41,9 @@ def fp8_available(device: torch.device) -> str | None:
     """Why e4m3 GEMMs cannot run on this device (None: they can)."""
     if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
         return "this torch has no float8 GEMM (torch._scaled_mm)"
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
-        return f"FP8 tensor cores need compute capability 8.9 or newer (this GPU: " \
-               f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))})"
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    if capability is not None and capability < (8, 9):
+        return f"FP8 tensor cores need compute capability 8.9 or newer (this GPU: {capability[0]}.{capability[1]})"
     return None
 
 
@@ -98,7 +98,7 @@ class Fp8Weight(nn.Module):
         w = weight.detach().float()
         amax = w.abs().amax() if w.numel() else torch.zeros((), device=w.device)
         self.scale.copy_(torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax)).reshape(1))
-        self.data.copy_((w / self.scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3))
+        self.data.copy_(quantize_e4m3_reference(w, self.scale))
 
 
 def fp8_linear(x8: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight,

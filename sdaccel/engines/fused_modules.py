@@ -97,6 +97,8 @@ def repeat_batch(t: torch.Tensor, batch: int) -> torch.Tensor:
     if t.shape[0] == 0 or batch % t.shape[0]:
         raise UsageError(f"cannot repeat a batch of {t.shape[0]} to {batch}: the context's batch must be a multiple "
                          "of the latents'")
+    if t.dtype.itemsize == 1 and t.is_floating_point():  # e4m3 (FP8 mode): copied as bytes, whatever cat supports
+        return torch.cat([t.view(torch.uint8)] * (batch // t.shape[0])).view(t.dtype)
     return torch.cat([t] * (batch // t.shape[0]))
 
 
@@ -360,16 +362,19 @@ class FusedAttention(nn.Module):
                 and not attn.residual_connection and attn.rescale_output_factor == 1.0
                 and getattr(attn, "norm_q", None) is None)
 
+    def _project_x(self, x: torch.Tensor, weight: torch.Tensor, x_scale: torch.Tensor | None) -> torch.Tensor:
+        """x @ weight^T; x in e4m3 (FP8 mode) takes the e4m3 copy of weight (fp8_weight) and x's scale."""
+        if x.dtype == E4M3:
+            return fp8_linear(x, x_scale, self.fp8_weight, weight.dtype)
+        return F.linear(x, weight)
+
     def project(self, x: torch.Tensor, context: torch.Tensor | None, x_scale: torch.Tensor | None = None):
         """(B, L, C) tokens -> q, k, v as (B, heads, L, head_dim) views of the packed projections. x in e4m3
         (FP8 mode): x_scale is its scale, and the Q (cross) or Q/K/V (self) GEMM runs in e4m3."""
         batch, length, _ = x.shape
         heads = self.heads
-        fp8 = x.dtype == E4M3
         if self.is_cross:
-            q = fp8_linear(x, x_scale, self.fp8_weight, self.packed_weight.dtype) if fp8 else \
-                F.linear(x, self.attn.to_q.weight)
-            q = q.view(batch, length, heads, -1).transpose(1, 2)
+            q = self._project_x(x, self.attn.to_q.weight, x_scale).view(batch, length, heads, -1).transpose(1, 2)
             if self.context_projections is not None:
                 kv = self.context_projections(context, self)  # a column slice of the one K/V GEMM
             else:
@@ -377,9 +382,7 @@ class FusedAttention(nn.Module):
             kv = kv.view(batch, context.shape[1], 2, heads, -1)
             k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
         else:
-            qkv = fp8_linear(x, x_scale, self.fp8_weight, self.packed_weight.dtype) if fp8 else \
-                F.linear(x, self.packed_weight)
-            qkv = qkv.view(batch, length, 3, heads, -1)
+            qkv = self._project_x(x, self.packed_weight, x_scale).view(batch, length, 3, heads, -1)
             q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
         return q, k, v
 
@@ -449,43 +452,36 @@ class FusedTransformerBlock(nn.Module):
                 and FusedAttention.supports(block.attn1) and FusedAttention.supports(block.attn2)
                 and all(isinstance(n, nn.LayerNorm) for n in (block.norm1, block.norm2, block.norm3)))
 
-    def forward(self, h: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        if self.fp8_scales is not None:
-            return self._forward_fp8(h, context)
-        b = self.block
-        n = layer_norm(h, b.norm1.weight, b.norm1.bias, b.norm1.eps)
-        a = F.linear(self.attn1(n), b.attn1.to_out[0].weight)
-        n, h = layer_norm(a, b.norm2.weight, b.norm2.bias, b.norm2.eps, skip=h, input_bias=b.attn1.to_out[0].bias,
-                          return_sum=True)
-        if context is not None and context.shape[0] != h.shape[0]:
-            # The latents came once for both CFG halves (repeat_batch): up to here they were the same, the
-            # cross-attention with the two contexts is where they part.
-            n, h = repeat_batch(n, context.shape[0]), repeat_batch(h, context.shape[0])
-        proj_in, proj_out = b.ff.net[0].proj, b.ff.net[2]
-        a = F.linear(self.attn2(n, context), b.attn2.to_out[0].weight)
-        # The residual stream h comes back with the feed-forward's output bias already in it, so the last GEMM
-        # accumulates onto h in place (cuBLAS's beta = 1): no separate bias + residual kernel.
-        n, h = layer_norm(a, b.norm3.weight, b.norm3.bias, b.norm3.eps, skip=h, input_bias=b.attn2.to_out[0].bias,
-                          return_sum=True, sum_bias=proj_out.bias)
-        f = linear_geglu(n, proj_in.weight, proj_in.bias)  # cuBLAS + GEGLU kernel, or one fused kernel
-        h.view(-1, h.shape[-1]).addmm_(f.view(-1, f.shape[-1]), proj_out.weight.t())
-        return h
+    def _fp8_slots(self) -> tuple:
+        """(scale, amax) of each e4m3 GEMM input (Q/K/V, cross Q, feed-forward in, out); (None, None) each
+        outside FP8 mode, where the kernels then write the model's dtype."""
+        if self.fp8_scales is None:
+            return ((None, None),) * SITES_PER_BLOCK
+        return tuple(self.fp8_scales.slot(self.fp8_site + i) for i in range(SITES_PER_BLOCK))
 
-    def _forward_fp8(self, h: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        """forward with the norms and GEGLU writing e4m3 for the four e4m3 GEMMs that read them."""
+    def forward(self, h: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         b = self.block
-        qkv, cross_q, ff_in, ff_out = (self.fp8_scales.slot(self.fp8_site + i) for i in range(SITES_PER_BLOCK))
+        qkv, cross_q, ff_in, ff_out = self._fp8_slots()
         n = layer_norm(h, b.norm1.weight, b.norm1.bias, b.norm1.eps, out_scale=qkv[0], out_amax=qkv[1])
         a = F.linear(self.attn1(n, x_scale=qkv[0]), b.attn1.to_out[0].weight)
         n, h = layer_norm(a, b.norm2.weight, b.norm2.bias, b.norm2.eps, skip=h, input_bias=b.attn1.to_out[0].bias,
                           return_sum=True, out_scale=cross_q[0], out_amax=cross_q[1])
         if context is not None and context.shape[0] != h.shape[0]:
-            n = repeat_batch(n.view(torch.uint8), context.shape[0]).view(E4M3)  # bytes: cat of any 1-byte type
-            h = repeat_batch(h, context.shape[0])
+            # The latents came once for both CFG halves (repeat_batch): up to here they were the same, the
+            # cross-attention with the two contexts is where they part.
+            n, h = repeat_batch(n, context.shape[0]), repeat_batch(h, context.shape[0])
         proj_in, proj_out = b.ff.net[0].proj, b.ff.net[2]
         a = F.linear(self.attn2(n, context, x_scale=cross_q[0]), b.attn2.to_out[0].weight)
+        # The residual stream h comes back with the feed-forward's output bias already in it, so the last GEMM
+        # accumulates onto h in place (cuBLAS's beta = 1): no separate bias + residual kernel.
         n, h = layer_norm(a, b.norm3.weight, b.norm3.bias, b.norm3.eps, skip=h, input_bias=b.attn2.to_out[0].bias,
                           return_sum=True, sum_bias=proj_out.bias, out_scale=ff_in[0], out_amax=ff_in[1])
+        if self.ff_in is None:
+            f = linear_geglu(n, proj_in.weight, proj_in.bias)  # cuBLAS + GEGLU kernel, or one fused kernel
+            h.view(-1, h.shape[-1]).addmm_(f.view(-1, f.shape[-1]), proj_out.weight.t())
+            return h
+        # FP8: the GEGLU kernel writes e4m3 for the second GEMM, whose fp16 result is added onto h (cuBLASLt's
+        # e4m3 GEMM does not accumulate onto it).
         f = geglu(fp8_linear(n, ff_in[0], self.ff_in, h.dtype), proj_in.bias, out_scale=ff_out[0], out_amax=ff_out[1])
         return h.add_(fp8_linear(f, ff_out[0], self.ff_out, h.dtype))
 

@@ -142,11 +142,11 @@ def launch_geglu(
 
 # ---------------------------------------------------------------- public op
 
-def _geglu_run(h, bias, approximate, traceable):
+def _geglu_run(h, bias, approximate, traceable, out_scale=None, out_amax=None):
     """The reference where Triton cannot run, else the kernel."""
     if not use_triton(h):
-        return geglu_reference(h, bias, approximate)
-    return launch_geglu(h, bias, approximate, traceable=traceable)
+        return geglu_reference(h, bias, approximate, out_scale, out_amax)
+    return launch_geglu(h, bias, approximate, out_scale, out_amax, traceable=traceable)
 
 
 def _geglu_op_body(h: torch.Tensor, bias: Optional[torch.Tensor], approximate: str) -> torch.Tensor:
@@ -162,12 +162,8 @@ def geglu(h: torch.Tensor, bias: Optional[torch.Tensor] = None, approximate: str
 
     out_scale, out_amax: 1-element float32 tensors: out is returned in e4m3 as out / out_scale (saturated), for
     an FP8 GEMM, and max |out| is recorded into out_amax (atomic max)."""
-    if check_fp8_output(out_scale, out_amax, h):
-        if compiling():
-            raise ValueError("geglu: e4m3 output is not traceable by torch.compile")
-        if not use_triton(h):
-            return geglu_reference(h, bias, approximate, out_scale, out_amax)
-        return launch_geglu(h, bias, approximate, out_scale, out_amax)
+    if check_fp8_output(out_scale, out_amax, h) and compiling():
+        raise ValueError("geglu: e4m3 output is not traceable by torch.compile")
     if compiling():  # torch.compile must see one registered op
         return _geglu_op(h, bias, approximate)
-    return _geglu_run(h, bias, approximate, False)  # eager: skip the dispatcher
+    return _geglu_run(h, bias, approximate, False, out_scale, out_amax)  # eager: skip the dispatcher

@@ -251,19 +251,14 @@ def layer_norm(
     """
     if sum_bias is not None and not return_sum:
         raise ValueError("sum_bias only applies to the returned sum (return_sum=True)")
-    if check_fp8_output(out_scale, out_amax, x):
-        if compiling():
-            raise ValueError("layer_norm: e4m3 output is not traceable by torch.compile")
-        if return_sum and skip is None and input_bias is None and sum_bias is None:
-            return layer_norm(x, weight, bias, eps, out_scale=out_scale, out_amax=out_amax), x
-        return _layer_norm_run(x, weight, bias, eps, skip, input_bias, return_sum, False, sum_bias, out_scale,
-                               out_amax)
+    if check_fp8_output(out_scale, out_amax, x) and compiling():
+        raise ValueError("layer_norm: e4m3 output is not traceable by torch.compile")
     if return_sum and skip is None and input_bias is None and sum_bias is None:
         # An op may not return its own input, so the trivial sum stays out here.
-        return layer_norm(x, weight, bias, eps), x
+        return layer_norm(x, weight, bias, eps, out_scale=out_scale, out_amax=out_amax), x
     if compiling():  # torch.compile must see one registered op
         if return_sum:
             return _layer_norm_with_sum_op(x, weight, bias, eps, skip, input_bias, sum_bias)
         return _layer_norm_op(x, weight, bias, eps, skip, input_bias)
     # Eager: launch directly, skipping the dispatcher.
-    return _layer_norm_run(x, weight, bias, eps, skip, input_bias, return_sum, False, sum_bias)
+    return _layer_norm_run(x, weight, bias, eps, skip, input_bias, return_sum, False, sum_bias, out_scale, out_amax)
