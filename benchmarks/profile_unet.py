@@ -41,6 +41,13 @@ def print_kernels(profile: dict, top: int) -> None:
           flush=True)
     for row in profile["top"][:top]:
         print(f"  {row['ms']:8.3f} ms x{row['count']:4d} {row['name']}")
+    gaps = profile.get("gaps")
+    if gaps:
+        print(f"idle between kernels: {gaps['total_us']:.1f} us over {gaps['count']} gaps")
+        for side in ("by_next", "by_prev"):
+            for row in gaps[side][:top // 3]:
+                print(f"  {side[3:]:4s} {row['us']:8.1f} us x{row['count']:4d} ({row['per_gap_us']:5.2f} us) "
+                      f"{row['name']}")
     for row in profile.get("trace", []):
         print(f"  #{row['index']:<4d} {row['us']:7.2f} us {row['name'][:40]:<40} after {row['after'][:50]} "
               f"({row['after_us']:.2f} us)")
@@ -71,13 +78,35 @@ def profile_kernels(fn, inputs, keep: int = 25, trace: str | None = None) -> dic
     result = {"by_kind_ms": dict(by_kind), "launches_by_kind": dict(count),
               "total_kernel_ms": sum(by_kind.values()), "launches": sum(count.values()),
               "top": [{"ms": round(t, 3), "count": c, "name": k} for t, c, k in top[:max(keep, 25)]]}
+    kernels = sorted((e.time_range.start, e.time_range.elapsed_us(), e.name) for e in prof.events()
+                     if e.device_type == DeviceType.CUDA)
+    result["gaps"] = idle_between(kernels, keep)
     if trace:
-        kernels = sorted((e.time_range.start, e.time_range.elapsed_us(), e.name) for e in prof.events()
-                         if e.device_type == DeviceType.CUDA)
         result["trace"] = [{"index": i, "us": round(us, 2), "name": name[:60], "after": kernels[i - 1][2][:60],
                             "after_us": round(kernels[i - 1][1], 2)}
                            for i, (_, us, name) in enumerate(kernels) if i and re.search(trace, name)]
     return result
+
+
+def idle_between(kernels: list[tuple], keep: int) -> dict:
+    """The device's idle time between consecutive kernels (start, us, name) of one call, summed by the kernel that
+    waited (next) and by the one it waited on (prev): which launches a graph replay spends its gaps on."""
+    by_next: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    by_prev: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    total = 0.0
+    for (start0, us0, name0), (start1, _, name1) in zip(kernels, kernels[1:]):
+        gap = max(0.0, start1 - (start0 + us0))  # time_range is in us; overlapping kernels leave no gap
+        total += gap
+        for table, name in ((by_next, name1), (by_prev, name0)):
+            table[name[:60]][0] += gap
+            table[name[:60]][1] += 1
+
+    def top(table):
+        rows = sorted(table.items(), key=lambda kv: -kv[1][0])[:keep]
+        return [{"us": round(us, 1), "count": n, "per_gap_us": round(us / n, 2), "name": name} for name, (us, n) in rows]
+
+    return {"total_us": round(total, 1), "count": max(0, len(kernels) - 1), "by_next": top(by_next),
+            "by_prev": top(by_prev)}
 
 
 # Leaf ops whose kernels are the matrix work: their input shapes say which layer of the UNet a kernel belongs to.

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from ..kernels import config_name, geglu, linear_geglu_sm90 as sm90
 from ..kernels.linear_geglu import CONFIGS, TMA_CONFIGS, linear_geglu as fused_linear_geglu, supports, supports_tma
+from .fp8 import Fp8Weight, scaled_linear
 from .kernel_pick import ShapePicks
 
 SPLIT = "split"
@@ -51,7 +52,7 @@ def set_mode(mode: str, graphed: bool = True) -> None:
     if mode not in MODES:
         raise ValueError(f"gemm_geglu mode must be one of {', '.join(MODES)}, got {mode!r}")
     _MODE = "split" if mode == "auto" and not graphed else mode
-    _PICKS.enabled = _MODE != "split"
+    _PICKS.enabled = _FP8_PICKS.enabled = _MODE != "split"
 
 
 _CONFIGS = {f"fused:{config_name(c)}": c for c in CONFIGS}
@@ -107,11 +108,53 @@ def candidates(x: torch.Tensor, weight: torch.Tensor, mode: str | None = None) -
     return {name: path for name, path in _PATHS.items() if name in names}
 
 
+# The FP8 mode's feed-forward first half (engines/fp8.py): e4m3 x and W in, e4m3 out with its amax recorded.
+#   "fp8:split"  cuBLASLt's e4m3 GEMM (torch._scaled_mm) writes the 2D-wide intermediate in the model's dtype, the
+#                GEGLU kernel reads it back and writes e4m3
+#   "fp8:sm90"   the Gluon kernel with e4m3 operands: GEMM, bias, GEGLU and the e4m3 output in one (sm_90 only)
+# On an H200, taken everywhere, the Gluon kernel took an SDXL UNet call from 26.5 to 26.0 ms but SD1.5's from 5.37 to
+# 5.53 ms, whose e4m3 blocks have 512-2048 rows; picked per shape, as the fp16 paths are: SDXL 26.23-26.28 ->
+# 25.88-25.91 ms, SD1.5 5.45 -> 5.44 (eighteenth session).
+FP8_SPLIT = "fp8:split"
+_FP8_PICKS = ShapePicks(FP8_SPLIT, enabled=False, weights=(2,))
+
+
+def fp8_split_path(x8, x_scale, w8, w_scale, bias, out_scale, out_amax, dtype):
+    return geglu(scaled_linear(x8, x_scale, w8, w_scale, dtype), bias, out_scale=out_scale, out_amax=out_amax)
+
+
+def fp8_sm90_path(x8, x_scale, w8, w_scale, bias, out_scale, out_amax, dtype):
+    return sm90.linear_geglu_sm90_fp8(x8, x_scale, w8, w_scale, bias, out_scale, out_amax)
+
+
+_FP8_PATHS = {FP8_SPLIT: fp8_split_path, f"fp8:sm90:{sm90.config_name(sm90.FP8_CONFIG)}": fp8_sm90_path}
+
+
+def linear_geglu_fp8(x8: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None,
+                     out_scale: torch.Tensor, out_amax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """GEGLU((x8 * x_scale) @ (W * w_scale)^T + b) in e4m3 (out / out_scale, saturated; max |out| into out_amax);
+    dtype: the model's, that of the split path's intermediate."""
+    args = (x8, x_scale, weight.data, weight.scale, bias, out_scale, out_amax, dtype)
+    if not (x8.is_cuda and _FP8_PICKS.enabled):
+        return fp8_split_path(*args)
+    key = f"m{x8.numel() // x8.shape[-1]} k{weight.data.shape[1]} d{weight.data.shape[0] // 2} e4m3"
+    return _FP8_PATHS[_FP8_PICKS.choose(key, args, lambda: fp8_candidates(x8, weight.data))](*args)
+
+
+def fp8_candidates(x8: torch.Tensor, w8: torch.Tensor) -> dict:
+    """The split path, and the Gluon kernel where it runs (any mode but "split")."""
+    names = {FP8_SPLIT}
+    if _MODE != "split" and x8.is_cuda and sm90.supports(x8, w8) is None:
+        names |= set(_FP8_PATHS)
+    return {name: path for name, path in _FP8_PATHS.items() if name in names}
+
+
 def chosen_paths() -> dict[str, str]:
-    """What was picked per shape, for reports and the engine cache."""
-    return _PICKS.chosen()
+    """What was picked per shape (fp16 and FP8 keys apart by their dtype), for reports and the engine cache."""
+    return {**_PICKS.chosen(), **_FP8_PICKS.chosen()}
 
 
 def restore_paths(choices: dict[str, str]) -> None:
     """Take earlier picks (from the engine cache); unknown names are ignored (that shape is timed again)."""
     _PICKS.restore(choices, set(_PATHS))
+    _FP8_PICKS.restore(choices, set(_FP8_PATHS))

@@ -4,10 +4,11 @@ Which GEMMs: in every fused transformer block at least MIN_WIDTH channels wide, 
 kernel writes, so that the cast to e4m3 costs nothing (that kernel writes one byte a value instead of two):
     LayerNorm 1          -> packed Q/K/V projection
     SkipLayerNorm 2      -> cross-attention's Q projection
-    SkipLayerNorm 3      -> feed-forward's first GEMM (its bias and GEGLU in the GEGLU kernel, which writes e4m3)
-    GEGLU kernel         -> feed-forward's second GEMM (then added onto the residual stream)
+    SkipLayerNorm 3      -> feed-forward's first GEMM, its bias and GEGLU, which write e4m3
+    GEGLU                -> feed-forward's second GEMM (then added onto the residual stream)
 The attention output projections, proj_in / proj_out, the text K/V, time projections and convolutions stay fp16.
-The GEMMs run in cuBLASLt through torch._scaled_mm (fp32 accumulation, fp16 output).
+The GEMMs run in cuBLASLt through torch._scaled_mm (fp32 accumulation, fp16 output), except the feed-forward's
+first where the pick takes the Gluon e4m3 GEMM + GEGLU kernel for its shape (feed_forward.linear_geglu_fp8).
 
 Scales (per tensor):
 - weights: amax(W) / 448, quantized once when the modules are fused, again on refresh (a LoRA fuse);
@@ -105,7 +106,12 @@ def fp8_linear(x8: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight,
                out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
     """(x8 * x_scale) @ (W * w_scale)^T in fp32, rounded to out_dtype: x8 (..., K) e4m3, W (N, K) e4m3 (cuBLASLt
     takes K and N multiples of 16: FusedTransformerBlock.fp8_refusal checks its weights)."""
+    return scaled_linear(x8, x_scale, weight.data, weight.scale, out_dtype)
+
+
+def scaled_linear(x8: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor,
+                  out_dtype: torch.dtype) -> torch.Tensor:
+    """fp8_linear on the weight's e4m3 data and scale themselves (what a kernel pick times and evicts from L2)."""
     k = x8.shape[-1]
-    out = torch._scaled_mm(x8.reshape(-1, k), weight.data.t(), scale_a=x_scale, scale_b=weight.scale,
-                           out_dtype=out_dtype)
-    return out.view(*x8.shape[:-1], weight.data.shape[0])
+    out = torch._scaled_mm(x8.reshape(-1, k), w8.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=out_dtype)
+    return out.view(*x8.shape[:-1], w8.shape[0])

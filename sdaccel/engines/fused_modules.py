@@ -16,13 +16,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UsageError
-from ..kernels import bias_add_, geglu, group_norm, layer_norm
+from ..kernels import bias_add_, group_norm, layer_norm
 from ..kernels.fp8 import E4M3
 from ..kernels.upsample import upsample_nearest2x
 from .attention import attention
 from .convolution import add_bias_residual, conv2d
 from . import fp8 as fp8_mode
-from .feed_forward import linear_geglu
+from .feed_forward import linear_geglu, linear_geglu_fp8
 from .fp8 import SITES_PER_BLOCK, Fp8Scales, Fp8Weight, fp8_linear
 
 
@@ -480,9 +480,9 @@ class FusedTransformerBlock(nn.Module):
             f = linear_geglu(n, proj_in.weight, proj_in.bias)  # cuBLAS + GEGLU kernel, or one fused kernel
             h.view(-1, h.shape[-1]).addmm_(f.view(-1, f.shape[-1]), proj_out.weight.t())
             return h
-        # FP8: the GEGLU kernel writes e4m3 for the second GEMM, whose fp16 result is added onto h (cuBLASLt's
+        # FP8: GEGLU's output comes in e4m3 for the second GEMM, whose fp16 result is added onto h (cuBLASLt's
         # e4m3 GEMM does not accumulate onto it).
-        f = geglu(fp8_linear(n, ff_in[0], self.ff_in, h.dtype), proj_in.bias, out_scale=ff_out[0], out_amax=ff_out[1])
+        f = linear_geglu_fp8(n, ff_in[0], self.ff_in, proj_in.bias, ff_out[0], ff_out[1], h.dtype)
         return h.add_(fp8_linear(f, ff_out[0], self.ff_out, h.dtype))
 
 

@@ -21,6 +21,12 @@ At SD's shapes it is bound by L2 bandwidth, not by the tensor cores: each 64-row
 (262 MB through L2 at 8192 x 320 -> 2 x 1280, 5.8 TB/s on an H100; benchmarks/results/H100-2026-11-28/tenth-session/
 gemm-geglu/coop/ has a variant whose weight tiles serve 128 rows).
 
+linear_geglu_sm90_fp8 runs the same kernel on e4m3 x and W (wgmma m64nNk32, 128 bytes of K a step as the fp16
+tile), scales the products back by x_scale * w_scale and writes GEGLU's output in e4m3 with its amax: the FP8
+mode's feed-forward first half (engines/fp8.py). Its wgmma accumulates the products with fewer bits than
+cuBLASLt's fp32-promoted sums, so ~2% of its e4m3 values (against ~1%) round the other way from an fp32 reference;
+the output's own e4m3 rounding sets its error, the same as cuBLASLt + GEGLU's (tests/kernels/test_linear_geglu_sm90.py).
+
 Only for sm_90; the fast engine times it against cuBLAS + the GEGLU kernel per shape (engines/feed_forward.py).
 The reference is linear_geglu's.
 """
@@ -43,8 +49,8 @@ from .linear_geglu import linear_geglu_reference
 LOADER_REGS = regs(40)  # the producer warp only walks tiles and issues TMA
 CONSUMER_REGS = regs(232)  # the second and later math partitions
 
-__all__ = ["CONFIGS", "DEFAULT_CONFIG", "available", "config_name", "linear_geglu_reference", "linear_geglu_sm90",
-           "supports"]
+__all__ = ["CONFIGS", "DEFAULT_CONFIG", "FP8_CONFIG", "available", "config_name", "linear_geglu_reference",
+           "linear_geglu_sm90", "linear_geglu_sm90_fp8", "supports"]
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, CONSUMERS): BLOCK_N columns of each half, so a tile multiplies 2 * BLOCK_N
 # columns of W; one warpgroup a consumer, each with its own output tile and a BLOCK_M x BLOCK_N staging buffer.
@@ -55,6 +61,8 @@ CONFIGS = [
     (64, 128, 64, 4, 1),
 ]
 DEFAULT_CONFIG = CONFIGS[0]
+# e4m3 operands: the same tile in bytes as the default (128 one-byte values of K a step, 128-byte rows).
+FP8_CONFIG = (64, 128, 128, 4, 2)
 
 
 def config_name(config: tuple) -> str:
@@ -99,16 +107,24 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer(a_s, value_s, gate_s, ready_bars, free_bars, turn_bars, o_s, out_desc, b_ptr,
-                  D, num_m, num_n, k_steps, num_programs,
+                  x_scale_ptr, w_scale_ptr, out_scale_ptr, amax_ptr,
+                  M, D, num_m, num_n, k_steps, num_programs,
                   C: gl.constexpr, CONSUMERS: gl.constexpr, HAS_BIAS: gl.constexpr, TANH: gl.constexpr,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
-        """One warpgroup: the CTA's tiles C, C + CONSUMERS, ...: their products, then bias, GEGLU and the store."""
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+                  FP8: gl.constexpr):
+        """One warpgroup: the CTA's tiles C, C + CONSUMERS, ...: their products, then bias, GEGLU and the store.
+        FP8: e4m3 operands, the products scaled back by x_scale * w_scale, the output written in e4m3 as
+        out / out_scale (saturated) and max |out| recorded into amax (kernels/fp8.py)."""
+        INSTR_K: gl.constexpr = 32 if FP8 else 16  # wgmma's K: 32 bytes of operand a row either way
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                             instr_shape=[16, BLOCK_N, 16])
+                                                             instr_shape=[16, BLOCK_N, INSTR_K])
         col_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
         zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
         out_s = o_s.index(C)
         pid = gl.program_id(0)
+        if FP8:
+            product_scale = gl.load(x_scale_ptr) * gl.load(w_scale_ptr)
+            inv_out_scale = 1.0 / gl.load(out_scale_ptr)
         for tile in range(pid + C * num_programs, num_m * num_n, CONSUMERS * num_programs):
             off_m, off_n = _tile_offsets(tile, num_m, num_n, BLOCK_M, BLOCK_N, GROUP_M)
             # The tile's place among the CTA's tiles, in the loader's order: its K steps are the ring's uses from
@@ -143,6 +159,9 @@ if gluon is not None:
             acc_v, acc_g = warpgroup_mma_wait(num_outstanding=0, deps=(acc_v, acc_g))
             mbarrier.arrive(free_bars.index(slot))
 
+            if FP8:
+                acc_v = acc_v * product_scale
+                acc_g = acc_g * product_scale
             if HAS_BIAS:
                 cols = off_n + gl.arange(0, BLOCK_N, layout=col_layout)
                 col_ok = cols < D
@@ -154,7 +173,17 @@ if gluon is not None:
                 gelu = 0.5 * acc_g * (2.0 - 2.0 / (gl.exp(2.0 * u) + 1.0))
             else:
                 gelu = 0.5 * acc_g * (1.0 + gl.erf(acc_g * 0.7071067811865476))
-            out = (acc_v * gelu).to(out_desc.dtype)
+            if FP8:
+                rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+                cols_ok = (off_n + gl.arange(0, BLOCK_N, layout=col_layout)) < D
+                gated = acc_v * gelu
+                # Rows past M (TMA's zero fill) still get the bias: left out of the amax.
+                seen = gl.where((rows < M)[:, None] & cols_ok[None, :], gl.abs(gated), 0.0)
+                gl.atomic_max(amax_ptr, gl.max(gl.max(seen, axis=1), axis=0))
+                gated = gl.minimum(gl.maximum(gated * inv_out_scale, -448.0), 448.0)
+                out = gated.to(out_desc.dtype)  # the hardware's e4m3 conversion rounds to nearest even
+            else:
+                out = (acc_v * gelu).to(out_desc.dtype)
             tma.store_wait(0)  # this partition's previous tile has left the staging buffer
             out_s.store(out)
             fence_async_shared()
@@ -164,11 +193,13 @@ if gluon is not None:
     # Sizes are not specialized on: no recompile per resolution or batch.
     @gluon.jit(do_not_specialize=["M"])
     def _linear_geglu_sm90_kernel(
-        x_desc, value_desc, gate_desc, b_ptr, out_desc, M, D, K, num_programs,
+        x_desc, value_desc, gate_desc, b_ptr, out_desc, x_scale_ptr, w_scale_ptr, out_scale_ptr, amax_ptr,
+        M, D, K, num_programs,
         HAS_BIAS: gl.constexpr, TANH: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-        GROUP_M: gl.constexpr,
+        GROUP_M: gl.constexpr, FP8: gl.constexpr,
     ):
         dtype: gl.constexpr = x_desc.dtype
+        out_dtype: gl.constexpr = out_desc.dtype
         BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = value_desc.block_type.shape[0]
@@ -179,7 +210,7 @@ if gluon is not None:
         a_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
         value_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], value_desc.layout)
         gate_s = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, BLOCK_K], gate_desc.layout)
-        o_s = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, BLOCK_N], out_desc.layout)
+        o_s = gl.allocate_shared_memory(out_dtype, [CONSUMERS, BLOCK_M, BLOCK_N], out_desc.layout)
         ready_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         free_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -195,19 +226,22 @@ if gluon is not None:
         if CONSUMERS == 2:
             gl.warp_specialize([
                 (_consumer, (a_s, value_s, gate_s, ready_bars, free_bars, turn_bars, o_s, out_desc, b_ptr,
-                             D, num_m, num_n, k_steps, num_programs, 0, CONSUMERS, HAS_BIAS, TANH,
-                             BLOCK_M, BLOCK_N, STAGES, GROUP_M)),
+                             x_scale_ptr, w_scale_ptr, out_scale_ptr, amax_ptr,
+                             M, D, num_m, num_n, k_steps, num_programs, 0, CONSUMERS, HAS_BIAS, TANH,
+                             BLOCK_M, BLOCK_N, STAGES, GROUP_M, FP8)),
                 (_consumer, (a_s, value_s, gate_s, ready_bars, free_bars, turn_bars, o_s, out_desc, b_ptr,
-                             D, num_m, num_n, k_steps, num_programs, 1, CONSUMERS, HAS_BIAS, TANH,
-                             BLOCK_M, BLOCK_N, STAGES, GROUP_M)),
+                             x_scale_ptr, w_scale_ptr, out_scale_ptr, amax_ptr,
+                             M, D, num_m, num_n, k_steps, num_programs, 1, CONSUMERS, HAS_BIAS, TANH,
+                             BLOCK_M, BLOCK_N, STAGES, GROUP_M, FP8)),
                 (_loader, (x_desc, value_desc, gate_desc, a_s, value_s, gate_s, ready_bars, free_bars,
                            num_m, num_n, k_steps, num_programs, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M)),
             ], [4, 1], [CONSUMER_REGS, LOADER_REGS])
         else:
             gl.warp_specialize([
                 (_consumer, (a_s, value_s, gate_s, ready_bars, free_bars, turn_bars, o_s, out_desc, b_ptr,
-                             D, num_m, num_n, k_steps, num_programs, 0, CONSUMERS, HAS_BIAS, TANH,
-                             BLOCK_M, BLOCK_N, STAGES, GROUP_M)),
+                             x_scale_ptr, w_scale_ptr, out_scale_ptr, amax_ptr,
+                             M, D, num_m, num_n, k_steps, num_programs, 0, CONSUMERS, HAS_BIAS, TANH,
+                             BLOCK_M, BLOCK_N, STAGES, GROUP_M, FP8)),
                 (_loader, (x_desc, value_desc, gate_desc, a_s, value_s, gate_s, ready_bars, free_bars,
                            num_m, num_n, k_steps, num_programs, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, GROUP_M)),
             ], [1], [LOADER_REGS])
@@ -222,8 +256,10 @@ if gluon is not None:
 # ----------------------------------------------------------------- launcher
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> str | None:
-    """Why the kernel cannot take x (..., K) and W (2D, K) (None: it can)."""
-    problem = refusal(x, weight)
+    """Why the kernel cannot take x (..., K) and W (2D, K) (None: it can). Both e4m3: linear_geglu_sm90_fp8."""
+    fp8 = x.dtype == weight.dtype == torch.float8_e4m3fn
+    problem = refusal(x, weight) if not fp8 else refusal(x.new_empty(0, dtype=torch.float16),
+                                                         weight.new_empty(0, dtype=torch.float16))
     if problem:
         return problem
     if weight.dim() != 2 or weight.shape[0] % 2 or x.shape[-1] != weight.shape[1]:
@@ -248,6 +284,8 @@ def linear_geglu_sm90(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
     """
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    if x.dtype == torch.float8_e4m3fn:
+        raise ValueError("linear_geglu_sm90: e4m3 operands take linear_geglu_sm90_fp8 (with their scales)")
     reason = supports(x, weight)
     if reason:
         raise ValueError(f"linear_geglu_sm90: {reason}")
@@ -264,22 +302,67 @@ def linear_geglu_sm90(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
     x2 = x.reshape(-1, K)
     if x2.stride(1) != 1 or x2.stride(0) % (16 // x.element_size()) or x2.data_ptr() % 16:
         x2 = x2.clone(memory_format=torch.contiguous_format)  # a fresh, aligned copy TMA can read
-    M = x2.shape[0]
-    out = x.new_empty((*x.shape[:-1], D))
+    return _launch(x2, weight, bias, approximate == "tanh", (block_m, block_n, block_k, stages, consumers),
+                   x.new_empty((*x.shape[:-1], D)))
+
+
+_GL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8e4nv"}
+
+
+def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], tanh: bool, config: tuple,
+            out: torch.Tensor, scales: Optional[tuple] = None) -> torch.Tensor:
+    """The kernel over x2 (M, K) and W (2D, K) into out (..., D); scales: (x_scale, w_scale, out_scale, amax) for
+    e4m3 operands and output."""
+    block_m, block_n, block_k, stages, consumers = config
+    M, K = x2.shape
+    D = weight.shape[0] // 2
     if M == 0:
         return out
-    gdtype = gl.float16 if x.dtype == torch.float16 else gl.bfloat16
 
     def descriptor(t, block):
-        return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gdtype))
+        layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, _GL_DTYPES[t.dtype]))
+        return TensorDescriptor.from_tensor(t, block, layout)
 
     tiles = -(-M // block_m) * -(-D // block_n)
-    programs = min(tiles, sm_count(x))
+    programs = min(tiles, sm_count(x2))
+    dummy = bias if bias is not None else weight  # stands in for absent pointers (never read)
     _linear_geglu_sm90_kernel[(programs,)](
         descriptor(x2, [block_m, block_k]), descriptor(weight[:D], [block_n, block_k]),
-        descriptor(weight[D:], [block_n, block_k]), bias if bias is not None else weight,
-        descriptor(out.view(M, D), [block_m, block_n]), M, D, K, programs,
-        HAS_BIAS=bias is not None, TANH=approximate == "tanh", STAGES=stages, CONSUMERS=consumers, GROUP_M=8,
+        descriptor(weight[D:], [block_n, block_k]), dummy,
+        descriptor(out.view(M, D), [block_m, block_n]), *(scales or (dummy,) * 4), M, D, K, programs,
+        HAS_BIAS=bias is not None, TANH=tanh, STAGES=stages, CONSUMERS=consumers, GROUP_M=8, FP8=scales is not None,
         num_warps=4,
     )
     return out
+
+
+def linear_geglu_sm90_fp8(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor,
+                          bias: Optional[torch.Tensor], out_scale: torch.Tensor, out_amax: torch.Tensor,
+                          approximate: str = "none", *, config: Optional[tuple] = None) -> torch.Tensor:
+    """GEGLU((x * x_scale) @ (W * w_scale)^T + b) in e4m3, as out / out_scale saturated, max |out| into out_amax:
+    the FP8 mode's feed-forward first half in one kernel (engines/fp8.py). x (..., K) and W (2D, K) e4m3; the
+    scales and amax 1-element float32 tensors; b (2D,) fp16 or bf16. config: FP8_CONFIG when None."""
+    from .fp8 import E4M3, check_fp8_output
+
+    if x.dtype != E4M3 or weight.dtype != E4M3:
+        raise ValueError(f"linear_geglu_sm90_fp8: x and W must be e4m3, got {x.dtype} / {weight.dtype}")
+    reason = supports(x, weight)
+    if reason:
+        raise ValueError(f"linear_geglu_sm90_fp8: {reason}")
+    for name, t in (("x_scale", x_scale), ("w_scale", w_scale)):
+        if t.dtype != torch.float32 or t.numel() != 1 or t.device != x.device:
+            raise ValueError(f"linear_geglu_sm90_fp8: {name} must be a 1-element float32 tensor on {x.device}")
+    check_fp8_output(out_scale, out_amax, x)
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    K, D = weight.shape[1], weight.shape[0] // 2
+    if bias is not None:
+        if bias.numel() != 2 * D:
+            raise ValueError(f"linear_geglu_sm90_fp8: bias of {bias.numel()} values for W {tuple(weight.shape)}")
+        bias = bias.reshape(-1).contiguous()
+    x2 = x.reshape(-1, K)
+    if x2.stride(1) != 1 or x2.stride(0) % 16 or x2.data_ptr() % 16:
+        x2 = x2.clone(memory_format=torch.contiguous_format)
+    out = torch.empty((*x.shape[:-1], D), dtype=E4M3, device=x.device)
+    return _launch(x2, weight, bias, approximate == "tanh", config or FP8_CONFIG, out,
+                   (x_scale, w_scale, out_scale, out_amax))

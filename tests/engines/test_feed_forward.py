@@ -12,9 +12,11 @@ from sdaccel.kernels.geglu import geglu_reference
 @pytest.fixture
 def clean_choices():
     feed_forward._PICKS.choices.clear()
+    feed_forward._FP8_PICKS.choices.clear()
     feed_forward.set_mode("triton")  # every candidate
     yield
     feed_forward._PICKS.choices.clear()
+    feed_forward._FP8_PICKS.choices.clear()
     feed_forward.set_mode("split")
 
 
@@ -135,3 +137,76 @@ def test_on_the_gpu_the_pick_is_recorded_and_the_result_matches(clean_choices, m
     assert key == "m2048 k320 d1280 float16" and name in feed_forward.paths()
     if mode == "auto":
         assert name == feed_forward.SPLIT or name.startswith("sm90:")
+
+
+# ------------------------------------------------------------------ the FP8 mode's feed-forward first half
+
+def _fp8_inputs(rows=24, k=64, d=32, device="cpu"):
+    """x and W in e4m3 with their scales, as the FP8 mode makes them; b fp16; fresh out_scale and amax."""
+    from sdaccel.engines.fp8 import Fp8Weight
+    from sdaccel.kernels.fp8 import quantize_e4m3_reference
+
+    x, w, b = _inputs(rows, k, d)
+    x_scale = torch.tensor([x.abs().max().item() / 448])
+    x8 = quantize_e4m3_reference(x, x_scale)
+    put = dict(device=device)
+    return (x8.to(**put), x_scale.to(**put), Fp8Weight(w.to(**put)), b.to(device=device, dtype=torch.float16),
+            torch.tensor([0.02], **put), torch.zeros(1, **put))
+
+
+def test_fp8_off_the_gpu_is_the_split_path_and_records_nothing(clean_choices):
+    x8, x_scale, w, b, out_scale, amax = _fp8_inputs()
+    out = feed_forward.linear_geglu_fp8(x8, x_scale, w, b, out_scale, amax, torch.float16)
+    ref32 = geglu_reference((x8.float() * x_scale) @ (w.data.float() * w.scale).t(), b.float())
+    assert out.dtype == torch.float8_e4m3fn and out.shape == (2, 24, 32)
+    # Within an e4m3 step (1/8 of a value, at most) of the fp32 result; the amax is the output's, before scaling.
+    assert ((out.float() * out_scale - ref32).abs() <= ref32.abs() / 8 + 1e-2).all()
+    torch.testing.assert_close(amax, ref32.abs().amax().reshape(1), rtol=2e-3, atol=0)
+    assert feed_forward.chosen_paths() == {}
+    assert set(feed_forward.fp8_candidates(x8, w.data)) == {feed_forward.FP8_SPLIT}
+
+
+def test_fp8_picks_are_stored_apart_from_the_fp16_ones(clean_choices):
+    sm90_name = next(name for name in feed_forward._FP8_PATHS if name != feed_forward.FP8_SPLIT)
+    feed_forward.restore_paths({"m2048 k1280 d5120 e4m3": sm90_name, "m512 k1280 d5120 float16": "split",
+                                "m512 k1280 d5120 e4m3": "sm90:unknown"})
+    assert feed_forward._FP8_PICKS.chosen() == {"m2048 k1280 d5120 e4m3": sm90_name}
+    assert feed_forward._PICKS.chosen() == {"m512 k1280 d5120 float16": "split"}
+    assert feed_forward.chosen_paths() == {"m2048 k1280 d5120 e4m3": sm90_name, "m512 k1280 d5120 float16": "split"}
+
+
+def test_pick_compares_e4m3_outputs_within_an_e4m3_step():
+    """torch has no arithmetic on e4m3: the check compares in fp32, with one e4m3 step (1/8) as the tolerance."""
+    x = torch.linspace(-3, 3, 64)
+    e4m3 = torch.float8_e4m3fn
+    kernels = {"first": lambda x: x.to(e4m3), "a step up": lambda x: (x * 1.04).to(e4m3),
+               "doubled": lambda x: (x * 2).to(e4m3), "nan": lambda x: (x * float("nan")).to(e4m3)}
+    timed = []
+
+    def time_ms(fn):
+        timed.append(fn().dtype)
+        return 1.0 / len(timed)
+
+    assert pick_fastest((x,), kernels, "first", time_ms=time_ms) == "a step up"
+    assert timed == [e4m3, e4m3]  # doubled and nan were never timed
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_fp8_pick_is_recorded_and_the_result_matches(clean_choices):
+    from sdaccel.engines.fp8 import fp8_available
+
+    if reason := fp8_available(torch.device("cuda")):
+        pytest.skip(reason)
+    feed_forward.set_mode("auto")
+    x8, x_scale, w, b, out_scale, amax = _fp8_inputs(rows=1024, k=640, d=2560, device="cuda")
+    out = feed_forward.linear_geglu_fp8(x8, x_scale, w, b, out_scale, amax, torch.float16)
+    split_amax = torch.zeros(1, device="cuda")
+    split = feed_forward.fp8_split_path(x8, x_scale, w.data, w.scale, b, out_scale, split_amax, torch.float16)
+    ref32 = geglu_reference((x8.float() * x_scale) @ (w.data.float() * w.scale).t(), b.float())
+    error = (out.float() * out_scale - ref32).norm() / ref32.norm()
+    split_error = (split.float() * out_scale - ref32).norm() / ref32.norm()
+    assert error <= 1.05 * split_error, (error, split_error)
+    (key, name), = feed_forward._FP8_PICKS.chosen().items()
+    assert key == "m2048 k640 d2560 e4m3" and name in feed_forward._FP8_PATHS
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    assert name == feed_forward.FP8_SPLIT or hopper

@@ -87,6 +87,12 @@ def e4m3_step(v: torch.Tensor) -> torch.Tensor:
     return torch.exp2(exponent - 3)
 
 
+@pytest.fixture(name="e4m3_step")
+def e4m3_step_fixture():
+    """e4m3_step for test modules (an import of conftest finds whichever conftest.py pytest loaded last)."""
+    return e4m3_step
+
+
 @pytest.fixture
 def check_e4m3():
     """check(kernel_q, ref_q, ref_fp32, scale): an e4m3 output against the reference's quantization of the same
