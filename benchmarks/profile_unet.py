@@ -103,7 +103,8 @@ def idle_between(kernels: list[tuple], keep: int) -> dict:
 
     def top(table):
         rows = sorted(table.items(), key=lambda kv: -kv[1][0])[:keep]
-        return [{"us": round(us, 1), "count": n, "per_gap_us": round(us / n, 2), "name": name} for name, (us, n) in rows]
+        return [{"us": round(us, 1), "count": n, "per_gap_us": round(us / n, 2), "name": name}
+                for name, (us, n) in rows]
 
     return {"total_us": round(total, 1), "count": max(0, len(kernels) - 1), "by_next": top(by_next),
             "by_prev": top(by_prev)}

@@ -50,14 +50,16 @@ signature, constants = _signature(tuple(config), has_bias, fp8)
 kernel = triton.compile(GluonASTSource(module._linear_geglu_sm90_kernel, signature, constants),
                         target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 ptx = kernel.asm["ptx"]
-print(json.dumps({"wgmma": "wgmma.mma_async" in ptx, "e4m3": ".e4m3.e4m3" in ptx, "tma_load": "cp.async.bulk.tensor" in ptx,
+print(json.dumps({"wgmma": "wgmma.mma_async" in ptx, "e4m3": ".e4m3.e4m3" in ptx,
+                  "tma_load": "cp.async.bulk.tensor" in ptx,
                   "tma_store": "cp.async.bulk.tensor.2d.global.shared" in ptx,
                   "partitions": ptx.count("setmaxnreg.dec"), "cubin": len(kernel.asm["cubin"])}))
 """
 
 
 @pytest.mark.skipif(module.gluon is None, reason="Triton without Gluon")
-@pytest.mark.parametrize("config, has_bias, fp8", [(module.DEFAULT_CONFIG, True, False), ((64, 128, 64, 4, 1), False, False),
+@pytest.mark.parametrize("config, has_bias, fp8", [(module.DEFAULT_CONFIG, True, False),
+                                                   ((64, 128, 64, 4, 1), False, False),
                                                    (module.FP8_CONFIG, True, True)], ids=str)
 def test_compiles_for_sm90(config, has_bias, fp8):
     """No GPU needed: the kernel goes through Triton's whole pipeline to an sm_90a binary, so an API change in a
