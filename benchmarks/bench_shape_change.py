@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib.util
 import io
 import json
 import os
@@ -34,11 +35,17 @@ import time
 
 import torch
 
-import sdaccel
-from sdaccel.bench.environment import environment
-from sdaccel.bench.memory import MIB, MemoryProbe
-from sdaccel.device import synchronize
-from sdaccel.errors import UsageError
+# Run from a checkout without installing (its --restart child too): the checkout goes last, so an installed sdaccel
+# or one on PYTHONPATH wins, as in kernels/_timing.py.
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if importlib.util.find_spec("sdaccel") is None and _REPO_ROOT not in sys.path:
+    sys.path.append(_REPO_ROOT)
+
+import sdaccel  # noqa: E402
+from sdaccel.bench.environment import environment  # noqa: E402
+from sdaccel.bench.memory import MIB, MemoryProbe  # noqa: E402
+from sdaccel.device import synchronize  # noqa: E402
+from sdaccel.errors import UsageError  # noqa: E402
 
 PROMPT = "a lighthouse on a cliff at dusk, oil painting"
 

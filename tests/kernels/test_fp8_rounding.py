@@ -9,7 +9,6 @@ from sdaccel.kernels.fp8 import E4M3, E4M3_MAX, check_fp8_output, quantize_e4m3_
 triton = pytest.importorskip("triton")
 tl = triton.language
 
-from conftest import DEVICE  # noqa: E402
 from sdaccel.kernels.fp8 import record_amax, to_e4m3  # noqa: E402
 
 
@@ -30,7 +29,7 @@ def _quantize(x: torch.Tensor, scale: float):
     return out, amax
 
 
-def test_rounding_matches_torch_everywhere():
+def test_rounding_matches_torch_everywhere(device):
     g = torch.Generator().manual_seed(0)
     values = torch.cat([
         torch.randn(2000, generator=g) * 40,                      # the normal range, with carries (31.7 -> 32)
@@ -38,7 +37,7 @@ def test_rounding_matches_torch_everywhere():
         torch.tensor([0.0, -0.0, 448.0, -448.0, 470.0, 1e6, -1e6, 2.0 ** -6, 2.0 ** -10, 3 * 2.0 ** -10]),
         torch.tensor([1.0625, 1.1875, 17.0, 19.0, 2.0 ** -9 * 0.5, 2.0 ** -9 * 1.5]),  # ties: to even
     ])
-    x = values.to(DEVICE)
+    x = values.to(device)
     for scale in (1.0, 0.05):
         got, amax = _quantize(x, scale)
         want = (values / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
