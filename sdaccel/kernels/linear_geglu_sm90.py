@@ -23,9 +23,10 @@ gemm-geglu/coop/ has a variant whose weight tiles serve 128 rows).
 
 linear_geglu_sm90_fp8 runs the same kernel on e4m3 x and W (wgmma m64nNk32, 128 bytes of K a step as the fp16
 tile), scales the products back by x_scale * w_scale and writes GEGLU's output in e4m3 with its amax: the FP8
-mode's feed-forward first half (engines/fp8.py). Its wgmma accumulates the products with fewer bits than
-cuBLASLt's fp32-promoted sums, so ~2% of its e4m3 values (against ~1%) round the other way from an fp32 reference;
-the output's own e4m3 rounding sets its error, the same as cuBLASLt + GEGLU's (tests/kernels/test_linear_geglu_sm90.py).
+mode's feed-forward first half (engines/fp8.py). ~2% of its e4m3 values (against ~1% for cuBLASLt + GEGLU) round
+the other way from an fp32 reference, most likely because wgmma accumulates e4m3 products with fewer bits than
+cuBLASLt's fp32-promoted sums; the output's own e4m3 rounding sets its error, the same as cuBLASLt + GEGLU's
+(tests/kernels/test_linear_geglu_sm90.py).
 
 Only for sm_90; the fast engine times it against cuBLAS + the GEGLU kernel per shape (engines/feed_forward.py).
 The reference is linear_geglu's.

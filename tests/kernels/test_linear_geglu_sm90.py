@@ -186,8 +186,8 @@ def test_fp8_matches_the_dequantized_reference(case, e4m3_step):
     """e4m3 in, e4m3 out, against GEGLU(x W^T + b) computed in fp32 from the same e4m3 values, and against the
     split path the FP8 mode had before (cuBLASLt's e4m3 GEMM, then the GEGLU kernel's e4m3 output). On an H200 the
     kernel's e4m3 values differed from the reference's rounding in 1.6-2.5% of places against the split path's 1.1%,
-    a few by many steps near zero (the wgmma accumulator keeps fewer bits than cuBLASLt's promoted fp32 sums, as
-    DeepSeek-V3's report found for Hopper's FP8 tensor cores); its relative error, which the output's own e4m3
+    a few by many steps near zero (most likely wgmma's accumulation, with fewer bits than cuBLASLt's promoted fp32
+    sums, as DeepSeek-V3's report found for Hopper's FP8 tensor cores); its relative error, which the output's own e4m3
     rounding sets, was the split path's to four digits (eighteenth session, diag_fp8_geglu.py)."""
     from sdaccel.engines.fp8 import scaled_linear
     from sdaccel.kernels.geglu import geglu
