@@ -17,7 +17,7 @@ from torch import nn
 
 from ..errors import UsageError
 from ..kernels import bias_add_, group_norm, layer_norm
-from ..kernels.fp8 import E4M3
+from ..kernels.fp8 import E4M3, is_float8
 from ..kernels.upsample import upsample_nearest2x
 from .attention import attention
 from .convolution import add_bias_residual, conv2d
@@ -97,7 +97,7 @@ def repeat_batch(t: torch.Tensor, batch: int) -> torch.Tensor:
     if t.shape[0] == 0 or batch % t.shape[0]:
         raise UsageError(f"cannot repeat a batch of {t.shape[0]} to {batch}: the context's batch must be a multiple "
                          "of the latents'")
-    if t.dtype.itemsize == 1 and t.is_floating_point():  # e4m3 (FP8 mode): copied as bytes, whatever cat supports
+    if is_float8(t):  # e4m3 (FP8 mode): copied as bytes, whatever cat supports
         return torch.cat([t.view(torch.uint8)] * (batch // t.shape[0])).view(t.dtype)
     return torch.cat([t] * (batch // t.shape[0]))
 

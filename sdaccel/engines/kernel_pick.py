@@ -16,6 +16,7 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
+from ..kernels.fp8 import is_float8
 from ..kernels.precompile import is_recording
 from .cudagraph import on_side_stream, side_stream
 
@@ -66,7 +67,7 @@ def cuda_time_ms(fn, iters: int = 20, weights: Sequence[torch.Tensor] = (),
     def before_each():
         for t in reads:
             # A read of every element; the one-element result is dropped. e4m3 has no sum: its bytes are summed.
-            (t.view(torch.uint8) if t.is_floating_point() and t.element_size() == 1 else t).sum()
+            (t.view(torch.uint8) if is_float8(t) else t).sum()
 
     fn()
     try:
@@ -120,7 +121,7 @@ def pick_fastest(args: tuple, kernels: dict[str, Callable[..., torch.Tensor]], d
             continue
         if not torch.isfinite(out.sum(dtype=torch.float32)):  # any inf or NaN makes the fp32 sum one
             continue
-        one_byte = out.is_floating_point() and out.element_size() == 1
+        one_byte = is_float8(out)
         if one_byte:  # e4m3 (the FP8 mode): torch has no arithmetic on it, so it is compared in fp32
             out = out.float()
         if reference is None:

@@ -26,6 +26,12 @@ E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # the largest finite e4m3fn value (to_e4m3 spells it, and 2^-6, e4m3's smallest normal, inline)
 
 
+def is_float8(t: torch.Tensor) -> bool:
+    """A 1-byte float (e4m3 and kin): torch has almost no arithmetic on these (no sum, no subtraction), so code
+    that reads or compares tensors of any dtype treats them as bytes or converts them first."""
+    return t.is_floating_point() and t.element_size() == 1
+
+
 def quantize_e4m3_reference(y: torch.Tensor, scale: torch.Tensor, amax: Optional[torch.Tensor] = None) -> torch.Tensor:
     """e4m3 of y / scale, saturated to +-448 (y in any float dtype; computed in fp32). amax, when given (a 1-element
     fp32 tensor), becomes max(amax, max |y|) in place."""

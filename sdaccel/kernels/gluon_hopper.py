@@ -33,15 +33,20 @@ def available(device: torch.device | None = None) -> bool:
     return torch.cuda.get_device_capability(device)[0] == 9
 
 
-def refusal(x: torch.Tensor, weight: torch.Tensor) -> str | None:
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def refusal(x: torch.Tensor, weight: torch.Tensor, dtypes: tuple = HALF_DTYPES) -> str | None:
     """Why a Gluon GEMM-type kernel cannot take activation x and weight W on this machine (None: it can as far as
-    Gluon, the GPU and the dtypes go; each kernel checks its shapes)."""
+    Gluon, the GPU and the dtypes go; each kernel checks its shapes). dtypes: the operand dtypes the kernel takes
+    (x and W the same)."""
     if gluon is None:
         return "Triton without Gluon"
     if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] != 9:
         return "needs an sm_90 GPU (wgmma)"
-    if x.dtype not in (torch.float16, torch.bfloat16) or weight.dtype != x.dtype:
-        return f"dtypes {x.dtype} / {weight.dtype} (fp16 or bf16, the same)"
+    if x.dtype not in dtypes or weight.dtype != x.dtype:
+        names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        return f"dtypes {x.dtype} / {weight.dtype} ({names}, the same)"
     return None
 
 

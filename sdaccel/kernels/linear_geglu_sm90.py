@@ -40,9 +40,10 @@ import torch
 
 from . import sm_count
 from .gluon_hopper import (  # noqa: F401 - gluon and available are part of this module's interface
-    TensorDescriptor, available, fence_async_shared, gl, gluon, mbarrier, refusal, regs, tma, warpgroup_mma,
-    warpgroup_mma_wait,
+    HALF_DTYPES, TensorDescriptor, available, fence_async_shared, gl, gluon, mbarrier, refusal, regs, tma,
+    warpgroup_mma, warpgroup_mma_wait,
 )
+from .fp8 import E4M3, check_fp8_output
 from .gluon_hopper import tma_load as _tma_load
 from .gluon_hopper import tma_store as _tma_store
 from .linear_geglu import linear_geglu_reference
@@ -258,9 +259,7 @@ if gluon is not None:
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> str | None:
     """Why the kernel cannot take x (..., K) and W (2D, K) (None: it can). Both e4m3: linear_geglu_sm90_fp8."""
-    fp8 = x.dtype == weight.dtype == torch.float8_e4m3fn
-    problem = refusal(x, weight) if not fp8 else refusal(x.new_empty(0, dtype=torch.float16),
-                                                         weight.new_empty(0, dtype=torch.float16))
+    problem = refusal(x, weight, (*HALF_DTYPES, torch.float8_e4m3fn))
     if problem:
         return problem
     if weight.dim() != 2 or weight.shape[0] % 2 or x.shape[-1] != weight.shape[1]:
@@ -294,29 +293,28 @@ def linear_geglu_sm90(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
     if (block_m not in (64, 128) or consumers not in (1, 2) or stages < 2
             or any(v < 16 or v > 256 or v & (v - 1) for v in (block_n, block_k))):
         raise ValueError(f"linear_geglu_sm90: config {config}")
-    K = x.shape[-1]
-    D = weight.shape[0] // 2
-    if bias is not None:
-        if bias.numel() != 2 * D:
-            raise ValueError(f"linear_geglu_sm90: bias of {bias.numel()} values for W {tuple(weight.shape)}")
-        bias = bias.reshape(-1).contiguous()
-    x2 = x.reshape(-1, K)
-    if x2.stride(1) != 1 or x2.stride(0) % (16 // x.element_size()) or x2.data_ptr() % 16:
-        x2 = x2.clone(memory_format=torch.contiguous_format)  # a fresh, aligned copy TMA can read
-    return _launch(x2, weight, bias, approximate == "tanh", (block_m, block_n, block_k, stages, consumers),
-                   x.new_empty((*x.shape[:-1], D)))
+    out = x.new_empty((*x.shape[:-1], weight.shape[0] // 2))
+    return _launch("linear_geglu_sm90", x, weight, bias, approximate == "tanh",
+                   (block_m, block_n, block_k, stages, consumers), out)
 
 
 _GL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8e4nv"}
 
 
-def _launch(x2: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], tanh: bool, config: tuple,
-            out: torch.Tensor, scales: Optional[tuple] = None) -> torch.Tensor:
-    """The kernel over x2 (M, K) and W (2D, K) into out (..., D); scales: (x_scale, w_scale, out_scale, amax) for
-    e4m3 operands and output."""
+def _launch(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], tanh: bool,
+            config: tuple, out: torch.Tensor, scales: Optional[tuple] = None) -> torch.Tensor:
+    """The kernel over x (..., K) and W (2D, K) into out (..., D), x and W already checked (supports); scales:
+    (x_scale, w_scale, out_scale, amax) for e4m3 operands and output. name: the caller's, for errors."""
     block_m, block_n, block_k, stages, consumers = config
-    M, K = x2.shape
-    D = weight.shape[0] // 2
+    K, D = weight.shape[1], weight.shape[0] // 2
+    if bias is not None:
+        if bias.numel() != 2 * D:
+            raise ValueError(f"{name}: bias of {bias.numel()} values for W {tuple(weight.shape)}")
+        bias = bias.reshape(-1).contiguous()
+    x2 = x.reshape(-1, K)
+    if x2.stride(1) != 1 or x2.stride(0) % (16 // x.element_size()) or x2.data_ptr() % 16:
+        x2 = x2.clone(memory_format=torch.contiguous_format)  # a fresh, aligned copy TMA can read
+    M = x2.shape[0]
     if M == 0:
         return out
 
@@ -343,8 +341,6 @@ def linear_geglu_sm90_fp8(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.
     """GEGLU((x * x_scale) @ (W * w_scale)^T + b) in e4m3, as out / out_scale saturated, max |out| into out_amax:
     the FP8 mode's feed-forward first half in one kernel (engines/fp8.py). x (..., K) and W (2D, K) e4m3; the
     scales and amax 1-element float32 tensors; b (2D,) fp16 or bf16. config: FP8_CONFIG when None."""
-    from .fp8 import E4M3, check_fp8_output
-
     if x.dtype != E4M3 or weight.dtype != E4M3:
         raise ValueError(f"linear_geglu_sm90_fp8: x and W must be e4m3, got {x.dtype} / {weight.dtype}")
     reason = supports(x, weight)
@@ -356,14 +352,6 @@ def linear_geglu_sm90_fp8(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.
     check_fp8_output(out_scale, out_amax, x)
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
-    K, D = weight.shape[1], weight.shape[0] // 2
-    if bias is not None:
-        if bias.numel() != 2 * D:
-            raise ValueError(f"linear_geglu_sm90_fp8: bias of {bias.numel()} values for W {tuple(weight.shape)}")
-        bias = bias.reshape(-1).contiguous()
-    x2 = x.reshape(-1, K)
-    if x2.stride(1) != 1 or x2.stride(0) % 16 or x2.data_ptr() % 16:
-        x2 = x2.clone(memory_format=torch.contiguous_format)
-    out = torch.empty((*x.shape[:-1], D), dtype=E4M3, device=x.device)
-    return _launch(x2, weight, bias, approximate == "tanh", config or FP8_CONFIG, out,
+    out = torch.empty((*x.shape[:-1], weight.shape[0] // 2), dtype=E4M3, device=x.device)
+    return _launch("linear_geglu_sm90_fp8", x, weight, bias, approximate == "tanh", config or FP8_CONFIG, out,
                    (x_scale, w_scale, out_scale, out_amax))
