@@ -34,6 +34,7 @@ def available(device: torch.device | None = None) -> bool:
 
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+_SHORT_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
 
 
 def refusal(x: torch.Tensor, weight: torch.Tensor, dtypes: tuple = HALF_DTYPES) -> str | None:
@@ -45,7 +46,7 @@ def refusal(x: torch.Tensor, weight: torch.Tensor, dtypes: tuple = HALF_DTYPES) 
     if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] != 9:
         return "needs an sm_90 GPU (wgmma)"
     if x.dtype not in dtypes or weight.dtype != x.dtype:
-        names = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        names = " or ".join(_SHORT_NAMES.get(d, str(d).removeprefix("torch.")) for d in dtypes)
         return f"dtypes {x.dtype} / {weight.dtype} ({names}, the same)"
     return None
 
