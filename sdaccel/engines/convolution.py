@@ -18,18 +18,26 @@ host-side TMA descriptors cost more than it saves when launched from Python).
 
 Modes (set_mode; the fast engine's `conv`): "auto" times all three where they run, "gemm" cuDNN against the GEMM
 only, "cudnn" takes cuDNN everywhere.
+
+The FP8 mode (engines/fp8.py) asks fp8_path whether a ResNet convolution should run in e4m3 at its shape: the first
+time, each of the Gluon kernel's e4m3 configs is timed against the fp16 path above, and the choice is kept beside
+the fp16 picks. It must be made before the norm that writes the convolution's input, so it is timed on inputs of its
+own, not the call's.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
 
 from ..kernels import conv_sm90
 from ..kernels.bias_add import bias_add_
+from ..kernels.fp8 import quantize_e4m3_reference
 from ..kernels.im2col import im2col, output_size
 from ..kernels.precompile import is_recording
-from .kernel_pick import ShapePicks
+from .kernel_pick import ShapePicks, cuda_time_ms, pick_fastest, run_each
 
 CUDNN, GEMM = "cudnn", "gemm"
 MODES = ("auto", "gemm", "cudnn")
@@ -168,9 +176,64 @@ def _path(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int) -> s
     return name
 
 
+FP16 = "fp16"  # the FP8 mode's convolution left in fp16 (on the path picked above)
+_FP8_CONFIGS = {f"fp8:sm90:{conv_sm90.config_name(c)}": c for c in conv_sm90.FP8_CONFIGS}
+_FP8_PICKS = ShapePicks(FP16, enabled=True)  # the choices only: fp8_path times them itself
+
+
+def fp8_path(shape: tuple, weight: torch.Tensor, weight8: torch.Tensor, w8_scale: torch.Tensor,
+             dtype: torch.dtype) -> tuple | None:
+    """The FP8 mode's choice for a 'same' k x k convolution of an input of `shape` (N, Cin, H, W) that the e4m3
+    kernel takes (fp8.conv_refusal said so): the Gluon config to run it in e4m3, or None for the fp16 path. weight:
+    the fp16 weight; weight8 and w8_scale: its e4m3 rows (Cout, k*k*Cin) and scale.
+
+    The first time a shape is met in cuDNN's benchmark mode, the e4m3 configs are timed against each other
+    (pick_fastest) and the fastest against the fp16 path, from graph replays with the weights out of L2, on inputs
+    made here (from a seeded generator: the process's random state is left alone). Before that, under capture and
+    in a dry run, the answer is fp16 and nothing is kept."""
+    device, (cout, k) = weight.device, (weight.shape[0], weight.shape[-1])
+    key = f"fp8 x{list(shape)} w{list(weight.shape)} {str(dtype).removeprefix('torch.')}"
+    if key in _FP8_PICKS.choices:
+        return _FP8_CONFIGS.get(_FP8_PICKS.choices[key])
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return None
+    kernels = {name: functools.partial(_fp8_conv, ksize=k, dtype=dtype, config=c) for name, c in _FP8_CONFIGS.items()
+               if conv_sm90.fp8_refusal(shape, device, cout, k, c) is None}
+    if not kernels or not (torch.backends.cudnn.benchmark or is_recording()):
+        return None
+    too_large = shape[0] * cout * shape[2] * shape[3] * weight.element_size() > MAX_SM90_PICK_BYTES
+    if too_large and not is_recording():
+        choice = next(iter(kernels))  # too large to time inside the first image; e4m3 wins at large sizes
+    else:
+        x16 = torch.randn(shape, generator=torch.Generator(device).manual_seed(0), device=device, dtype=dtype)
+        x16 = x16.contiguous(memory_format=torch.channels_last)
+        x_scale = (x16.abs().amax().float() / 448).reshape(1)
+        x8 = quantize_e4m3_reference(x16, x_scale).contiguous(memory_format=torch.channels_last)
+        args = (x8, x_scale, weight8, w8_scale)
+        if is_recording():  # a dry run: each config's kernel gets recorded, nothing is chosen
+            run_each(args, kernels)
+            return None
+        time_fp8 = functools.partial(cuda_time_ms, weights=[weight8], inputs=[x8])
+        choice = pick_fastest(args, kernels, FP16, time_fp8)
+        if choice != FP16:
+            fp8_ms = time_fp8(lambda: kernels[choice](*args))
+            fp16_ms = cuda_time_ms(lambda: conv2d(x16, weight, 1, k // 2), weights=[weight], inputs=[x16])
+            choice = choice if fp8_ms < fp16_ms else FP16
+    _FP8_PICKS.choices[key] = choice
+    return _FP8_CONFIGS.get(choice)
+
+
+def _fp8_conv(x8, x_scale, weight8, w8_scale, ksize, dtype, config):
+    return conv_sm90.conv2d_sm90_fp8(x8, x_scale, weight8, w8_scale, ksize, out_dtype=dtype, config=config)
+
+
 def chosen_paths() -> dict[str, str]:
-    return _PICKS.chosen()
+    """What was picked per shape (the FP8 mode's keys start with "fp8"), for reports and the engine cache."""
+    return {**_PICKS.chosen(), **_FP8_PICKS.chosen()}
 
 
 def restore_paths(choices: dict[str, str]) -> None:
-    _PICKS.restore(choices, set(_KERNELS))
+    """Take earlier picks (from the engine cache); unknown names are ignored (that shape is timed again)."""
+    fp8 = {key: name for key, name in choices.items() if key.startswith("fp8 ")}
+    _PICKS.restore({key: name for key, name in choices.items() if key not in fp8}, set(_KERNELS))
+    _FP8_PICKS.restore(fp8, {FP16, *_FP8_CONFIGS})

@@ -1,4 +1,5 @@
-"""The fast engine's opt-in FP8 mode (`FastEngine(fp8=True)`): the transformer blocks' GEMMs in e4m3.
+"""The fast engine's opt-in FP8 mode (`FastEngine(fp8=True)`): the transformer blocks' GEMMs and the ResNet
+blocks' convolutions in e4m3.
 
 Which GEMMs: in every fused transformer block at least MIN_WIDTH channels wide, the four whose input an sdaccel
 kernel writes, so that the cast to e4m3 costs nothing (that kernel writes one byte a value instead of two):
@@ -6,9 +7,17 @@ kernel writes, so that the cast to e4m3 costs nothing (that kernel writes one by
     SkipLayerNorm 2      -> cross-attention's Q projection
     SkipLayerNorm 3      -> feed-forward's first GEMM, its bias and GEGLU, which write e4m3
     GEGLU                -> feed-forward's second GEMM (then added onto the residual stream)
-The attention output projections, proj_in / proj_out, the text K/V, time projections and convolutions stay fp16.
+The attention output projections, proj_in / proj_out, the text K/V and time projections stay fp16.
 The GEMMs run in cuBLASLt through torch._scaled_mm (fp32 accumulation, fp16 output), except the feed-forward's
 first where the pick takes the Gluon e4m3 GEMM + GEGLU kernel for its shape (feed_forward.linear_geglu_fp8).
+
+And in every fused ResNet block, on sm_90, both 3x3 convolutions, whose inputs GroupNorm + SiLU writes:
+    GroupNorm 1 + SiLU   -> conv1
+    GroupNorm 2 + SiLU   -> conv2 (its bias and the shortcut added in the kernel's epilogue)
+through the Gluon implicit-GEMM convolution with e4m3 operands (kernels/conv_sm90.py). Whether a convolution
+takes it is decided per input shape (conv_config): where the kernel cannot tile it (the 8x8 level) or where the
+fp16 path timed faster (convolution.fp8_path: small ones, at CFG batch 2), it stays fp16. The shortcut's 1x1
+convolution reads the block's input, which no kernel of ours writes, and stays fp16.
 
 Scales (per tensor):
 - weights: amax(W) / 448, quantized once when the modules are fused, again on refresh (a LoRA fuse);
@@ -31,11 +40,14 @@ from torch import nn
 from ..kernels.fp8 import E4M3, E4M3_MAX, quantize_e4m3_reference
 
 SITES_PER_BLOCK = 4  # qkv, cross_q, ff_in, ff_out (FusedTransformerBlock's order)
+SITES_PER_RESNET = 2  # conv1, conv2 (FusedResnetBlock's)
 # Blocks narrower than this stay fp16. At 320 channels the GEMMs are short in K, and the fp16 path's fused GEMM +
 # GEGLU kernel (no wide intermediate) and its residual add inside cuBLAS beat e4m3: with every block in e4m3, an
 # SD1.5 UNet call (all of whose 4096-token blocks are 320 wide) was 4% slower at CFG batch 2 and 3% at 16, while
 # SDXL's (640 and 1280 wide) was 10% faster (H200, seventeenth session).
 MIN_WIDTH = 640
+# ResNet blocks whose convolutions are narrower than this (output channels) stay fp16.
+CONV_MIN_WIDTH = 0
 
 
 def fp8_available(device: torch.device) -> str | None:
@@ -100,6 +112,54 @@ class Fp8Weight(nn.Module):
         amax = w.abs().amax() if w.numel() else torch.zeros((), device=w.device)
         self.scale.copy_(torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax)).reshape(1))
         self.data.copy_(quantize_e4m3_reference(w, self.scale))
+
+
+def conv_rows(conv: nn.Conv2d) -> torch.Tensor:
+    """A convolution's weight as the (Cout, k*k*Cin) matrix of channels_last rows the e4m3 kernel reads."""
+    return conv.weight.permute(0, 2, 3, 1).reshape(conv.out_channels, -1)
+
+
+def conv_refusal(shape: tuple, device: torch.device, conv: nn.Conv2d) -> str | None:
+    """Why `conv` cannot run in e4m3 on an input of `shape` on `device` (None: it can): asked before the norm
+    that writes the input decides between e4m3 and fp16."""
+    k = conv.kernel_size[0]
+    if (type(conv) is not nn.Conv2d or conv.kernel_size != (k, k) or conv.stride != (1, 1) or conv.groups != 1
+            or conv.dilation != (1, 1) or conv.padding != (k // 2, k // 2) or conv.padding_mode != "zeros"):
+        return f"{conv} (square, stride 1, 'same' zero padding, ungrouped)"
+    from ..kernels.conv_sm90 import fp8_refusal
+
+    return fp8_refusal(shape, device, conv.out_channels, k)
+
+
+def conv_config(shape: tuple, device: torch.device, conv: nn.Conv2d, weight: Fp8Weight,
+                dtype: torch.dtype) -> tuple | None:
+    """The Gluon kernel's config to run `conv` in e4m3 on an input of `shape`, or None for fp16: asked before the
+    norm that writes the input decides between e4m3 and fp16."""
+    if conv_refusal(shape, device, conv) is not None:
+        return None
+    from .convolution import fp8_path
+
+    return fp8_path(shape, conv.weight, weight.data, weight.scale, dtype)
+
+
+def fp8_conv2d(x8: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight, ksize: int, bias: torch.Tensor | None,
+               residual: torch.Tensor | None, out_dtype: torch.dtype, config: tuple) -> torch.Tensor:
+    """conv(x8 * x_scale, W * w_scale) + bias + residual in out_dtype, through the Gluon kernel in `config`
+    (conv_config's); the bias and residual in its epilogue where it takes them, else in one pass after."""
+    from ..kernels.conv_sm90 import epilogue_refusal
+    from .convolution import add_bias_residual
+
+    if epilogue_refusal(x8, weight.data, bias, residual, out_dtype) is None:
+        return _conv2d_sm90_fp8(x8, x_scale, weight.data, weight.scale, ksize, bias=bias, residual=residual,
+                                out_dtype=out_dtype, config=config)
+    out = _conv2d_sm90_fp8(x8, x_scale, weight.data, weight.scale, ksize, out_dtype=out_dtype, config=config)
+    return add_bias_residual(out, bias, residual)
+
+
+def _conv2d_sm90_fp8(*args, **kwargs) -> torch.Tensor:
+    from ..kernels.conv_sm90 import conv2d_sm90_fp8  # Gluon loads with the first e4m3 convolution
+
+    return conv2d_sm90_fp8(*args, **kwargs)
 
 
 def fp8_linear(x8: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight,

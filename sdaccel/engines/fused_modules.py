@@ -23,7 +23,7 @@ from .attention import attention
 from .convolution import add_bias_residual, conv2d
 from . import fp8 as fp8_mode
 from .feed_forward import linear_geglu, linear_geglu_fp8
-from .fp8 import SITES_PER_BLOCK, Fp8Scales, Fp8Weight, fp8_linear
+from .fp8 import SITES_PER_BLOCK, SITES_PER_RESNET, Fp8Scales, Fp8Weight, conv_rows, fp8_linear
 
 
 def _silu(module: nn.Module) -> bool:
@@ -108,6 +108,8 @@ class FusedResnetBlock(nn.Module):
     conv1's bias joins the time-embedding add inside the second norm (GroupNorm of h + bias + temb[n] is what
     the block computes); conv2's and the shortcut conv's biases join the residual add, one kernel. When the
     UNet's blocks share a TimeEmbeddingProjections, every block's time projection comes from one GEMM.
+    FP8 mode (enable_fp8, engines/fp8.py): each norm writes e4m3 for its convolution, where that convolution can
+    run in e4m3 at the call's shape.
     """
 
     def __init__(self, block: nn.Module):
@@ -118,6 +120,10 @@ class FusedResnetBlock(nn.Module):
         convs = [block.conv1, block.conv2] + ([block.conv_shortcut] if block.conv_shortcut is not None else [])
         self.split_biases = all(_plain_conv(c) for c in convs)
         self.stream_scale = 1.0  # activations kept times this (vae_scaling.py): 1 but in a rescaled VAE decoder
+        self.conv1_fp8: Fp8Weight | None = None  # enable_fp8: both convolutions' weights in e4m3
+        self.conv2_fp8: Fp8Weight | None = None
+        self.fp8_scales: Fp8Scales | None = None  # a reference to the model's scales (not a submodule)
+        self.fp8_site = 0  # this block's first slot in them
         if self.split_biases:
             # conv2's bias plus the shortcut conv's: one buffer, rebuilt in place by refresh().
             self.register_buffer("out_bias", self._out_bias(), persistent=False)
@@ -144,34 +150,76 @@ class FusedResnetBlock(nn.Module):
     def can_scale_stream(self) -> bool:
         return self.split_biases and self.block.time_emb_proj is None
 
+    def fp8_refusal(self) -> str | None:
+        """Why this block's convolutions cannot run in e4m3 at any shape (None: they may, shape allowing)."""
+        if not self.split_biases or self.stream_scale != 1.0:
+            return "a block with wrapped convolutions or a rescaled stream"
+        for conv in (self.block.conv1, self.block.conv2):
+            if conv.kernel_size[0] % 2 == 0 or conv.kernel_size[0] != conv.kernel_size[1]:
+                return f"{conv} (an odd square filter)"
+        return None
+
+    def enable_fp8(self, scales: Fp8Scales, first_site: int) -> None:
+        """Run conv1 and conv2 in e4m3 where their shapes allow, with activation scales in slots first_site and
+        first_site + 1 of `scales` (engines/fp8.py). Check fp8_refusal first."""
+        self.conv1_fp8 = Fp8Weight(conv_rows(self.block.conv1))
+        self.conv2_fp8 = Fp8Weight(conv_rows(self.block.conv2))
+        object.__setattr__(self, "fp8_scales", scales)
+        self.fp8_site = first_site
+
     def refresh(self) -> None:
-        """Rebuild the combined bias in place (captured CUDA graphs read its address)."""
+        """Rebuild the combined bias and the e4m3 weights in place (captured CUDA graphs read their addresses)."""
         if self.split_biases:
             with torch.no_grad():
                 self.out_bias.copy_(self._out_bias())
+        if self.conv1_fp8 is not None:
+            self.conv1_fp8.refresh(conv_rows(self.block.conv1))
+            self.conv2_fp8.refresh(conv_rows(self.block.conv2))
+
+    def _fp8_slot(self, index: int, shape: tuple, device: torch.device, conv: nn.Conv2d, weight: Fp8Weight | None,
+                  dtype: torch.dtype) -> tuple:
+        """(scale, amax, kernel config) of a convolution's e4m3 input when it runs in e4m3 at this shape, else
+        (None, None, None)."""
+        if self.fp8_scales is None:
+            return None, None, None
+        config = fp8_mode.conv_config(shape, device, conv, weight, dtype)
+        if config is None:
+            return None, None, None
+        return (*self.fp8_scales.slot(self.fp8_site + index), config)
+
+    def _conv(self, conv: nn.Conv2d, h: torch.Tensor, slot: tuple, weight: Fp8Weight | None,
+              bias: torch.Tensor | None, residual: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+        """conv(h) + bias + residual: in e4m3 when the norm wrote h so (slot given), else as _conv_bias_add."""
+        scale, _, config = slot
+        if scale is None:
+            return _conv_bias_add(conv, h, bias, residual)
+        return fp8_mode.fp8_conv2d(h, scale, weight, conv.kernel_size[0], bias, residual, dtype, config)
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor | None = None, *args,
                 concat: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         """``concat``: channels appended to x's (an up block's skip connection), read in place by the first norm,
         which also writes the concatenation the shortcut convolution takes: no separate torch.cat."""
         b, s = self.block, self.stream_scale
+        dtype = x.dtype
+        shape = (x.shape[0], x.shape[1] + (0 if concat is None else concat.shape[1]), *x.shape[2:])
+        fp8_in1 = self._fp8_slot(0, shape, x.device, b.conv1, self.conv1_fp8, dtype)
         # Scaled activations (s != 1): the norms see x and conv1's output times s (eps times s^2 keeps them
         # exact) and hand the convolutions inputs times s, so that their outputs come out times s.
         if concat is None:
             h = group_norm(x, b.norm1.num_groups, b.norm1.weight, b.norm1.bias, b.norm1.eps * s * s, silu=True,
-                           scale=s)
+                           scale=s, out_scale=fp8_in1[0], out_amax=fp8_in1[1])
         else:
             if s != 1.0:
                 raise UsageError("a rescaled VAE decoder's ResNet blocks take no concatenated input")
             h, x = group_norm(x, b.norm1.num_groups, b.norm1.weight, b.norm1.bias, b.norm1.eps, silu=True,
-                              concat=concat, return_sum=True)
+                              concat=concat, return_sum=True, out_scale=fp8_in1[0], out_amax=fp8_in1[1])
         has_temb = temb is not None and b.time_emb_proj is not None
         batch = x.shape[0]
         if not self.split_biases:
             h = b.conv1(h)
             add = b.time_emb_proj(F.silu(temb)) if has_temb else None
         else:
-            h = _conv_without_bias(b.conv1, h)
+            h = self._conv(b.conv1, h, fp8_in1, self.conv1_fp8, None, None, dtype)
             if has_temb and self.time_projections is not None:
                 add = self.time_projections(temb, self, batch)  # conv1's bias already added
             elif has_temb:
@@ -181,8 +229,9 @@ class FusedResnetBlock(nn.Module):
                 add = scaled_bias(b.conv1.bias, s)
         if add is not None and add.dim() == 2 and add.shape[0] not in (1, batch):
             add = repeat_batch(add, batch)  # a time embedding of the latents once, h of both CFG halves
+        fp8_in2 = self._fp8_slot(1, h.shape, h.device, b.conv2, self.conv2_fp8, dtype)
         h = group_norm(h, b.norm2.num_groups, b.norm2.weight, b.norm2.bias, b.norm2.eps * s * s, silu=True, add=add,
-                       scale=s)
+                       scale=s, out_scale=fp8_in2[0], out_amax=fp8_in2[1])
         if not self.split_biases:
             h = b.conv2(h)
             shortcut = b.conv_shortcut(x) if b.conv_shortcut is not None else x
@@ -190,7 +239,7 @@ class FusedResnetBlock(nn.Module):
         shortcut = _conv_without_bias(b.conv_shortcut, x) if b.conv_shortcut is not None else x
         # conv2's epilogue adds the biases and the shortcut where it can; else bias_add, which matches the shortcut
         # to h's layout.
-        return _conv_bias_add(b.conv2, h, self.out_bias, shortcut)
+        return self._conv(b.conv2, h, fp8_in2, self.conv2_fp8, self.out_bias, shortcut, dtype)
 
 
 class TimeEmbeddingProjections(nn.Module):
@@ -529,8 +578,8 @@ def fuse_modules(root: nn.Module, fp32_attention: bool = False, fp8: bool = Fals
 
     fp32_attention: run attention (q, k, v, softmax) in fp32 inside fp16/bf16 models, the seeds'
     `--force_fp32_ops unet:MultiHeadAttention`; the fused SDPA kernels already keep the softmax in fp32.
-    fp8: the transformer blocks' Q/K/V, cross Q and feed-forward GEMMs in e4m3 (engines/fp8.py), with the scales'
-    update hooked after `root`'s last layer (conv_out)."""
+    fp8: the transformer blocks' Q/K/V, cross Q and feed-forward GEMMs and the ResNet blocks' convolutions in
+    e4m3 (engines/fp8.py), with the scales' update hooked after `root`'s last layer (conv_out)."""
     counts = _fuse_children(root, fp32_attention)
     # One packed time-embedding projection for all of the model's fused ResNet blocks (they share temb).
     blocks = [m for m in root.modules() if isinstance(m, FusedResnetBlock) and m.block.time_emb_proj is not None]
@@ -564,7 +613,7 @@ def fuse_modules(root: nn.Module, fp32_attention: bool = False, fp8: bool = Fals
         first.register_forward_pre_hook(_clear_per_call)
         last.register_forward_hook(_clear_per_call)
     if fp8:
-        counts["fp8_blocks"] = _enable_fp8(root, last)
+        counts["fp8_blocks"], counts["fp8_resnets"] = _enable_fp8(root, last)
     return counts
 
 
@@ -573,20 +622,25 @@ def _clear_per_call(module: nn.Module, *args) -> None:
         shared.clear()
 
 
-def _enable_fp8(root: nn.Module, last: nn.Module | None) -> int:
-    """FP8 mode for every transformer block under root that takes it and is at least fp8_mode.MIN_WIDTH wide; the
-    scales' update after `last`."""
+def _enable_fp8(root: nn.Module, last: nn.Module | None) -> tuple[int, int]:
+    """FP8 mode for every transformer block under root that takes it and is at least fp8_mode.MIN_WIDTH wide, and
+    every fused ResNet block that may take it; the scales' update after `last`. Returns the two counts."""
     blocks = [m for m in root.modules() if isinstance(m, FusedTransformerBlock) and m.fp8_refusal() is None
               and m.attn1.packed_weight.shape[1] >= fp8_mode.MIN_WIDTH]
-    if not blocks or not isinstance(last, nn.Module):
-        return 0
-    scales = Fp8Scales(SITES_PER_BLOCK * len(blocks), blocks[0].attn1.packed_weight.device)
+    resnets = [m for m in root.modules() if isinstance(m, FusedResnetBlock) and m.fp8_refusal() is None
+               and m.block.conv2.out_channels >= fp8_mode.CONV_MIN_WIDTH]
+    if not (blocks or resnets) or not isinstance(last, nn.Module):
+        return 0, 0
+    device = next(root.parameters()).device
+    scales = Fp8Scales(SITES_PER_BLOCK * len(blocks) + SITES_PER_RESNET * len(resnets), device)
     root.sdaccel_fp8_scales = scales  # registered once, so .to() and buffers() see it
     for i, block in enumerate(blocks):
         block.enable_fp8(scales, SITES_PER_BLOCK * i)
+    for i, block in enumerate(resnets):
+        block.enable_fp8(scales, SITES_PER_BLOCK * len(blocks) + SITES_PER_RESNET * i)
     object.__setattr__(last, "sdaccel_fp8_scales", scales)
     last.register_forward_hook(_update_fp8_scales)
-    return len(blocks)
+    return len(blocks), len(resnets)
 
 
 def _update_fp8_scales(module: nn.Module, *args) -> None:

@@ -5,6 +5,7 @@
     y = silu(y) = y * sigmoid(y)                  (optional)
     y = y * scale                                 (optional; a VAE decoder whose activations are kept scaled
                                                    down to stay inside fp16, engines/vae_scaling.py)
+    y in e4m3 (optional): y / out_scale, saturated, for an FP8 convolution; max |y| recorded (kernels/fp8.py)
 
 mean and var run over the C/G channels of group g and all H*W positions of
 sample n; rstd = 1 / sqrt(var + eps). Statistics accumulate in fp32.
@@ -47,12 +48,15 @@ import torch
 import torch.nn.functional as F
 
 from . import compiling, launchable, next_pow2, parallel_target, register_triton_op, use_triton
+from .fp8 import E4M3, check_fp8_output, quantize_e4m3_reference
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # pragma: no cover - CPU-only installs use the reference
     triton = None
+else:
+    from .fp8 import record_amax, to_e4m3
 
 
 # ---------------------------------------------------------------- reference
@@ -70,6 +74,8 @@ def group_norm_reference(
     return_sum: bool = False,
     scale: float = 1.0,
     concat: Optional[torch.Tensor] = None,
+    out_scale: Optional[torch.Tensor] = None,
+    out_amax: Optional[torch.Tensor] = None,
 ):
     """Plain-torch GroupNorm with the same fusions; what the tests trust.
 
@@ -77,6 +83,7 @@ def group_norm_reference(
     fp32 (fp64 for fp64 input) and is rounded once at the end. The variance is
     two-pass, mean((s - mean)^2), rather than F.group_norm: on CPU in fp32 that
     was off by ~0.15 (of |y| ~ 3) for data with mean 300 and std 0.5.
+    out_scale (and out_amax): y rounded to e4m3 from fp32 instead (kernels/fp8.py).
     """
     if concat is not None:
         x = torch.cat([x, concat], 1).contiguous(memory_format=torch.channels_last)
@@ -100,7 +107,8 @@ def group_norm_reference(
         y = F.silu(y)
     if scale != 1.0:
         y = y * scale
-    y = y.to(x.dtype).contiguous(memory_format=memory_format)
+    y = y.to(x.dtype) if out_scale is None else quantize_e4m3_reference(y, out_scale, out_amax)
+    y = y.contiguous(memory_format=memory_format)
     if return_sum:
         return y, s.contiguous(memory_format=memory_format)
     return y
@@ -182,12 +190,15 @@ if triton is not None:
     @triton.jit
     def _normalize_rows(
         x_ptr, x2_ptr, skip_ptr, sum_ptr, out_ptr, base, n, row_start, row_end, c, c_ok, add,
-        mean_c, scale, shift, out_scale, HW, C1, C2, stride_c, stride_hw,
+        mean_c, scale, shift, out_scale, e4m3_scale_ptr, amax_ptr, HW, C1, C2, stride_c, stride_hw,
         BLOCK_HW: tl.constexpr, HAS_X2: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr,
-        READ_SUM: tl.constexpr, APPLY_SILU: tl.constexpr, LOOP_STAGES: tl.constexpr,
+        READ_SUM: tl.constexpr, APPLY_SILU: tl.constexpr, LOOP_STAGES: tl.constexpr, FP8_OUT: tl.constexpr,
     ):
         """out = act((v - mean_c) * scale + shift) * out_scale over rows [row_start, row_end), v the stored sum
-        (READ_SUM) or the input. (Subtracting the mean first keeps digits when |mean| >> std.)"""
+        (READ_SUM) or the input. (Subtracting the mean first keeps digits when |mean| >> std.) FP8_OUT: out in
+        e4m3 as out / e4m3_scale, max |out| into amax."""
+        if FP8_OUT:
+            inv_e4m3_scale = 1.0 / tl.load(e4m3_scale_ptr)
         for r0 in tl.range(row_start, row_end, BLOCK_HW, num_stages=LOOP_STAGES):
             rows = r0 + tl.arange(0, BLOCK_HW)
             mask = (rows < row_end)[:, None] & c_ok[None, :]
@@ -200,7 +211,12 @@ if triton is not None:
             y = (v - mean_c[None, :]) * scale[None, :] + shift[None, :]
             if APPLY_SILU:
                 y = y * tl.sigmoid(y)
-            tl.store(out_ptr + offs, (y * out_scale).to(out_ptr.dtype.element_ty), mask=mask)
+            y = y * out_scale
+            if FP8_OUT:
+                record_amax(amax_ptr, y, mask)
+                tl.store(out_ptr + offs, to_e4m3(y, inv_e4m3_scale), mask=mask)
+            else:
+                tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     # Sizes are not specialized on: no recompile per resolution or batch (kernels/__init__.py).
     @triton.jit(do_not_specialize=["HW", "rows_per_chunk", "num_chunks"])
@@ -249,7 +265,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["HW", "rows_per_chunk", "num_chunks"])
     def _group_norm_apply_kernel(
-        x_ptr, x2_ptr, skip_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr,
+        x_ptr, x2_ptr, skip_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr, e4m3_scale_ptr, amax_ptr,
         part_mean_ptr, part_m2_ptr,
         HW, C, C1, C2, G, rows_per_chunk, num_chunks, eps, out_scale,
         stride_n, stride_c, stride_hw, stride_add_n, stride_add_c,
@@ -258,6 +274,7 @@ if triton is not None:
         CHUNK_TILE: tl.constexpr,
         HAS_X2: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, READ_SUM: tl.constexpr,
         HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, APPLY_SILU: tl.constexpr, LOOP_STAGES: tl.constexpr,
+        FP8_OUT: tl.constexpr,
     ):
         chunk = tl.program_id(0)
         cblock = tl.program_id(1)
@@ -314,17 +331,17 @@ if triton is not None:
         row_start = chunk * rows_per_chunk
         _normalize_rows(x_ptr, x2_ptr, skip_ptr, sum_ptr, out_ptr, n.to(tl.int64) * stride_n, n, row_start,
                         tl.minimum(row_start + rows_per_chunk, HW), c, c_ok, add, mean_c, scale, shift, out_scale,
-                        HW, C1, C2, stride_c, stride_hw, BLOCK_HW, HAS_X2, HAS_SKIP, HAS_ADD, READ_SUM, APPLY_SILU,
-                        LOOP_STAGES)
+                        e4m3_scale_ptr, amax_ptr, HW, C1, C2, stride_c, stride_hw, BLOCK_HW, HAS_X2, HAS_SKIP,
+                        HAS_ADD, READ_SUM, APPLY_SILU, LOOP_STAGES, FP8_OUT)
 
     @triton.jit(do_not_specialize=["HW"])
     def _group_norm_single_kernel(
-        x_ptr, x2_ptr, skip_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr,
+        x_ptr, x2_ptr, skip_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr, e4m3_scale_ptr, amax_ptr,
         HW, C, C1, C2, eps, out_scale,
         stride_n, stride_c, stride_hw, stride_add_n, stride_add_c,
         GROUP_SIZE: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_C: tl.constexpr,
         HAS_X2: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, WRITE_SUM: tl.constexpr,
-        HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, APPLY_SILU: tl.constexpr,
+        HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, APPLY_SILU: tl.constexpr, FP8_OUT: tl.constexpr,
     ):
         g = tl.program_id(0)
         n = tl.program_id(1)
@@ -354,16 +371,22 @@ if triton is not None:
             y += tl.load(bias_ptr + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
         if APPLY_SILU:
             y = y * tl.sigmoid(y)
-        tl.store(out_ptr + offs, (y * out_scale).to(out_ptr.dtype.element_ty), mask=mask)
+        y = y * out_scale
+        if FP8_OUT:
+            record_amax(amax_ptr, y, mask)
+            tl.store(out_ptr + offs, to_e4m3(y, 1.0 / tl.load(e4m3_scale_ptr)), mask=mask)
+        else:
+            tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit(do_not_specialize=["HW"])
     def _group_norm_looped_kernel(
-        x_ptr, x2_ptr, skip_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr,
+        x_ptr, x2_ptr, skip_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr, e4m3_scale_ptr, amax_ptr,
         HW, C, C1, C2, eps, out_scale,
         stride_n, stride_c, stride_hw, stride_add_n, stride_add_c,
         GROUP_SIZE: tl.constexpr, BLOCK_HW: tl.constexpr, BLOCK_C: tl.constexpr,
         HAS_X2: tl.constexpr, HAS_SKIP: tl.constexpr, HAS_ADD: tl.constexpr, WRITE_SUM: tl.constexpr,
         HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, APPLY_SILU: tl.constexpr, LOOP_STAGES: tl.constexpr,
+        FP8_OUT: tl.constexpr,
     ):
         # One program per (group, sample) streams its group twice: statistics, then normalize. The second sweep
         # re-reads what the first has just pulled into L2; no partials, no second launch.
@@ -396,8 +419,9 @@ if triton is not None:
         if WRITE_SUM:
             tl.debug_barrier()  # the sum this program stored is read back by other threads of it
         _normalize_rows(x_ptr, x2_ptr, skip_ptr, sum_ptr, out_ptr, base, n, 0, HW, c, c_ok, add,
-                        tl.zeros([BLOCK_C], dtype=tl.float32) + mean, scale, beta, out_scale, HW, C1, C2,
-                        stride_c, stride_hw, BLOCK_HW, HAS_X2, HAS_SKIP, HAS_ADD, WRITE_SUM, APPLY_SILU, LOOP_STAGES)
+                        tl.zeros([BLOCK_C], dtype=tl.float32) + mean, scale, beta, out_scale, e4m3_scale_ptr, amax_ptr,
+                        HW, C1, C2, stride_c, stride_hw, BLOCK_HW, HAS_X2, HAS_SKIP, HAS_ADD, WRITE_SUM, APPLY_SILU,
+                        LOOP_STAGES, FP8_OUT)
 
 
 # ----------------------------------------------------------------- launcher
@@ -505,8 +529,13 @@ def launch_group_norm(
     channel_block: Optional[tuple[int, int]] = None,
     concat: Optional[torch.Tensor] = None,
     traceable: bool = False,
+    e4m3_scale: Optional[torch.Tensor] = None,
+    e4m3_amax: Optional[torch.Tensor] = None,
 ):
     """Run the kernels; returns (y, s) with s None unless ``write_sum``.
+
+    ``e4m3_scale`` (with ``e4m3_amax``): y in e4m3, as y / e4m3_scale
+    saturated, max |y| recorded into e4m3_amax (kernels/fp8.py).
 
     ``concat``: channels appended to x's (same N, H, W), read in place: the
     norm of torch.cat([x, concat], 1) without forming it (s is that
@@ -558,10 +587,12 @@ def launch_group_norm(
     group_size = C // num_groups
     dummy = x  # stands in for absent optional pointers (never dereferenced)
     add_strides = (add.stride(0), add.stride(1)) if add is not None else (0, 0)
+    fp8 = check_fp8_output(e4m3_scale, e4m3_amax, x)
+    out_dtype = E4M3 if fp8 else x.dtype
     if concat is None:
-        out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+        out = torch.empty_strided(x.shape, x.stride(), dtype=out_dtype, device=x.device)
     else:
-        out = torch.empty((N, C, H, W), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+        out = torch.empty((N, C, H, W), dtype=out_dtype, device=x.device, memory_format=torch.channels_last)
     s = torch.empty_strided(out.shape, out.stride(), dtype=x.dtype, device=x.device) if write_sum else None
     # The kernels address out, s and skip (and x itself when there is no concat) by out's strides.
     strides = (out.stride(0), out.stride(1), _hw_stride(out))
@@ -569,6 +600,7 @@ def launch_group_norm(
     inputs = tuple(t if t is not None else dummy for t in (x, concat, skip, add, s))
     affine = tuple(t if t is not None else dummy for t in (weight, bias))
     has = dict(HAS_X2=concat is not None, HAS_SKIP=skip is not None, HAS_ADD=add is not None)
+    e4m3 = (e4m3_scale, e4m3_amax) if fp8 else (dummy, dummy)
     stages = LOOP_STAGES if loop_stages is None else loop_stages
 
     if path is None:
@@ -576,9 +608,9 @@ def launch_group_norm(
     if path not in ("single", "looped", "split"):
         raise ValueError(f"unknown group_norm path {path!r}")
     if path != "split":  # the single-pass and looped kernels (grid: groups x samples) take the same arguments
-        group_args = (*inputs, *affine, out, HW, C, C1, C2, eps, out_scale, *strides, *add_strides)
+        group_args = (*inputs, *affine, out, *e4m3, HW, C, C1, C2, eps, out_scale, *strides, *add_strides)
         group_flags = dict(GROUP_SIZE=group_size, WRITE_SUM=write_sum, HAS_WEIGHT=weight is not None,
-                           HAS_BIAS=bias is not None, APPLY_SILU=silu, **has)
+                           HAS_BIAS=bias is not None, APPLY_SILU=silu, FP8_OUT=fp8, **has)
     if path == "single":
         if not single_pass_fits(HW, group_size):
             raise ValueError(f"a group of {HW} x {group_size} values is too large for the single-pass kernel")
@@ -633,10 +665,10 @@ def launch_group_norm(
         WRITE_SUM=write_sum, **common,
     )
     launchable(_group_norm_apply_kernel, traceable)[grid](
-        *inputs, *affine, out, part_mean, part_m2,
+        *inputs, *affine, out, *e4m3, part_mean, part_m2,
         HW, C, C1, C2, num_groups, rows_per_chunk, num_chunks, eps, out_scale, *strides, *add_strides,
         CHUNK_TILE=CHUNK_TILE, READ_SUM=write_sum,
-        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, APPLY_SILU=silu,
+        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, APPLY_SILU=silu, FP8_OUT=fp8,
         **common,
     )
     return out, s
@@ -645,13 +677,14 @@ def launch_group_norm(
 # ---------------------------------------------------------------- public op
 
 def _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, write_sum, traceable, scale=1.0,
-                    concat=None):
+                    concat=None, out_scale=None, out_amax=None):
     """The reference where Triton cannot run, else the kernels: y, or (y, s)."""
     if not use_triton(x):
         return group_norm_reference(x, num_groups, weight, bias, eps, silu=silu, add=add, skip=skip,
-                                    return_sum=write_sum, scale=scale, concat=concat)
+                                    return_sum=write_sum, scale=scale, concat=concat, out_scale=out_scale,
+                                    out_amax=out_amax)
     y, s = launch_group_norm(x, num_groups, weight, bias, eps, silu, add, skip, write_sum, out_scale=scale,
-                             concat=concat, traceable=traceable)
+                             concat=concat, traceable=traceable, e4m3_scale=out_scale, e4m3_amax=out_amax)
     return (y, s) if write_sum else y
 
 
@@ -703,6 +736,8 @@ def group_norm(
     return_sum: bool = False,
     scale: float = 1.0,
     concat: Optional[torch.Tensor] = None,
+    out_scale: Optional[torch.Tensor] = None,
+    out_amax: Optional[torch.Tensor] = None,
 ):
     """GroupNorm of ``x + skip + add`` (then SiLU if ``silu``, then times ``scale``), fused.
 
@@ -714,12 +749,21 @@ def group_norm(
     return_sum: also return s = x + skip + add (x itself when there is
          nothing to add), for SkipGroupNorm.
     scale: multiplies the output (last, after the SiLU); the sum is not scaled.
+    out_scale, out_amax: 1-element float32 tensors: y is returned in e4m3 as
+         y / out_scale (saturated), for an FP8 convolution, and max |y| is
+         recorded into out_amax (atomic max) for the next call's scale
+         (engines/fp8.py).
     """
+    fp8 = check_fp8_output(out_scale, out_amax, x)
     if return_sum and skip is None and add is None and concat is None:
         # An op may not return its own input, so the trivial sum stays out here.
-        return group_norm(x, num_groups, weight, bias, eps, silu=silu, scale=scale), x
+        return group_norm(x, num_groups, weight, bias, eps, silu=silu, scale=scale, out_scale=out_scale,
+                          out_amax=out_amax), x
     if compiling():  # torch.compile must see one registered op
+        if fp8:
+            raise ValueError("group_norm: e4m3 output is not traceable by torch.compile")
         op = _group_norm_with_sum_op if return_sum else _group_norm_op
         return op(x, num_groups, weight, bias, eps, silu, add, skip, scale, concat)
     # Eager: launch directly, skipping the dispatcher.
-    return _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, return_sum, False, scale, concat)
+    return _group_norm_run(x, num_groups, weight, bias, eps, silu, add, skip, return_sum, False, scale, concat,
+                           out_scale, out_amax)

@@ -9,7 +9,7 @@ import sdaccel
 from sdaccel.engines import fp8 as fp8_module
 from sdaccel.engines.fast import FastEngine
 from sdaccel.engines.fp8 import Fp8Scales, Fp8Weight, fp8_linear
-from sdaccel.engines.fused_modules import FusedTransformerBlock, fuse_modules
+from sdaccel.engines.fused_modules import FusedResnetBlock, FusedTransformerBlock, fuse_modules
 from sdaccel.errors import UsageError
 from sdaccel.kernels.fp8 import E4M3
 from sdaccel.models import build_synthetic, get_spec
@@ -73,16 +73,19 @@ def test_fused_blocks_in_fp8_stay_close_and_scales_update_after_each_call():
     counts = fuse_modules(fp8, fp8=True)
     blocks = [m for m in fp8.modules() if isinstance(m, FusedTransformerBlock)]
     assert counts["fp8_blocks"] == len(blocks) == counts["transformer_block"] >= 4
+    assert counts["fp8_resnets"] == counts["resnet"] > 0
     scales = fp8.sdaccel_fp8_scales
-    assert scales.scale.shape == (4 * len(blocks),) and scales.scale.eq(1).all()
+    assert scales.scale.shape == (4 * len(blocks) + 2 * counts["resnet"],) and scales.scale.eq(1).all()
     x, t, ctx = _unet_inputs(spec, torch.Generator().manual_seed(2))
     with torch.inference_mode():
         want = plain(torch.cat([x, x]), t, ctx).sample
         first = fp8(torch.cat([x, x]), t, ctx).sample
         after_first = scales.scale.clone()
         second = fp8(torch.cat([x, x]), t, ctx).sample
-    # Each call ends with the update: the amaxes restart, the scales are this call's amax / 448.
-    assert scales.amax.eq(0).all() and not after_first.eq(1).any()
+    # Each call ends with the update: the amaxes restart, the scales are this call's amax / 448. (The ResNet
+    # blocks' sites stay at 1: off sm_90 their convolutions run in fp16.)
+    assert scales.amax.eq(0).all() and not after_first[:4 * len(blocks)].eq(1).any()
+    assert after_first[4 * len(blocks):].eq(1).all()
     # Same inputs, nearly the same ranges (the second call quantized with the first call's scales, not with 1).
     torch.testing.assert_close(scales.scale, after_first, rtol=0.1, atol=0)
     for out in (first, second):
@@ -98,10 +101,87 @@ def test_blocks_narrower_than_min_width_stay_fp16(monkeypatch):
     wide = [b for b in blocks if b.attn1.packed_weight.shape[1] >= 64]
     assert 0 < counts["fp8_blocks"] == len(wide) < len(blocks)
     assert all((b.ff_in is not None) == (b in wide) for b in blocks)
-    assert unet.sdaccel_fp8_scales.scale.shape == (4 * len(wide),)
+    assert unet.sdaccel_fp8_scales.scale.shape == (4 * len(wide) + 2 * counts["fp8_resnets"],)
     monkeypatch.setattr(fp8_module, "MIN_WIDTH", 10**6)
     other = build_synthetic(get_spec("sd15-tiny")).unet
-    assert fuse_modules(other, fp8=True)["fp8_blocks"] == 0 and not hasattr(other, "sdaccel_fp8_scales")
+    counts = fuse_modules(other, fp8=True)
+    assert counts["fp8_blocks"] == 0 and other.sdaccel_fp8_scales.scale.shape == (2 * counts["fp8_resnets"],)
+
+
+def _reference_fp8_convolutions(monkeypatch):
+    """Off sm_90, the e4m3 convolution's fp32 reference stands in for the Gluon kernel, at every shape."""
+    from sdaccel.kernels.conv_sm90 import conv2d_fp8_reference
+
+    monkeypatch.setattr(fp8_module, "conv_config", lambda shape, device, conv, weight, dtype: "any config")
+    monkeypatch.setattr(fp8_module, "_conv2d_sm90_fp8",
+                        lambda x8, x_scale, w8, w_scale, k, bias=None, residual=None, out_dtype=torch.float16,
+                        config=None: conv2d_fp8_reference(x8, x_scale, w8, w_scale, k, bias, residual, out_dtype))
+
+
+def test_resnet_convolutions_in_fp8_stay_close_and_their_scales_update(monkeypatch):
+    """GroupNorm + SiLU write e4m3 for both convolutions of every ResNet block (up blocks' concatenated inputs
+    too), whose products come back with the biases and the shortcut added."""
+    _reference_fp8_convolutions(monkeypatch)
+    monkeypatch.setattr(fp8_module, "MIN_WIDTH", 10**6)  # the ResNet blocks alone
+    spec = get_spec("sd15-tiny")
+    plain, fp8 = build_synthetic(spec).unet, build_synthetic(spec).unet
+    fuse_modules(plain)
+    counts = fuse_modules(fp8, fp8=True)
+    resnets = [m for m in fp8.modules() if isinstance(m, FusedResnetBlock)]
+    assert counts["fp8_blocks"] == 0 and counts["fp8_resnets"] == len(resnets) > 0
+    assert all(r.conv1_fp8.data.dtype == E4M3 for r in resnets)
+    x, t, ctx = _unet_inputs(spec, torch.Generator().manual_seed(5))
+    scales = fp8.sdaccel_fp8_scales
+    with torch.inference_mode():
+        want = plain(torch.cat([x, x]), t, ctx).sample
+        outs = [fp8(torch.cat([x, x]), t, ctx).sample for _ in range(2)]
+    assert not scales.scale.eq(1).any()  # every site saw its input
+    # Each e4m3 convolution lands ~4% from its fp32 product on these random weights (3 mantissa bits for both
+    # operands); a wrong weight layout or scale would land at 100% or more.
+    for out in outs:
+        assert 1e-3 < relative_error(out, want) < 0.15
+
+
+def test_a_convolution_the_kernel_refuses_stays_fp16(monkeypatch):
+    """Where conv_config says fp16 (here: every shape, as off sm_90), the norm writes fp16 and the block is the
+    plain one's, to the bit."""
+    spec = get_spec("sd15-tiny")
+    plain, fp8 = build_synthetic(spec).unet, build_synthetic(spec).unet
+    fuse_modules(plain)
+    monkeypatch.setattr(fp8_module, "MIN_WIDTH", 10**6)
+    fuse_modules(fp8, fp8=True)
+    x, t, ctx = _unet_inputs(spec, torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        assert torch.equal(fp8(torch.cat([x, x]), t, ctx).sample, plain(torch.cat([x, x]), t, ctx).sample)
+    assert fp8.sdaccel_fp8_scales.scale.eq(1).all()
+
+
+def test_conv_refusal_names_what_the_kernel_cannot_take():
+    conv = torch.nn.Conv2d(64, 160, 3, padding=1)
+    assert "sm_90" in fp8_module.conv_refusal((1, 64, 16, 16), torch.device("cpu"), conv) or \
+        "Gluon" in fp8_module.conv_refusal((1, 64, 16, 16), torch.device("cpu"), conv)
+    for other in (torch.nn.Conv2d(64, 160, 3, padding=1, stride=2), torch.nn.Conv2d(64, 160, 3, padding=0),
+                  torch.nn.Conv2d(64, 160, 3, padding=1, padding_mode="reflect")):
+        assert "same" in fp8_module.conv_refusal((1, 64, 16, 16), torch.device("cpu"), other)
+
+
+def test_the_e4m3_convolution_pick_stays_out_off_the_gpu_and_restores_only_its_own_names():
+    from sdaccel.engines import convolution
+
+    conv = torch.nn.Conv2d(64, 160, 3, padding=1)
+    w8 = Fp8Weight(fp8_module.conv_rows(conv))
+    assert convolution.fp8_path((2, 64, 16, 16), conv.weight, w8.data, w8.scale, torch.float32) is None
+    assert not any(k.startswith("fp8 ") for k in convolution.chosen_paths())
+    key = "fp8 x[2, 64, 16, 16] w[160, 64, 3, 3] float32"
+    convolution.restore_paths({key: "fp8:sm90:128+32x64s8", "fp8 other": "cudnn", "x[1] w[1] s1 p0 float16": "fp16"})
+    try:
+        assert convolution.chosen_paths()[key] == "fp8:sm90:128+32x64s8"
+        assert "fp8 other" not in convolution.chosen_paths()  # not a name the FP8 pick gives
+        assert "x[1] w[1] s1 p0 float16" not in convolution.chosen_paths()  # nor "fp16" one the fp16 pick gives
+        assert convolution.fp8_path((2, 64, 16, 16), conv.weight, w8.data, w8.scale, torch.float32) == (128, 32, 64, 8)
+    finally:
+        convolution._FP8_PICKS.choices.clear()
+        convolution._PICKS.choices.pop("fp8 other", None)
 
 
 def test_blocks_whose_gemms_cublaslt_cannot_take_stay_fp16():
@@ -180,7 +260,74 @@ def test_fp8_unet_call_in_cuda_graphs(arch):
         outs = [stages.unet(once.half(), t, ctx.half(), *(e.half() for e in extra)).float().clone() for _ in range(4)]
         seen = scales.clone()
         stages.unet(once.half(), t, ctx.half(), *(e.half() for e in extra))
-    assert not seen.eq(1).any()  # updated by the graph's replays
+    # The transformer blocks' sites were updated by the graph's replays. (The tiny models' 32- and 64-channel
+    # convolutions are not whole tiles of the e4m3 kernel: they run in fp16, and their sites stay at 1.)
+    blocks = sum(isinstance(m, FusedTransformerBlock) and m.ff_in is not None for m in comps.unet.modules())
+    assert blocks > 0 and not seen[:4 * blocks].eq(1).any()
     torch.testing.assert_close(scales, seen, rtol=0.1, atol=0)
     for out in outs[1:]:
         assert torch.isfinite(out).all() and relative_error(out, want) < 0.1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("width, concat, size", [(320, 320, 64), (640, 0, 32)], ids=str)
+def test_resnet_block_on_the_gluon_e4m3_convolutions(monkeypatch, width, concat, size):
+    """On sm_90, at SD1.5's shapes (an up block's concatenated input, a plain one): the block with the Gluon e4m3
+    kernels against the same block with the kernel's fp32 reference (only roundings apart), and against fp16."""
+    from diffusers.models.resnet import ResnetBlock2D
+
+    from sdaccel.kernels import conv_sm90
+
+    if not conv_sm90.available():
+        pytest.skip("the e4m3 convolution needs an sm_90 GPU")
+    torch.manual_seed(0)
+    block = ResnetBlock2D(in_channels=width + concat, out_channels=width, temb_channels=1280).cuda().half()
+    block = block.to(memory_format=torch.channels_last)
+    fused = FusedResnetBlock(block)
+    scales = Fp8Scales(2, torch.device("cuda"))
+    x = (torch.randn(2, width, size, size, device="cuda", dtype=torch.float16)
+         .contiguous(memory_format=torch.channels_last))
+    skip = (torch.randn(2, concat, size, size, device="cuda", dtype=torch.float16)
+            .contiguous(memory_format=torch.channels_last) if concat else None)
+    temb = torch.randn(2, 1280, device="cuda", dtype=torch.float16)
+    monkeypatch.setattr(fp8_module, "conv_config", lambda *args: conv_sm90.FP8_CONFIGS[0])  # whatever is faster
+    with torch.inference_mode():
+        want = fused(x, temb, concat=skip).float()
+        fused.enable_fp8(scales, 0)
+        scales.scales[:, 0] = 0.01  # the range of GroupNorm + SiLU outputs: e4m3's normal numbers
+        got = fused(x, temb, concat=skip).float()
+        assert scales.amax.gt(0).all()  # both norms wrote e4m3
+        _reference_fp8_convolutions(monkeypatch)
+        ref = fused(x, temb, concat=skip).float()
+    assert relative_error(got, ref) < 2e-2  # conv2's e4m3 input may round the other way where conv1's sums differ
+    assert 1e-3 < relative_error(got, want) < 0.1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+def test_the_e4m3_convolution_pick_times_once_and_is_stored(monkeypatch):
+    """convolution.fp8_path: in benchmark mode a new shape is timed (e4m3 configs against fp16) and the choice kept
+    under an "fp8" key the engine cache stores; before benchmark mode and under capture nothing is chosen."""
+    from sdaccel.engines import convolution
+    from sdaccel.kernels import conv_sm90
+
+    if not conv_sm90.available():
+        pytest.skip("the e4m3 convolution needs an sm_90 GPU")
+    conv = torch.nn.Conv2d(640, 640, 3, padding=1).cuda().half().to(memory_format=torch.channels_last)
+    weight8 = Fp8Weight(fp8_module.conv_rows(conv))
+    shape = (16, 640, 32, 32)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    assert convolution.fp8_path(shape, conv.weight, weight8.data, weight8.scale, torch.float16) is None
+    assert not any(k.startswith("fp8 ") for k in convolution.chosen_paths())
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    first = convolution.fp8_path(shape, conv.weight, weight8.data, weight8.scale, torch.float16)
+    assert first is None or first in conv_sm90.FP8_CONFIGS
+    stored = {k: v for k, v in convolution.chosen_paths().items() if k.startswith("fp8 ")}
+    assert len(stored) == 1 and list(stored.values())[0] in ("fp16", *(f"fp8:sm90:{conv_sm90.config_name(c)}"
+                                                                      for c in conv_sm90.FP8_CONFIGS))
+    monkeypatch.setattr(convolution, "pick_fastest", lambda *a, **k: pytest.fail("timed twice"))
+    assert convolution.fp8_path(shape, conv.weight, weight8.data, weight8.scale, torch.float16) == first
+    convolution._FP8_PICKS.choices.clear()
+    convolution.restore_paths(stored)
+    assert convolution.fp8_path(shape, conv.weight, weight8.data, weight8.scale, torch.float16) == first

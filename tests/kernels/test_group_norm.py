@@ -313,3 +313,34 @@ def test_any_channel_block_of_whole_groups(block, device):
     y_ref, s_ref = group_norm_reference(x, 32, w, b, silu=True, add=add, skip=skip, return_sum=True)
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("shape,groups", [((2, 320, 5, 7), 32), ((3, 96, 8, 8), 32)], ids=str)
+def test_e4m3_output(shape, groups, dtype, device, check_e4m3, kernel_path):
+    """FP8 mode: GN(+SiLU) writes y / scale in e4m3 for the convolution that reads it, max |y| recorded; with an add
+    and a concatenation too, the returned sum unchanged."""
+    x, w, b, add, _ = _inputs(shape, groups, dtype, device, seed=3)
+    scale = torch.tensor([0.02], device=device)
+    amax = torch.zeros(1, device=device)
+    q = group_norm(x, groups, w, b, silu=True, add=add, out_scale=scale, out_amax=amax)
+    ref, ref32 = _references(x, groups, w, b, silu=True, add=add)
+    check_e4m3(q, group_norm_reference(x, groups, w, b, silu=True, add=add, out_scale=scale,
+                                       out_amax=torch.zeros(1, device=device)), ref32, scale.item(), what=kernel_path)
+    assert q.is_contiguous(memory_format=CL)
+    torch.testing.assert_close(amax, ref32.abs().amax().reshape(1), rtol=2e-3, atol=0)
+
+    half = shape[1] // 2
+    left, right = x[:, :half].contiguous(memory_format=CL), x[:, half:].contiguous(memory_format=CL)
+    q, s = group_norm(left, groups, w, b, silu=True, concat=right, return_sum=True, out_scale=scale,
+                      out_amax=torch.zeros(1, device=device))
+    assert torch.equal(s, torch.cat([left, right], 1))
+    _, ref32 = _references(s, groups, w, b, silu=True)
+    check_e4m3(q, group_norm_reference(s, groups, w, b, silu=True, out_scale=scale,
+                                       out_amax=torch.zeros(1, device=device)), ref32, scale.item(), what="concat")
+
+
+def test_e4m3_output_is_checked(device):
+    x, w, b, _, _ = _inputs((1, 32, 4, 4), 8, torch.float32, device)
+    with pytest.raises(ValueError, match="out_amax"):
+        group_norm(x, 8, w, b, out_scale=torch.ones(1, device=device))
