@@ -206,10 +206,17 @@ def test_refresh_requantizes_changed_weights():
     with torch.no_grad():
         block.block.ff.net[2].weight.mul_(3)
         block.block.attn1.to_k.weight.add_(1)
+    resnet = next(m for m in comps.unet.modules() if isinstance(m, FusedResnetBlock))
+    conv1 = resnet.conv1_fp8
+    conv1_ptr = conv1.data.data_ptr()
+    with torch.no_grad():
+        resnet.block.conv1.weight.mul_(5)
     engine.refresh_weights(comps)
     assert ff_out.data.data_ptr() == before[2]
     torch.testing.assert_close(ff_out.scale, block.block.ff.net[2].weight.abs().amax().reshape(1) / 448)
     assert not torch.equal(qkv.data.float(), before[1])
+    assert conv1.data.data_ptr() == conv1_ptr  # the ResNet blocks' e4m3 convolution weights too
+    torch.testing.assert_close(conv1.scale, resnet.block.conv1.weight.abs().amax().reshape(1) / 448)
 
 
 def test_engine_option_is_checked_and_keys_the_cache():
