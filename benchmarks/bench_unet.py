@@ -29,7 +29,7 @@ Variants (the ablation ladder):
   fast-fp8       fast with fp8=True: the transformer blocks' Q/K/V, cross Q and feed-forward GEMMs and the ResNet
                  blocks' convolutions in e4m3, their inputs written in e4m3 by the norm and GEGLU kernels
                  (engines/fp8.py; opt-in, outside the numerics rule)
-  fast-fp8-noconv   fast-fp8 with the ResNet blocks' convolutions left in fp16
+  fast-fp8-noconv   fast-fp8 with the ResNet blocks' convolutions left in fp16 (fp8_convs=False)
   compile-ro     torch.compile(mode="reduce-overhead"), compile time reported separately
   onnxruntime    ONNX Runtime CUDA EP over an `sdaccel optimize --provider cuda --fp16` folder (--onnx-folder; without
                  it the engine builds one in its cache first), IO binding, CUDA graph per shape
@@ -133,7 +133,7 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
         "fast-convgemm": lambda: get_engine("fast", conv="gemm"),
         "fast-gnsplit": lambda: get_engine("fast"),
         "fast-fp8": lambda: get_engine("fast", fp8=True),
-        "fast-fp8-noconv": lambda: get_engine("fast", fp8=True),
+        "fast-fp8-noconv": lambda: get_engine("fast", fp8=True, fp8_convs=False),
         "compile-ro": lambda: get_engine("compile", mode="reduce-overhead"),
         "onnxruntime": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=True),
         "onnxruntime-nograph": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=False),
@@ -148,9 +148,7 @@ def kernel_knobs(name: str):
     (captured graphs keep the kernels they were captured with; later variants get the defaults back)."""
     gn = importlib.import_module("sdaccel.kernels.group_norm")  # the package re-exports the function by this name
 
-    fp8 = importlib.import_module("sdaccel.engines.fp8")
-    knobs = {"fast-gnsplit": [(gn, "LOOPED_MAX_ROWS", 0)],
-             "fast-fp8-noconv": [(fp8, "CONV_MIN_WIDTH", 1 << 30)]}.get(name, [])
+    knobs = {"fast-gnsplit": [(gn, "LOOPED_MAX_ROWS", 0)]}.get(name, [])
     saved = [(module, attr, getattr(module, attr)) for module, attr, _ in knobs]
     try:
         for module, attr, value in knobs:

@@ -33,6 +33,11 @@ Options (each can be switched off for ablations):
                context's K/V for every cross-attention, and all steps' time embeddings and projections at once
                (SD1.5 on an H100: 38 us a step at batch 1; SDXL: 340 us)
   fp32_ops     ("attention",): q, k, v and softmax in fp32 (slower; for models whose attention overflows fp16)
+  fp8          opt-in, off by default: the transformer blocks' main GEMMs and, on sm_90, the ResNet blocks' 3x3
+               convolutions in e4m3 (fp8.py). Outside the numerics rule the default meets: check images first
+  fp8_convs    with fp8: False keeps the convolutions in fp16. On random weights one SD1.5 UNet call's error
+               against fp32 was 7e-3 without them and 7e-2 with them; at CFG batch 16 the call was no faster than
+               fp16's without them, 1.10x with them (H200, nineteenth session)
   vae_dtype    "auto": the model's; for a VAE whose config says force_upcast (SDXL's, whose activations overflow
                fp16), fp16 with the decoder's activations scaled down by 2^-8, exactly (vae_scaling.py), or fp32
                where the decoder has a layer that cannot be scaled; "fp16": the same for such VAEs;
@@ -125,7 +130,7 @@ class FastEngine(Engine):
                  channels_last: bool = True, fp32_ops: tuple[str, ...] | list[str] = (), workspace_mb: int = 256,
                  gemm_geglu: str = "auto", conv: str = "auto", vae_dtype: str = "auto",
                  compile_workers: int | None = None, share_cfg_prefix: bool = True, loop_plan: bool = True,
-                 cold_picks: bool = True, fp8: bool = False, allow_cpu: bool = False):
+                 cold_picks: bool = True, fp8: bool = False, fp8_convs: bool = True, allow_cpu: bool = False):
         unknown = set(fp32_ops) - FP32_OPS
         if unknown:
             raise UsageError(f"unknown fp32 op(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(FP32_OPS))}")
@@ -148,7 +153,10 @@ class FastEngine(Engine):
         self.cold_picks = cold_picks
         if not isinstance(fp8, bool):
             raise UsageError(f"fp8 must be True or False, got {fp8!r}")
-        self.fp8 = fp8  # opt-in: the transformer blocks' main GEMMs in e4m3 (engines/fp8.py)
+        self.fp8 = fp8  # opt-in: the transformer blocks' main GEMMs and the convolutions in e4m3 (engines/fp8.py)
+        if not isinstance(fp8_convs, bool):
+            raise UsageError(f"fp8_convs must be True or False, got {fp8_convs!r}")
+        self.fp8_convs = fp8_convs
         self.fp32_ops = tuple(sorted(fp32_ops))
         self.workspace_mb = workspace_mb
         self.gemm_geglu = gemm_geglu
@@ -228,7 +236,7 @@ class FastEngine(Engine):
                 "gemm_geglu": self.gemm_geglu, "conv": self.conv, "fp32_ops": list(self.fp32_ops),
                 "workspace_mb": self.workspace_mb, "vae_dtype": self.vae_dtype,
                 "share_cfg_prefix": self.share_cfg_prefix, "loop_plan": self.loop_plan, "cold_picks": self.cold_picks,
-                "fp8": self.fp8}
+                "fp8": self.fp8, "fp8_convs": self.fp8_convs}
 
     def _worker_count(self, device: torch.device) -> int:
         """How many processes compile a new shape's kernels; 0 where that is off or cannot work."""
@@ -306,7 +314,8 @@ class FastEngine(Engine):
         convolution.restore_paths(learned.get("convolution", {}))
         self.cache = cache
         if self.fused:
-            counts = fuse_modules(components.unet, fp32_attention="attention" in self.fp32_ops, fp8=self.fp8)
+            counts = fuse_modules(components.unet, fp32_attention="attention" in self.fp32_ops, fp8=self.fp8,
+                                  fp8_convs=self.fp8_convs)
             for key, value in fuse_modules(components.vae.decoder).items():
                 counts[f"vae_{key}"] = value
             self.fusion_counts = counts

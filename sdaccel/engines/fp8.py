@@ -11,7 +11,8 @@ The attention output projections, proj_in / proj_out, the text K/V and time proj
 The GEMMs run in cuBLASLt through torch._scaled_mm (fp32 accumulation, fp16 output), except the feed-forward's
 first where the pick takes the Gluon e4m3 GEMM + GEGLU kernel for its shape (feed_forward.linear_geglu_fp8).
 
-And in every fused ResNet block, on sm_90, both 3x3 convolutions, whose inputs GroupNorm + SiLU writes:
+And, unless the engine's fp8_convs is False, in every fused ResNet block, on sm_90, both 3x3 convolutions, whose
+inputs GroupNorm + SiLU writes:
     GroupNorm 1 + SiLU   -> conv1
     GroupNorm 2 + SiLU   -> conv2 (its bias and the shortcut added in the kernel's epilogue)
 through the Gluon implicit-GEMM convolution with e4m3 operands (kernels/conv_sm90.py). Whether a convolution
@@ -46,8 +47,6 @@ SITES_PER_RESNET = 2  # conv1, conv2 (FusedResnetBlock's)
 # SD1.5 UNet call (all of whose 4096-token blocks are 320 wide) was 4% slower at CFG batch 2 and 3% at 16, while
 # SDXL's (640 and 1280 wide) was 10% faster (H200, seventeenth session).
 MIN_WIDTH = 640
-# ResNet blocks whose convolutions are narrower than this (output channels) stay fp16.
-CONV_MIN_WIDTH = 0
 
 
 def fp8_available(device: torch.device) -> str | None:

@@ -573,13 +573,15 @@ class FusedTransformer2D(nn.Module):
         return Transformer2DModelOutput(sample=out) if return_dict else (out,)
 
 
-def fuse_modules(root: nn.Module, fp32_attention: bool = False, fp8: bool = False) -> dict[str, int]:
+def fuse_modules(root: nn.Module, fp32_attention: bool = False, fp8: bool = False,
+                 fp8_convs: bool = True) -> dict[str, int]:
     """Swap every supported block under `root` for its fused version, in place. Returns counts per kind.
 
     fp32_attention: run attention (q, k, v, softmax) in fp32 inside fp16/bf16 models, the seeds'
     `--force_fp32_ops unet:MultiHeadAttention`; the fused SDPA kernels already keep the softmax in fp32.
-    fp8: the transformer blocks' Q/K/V, cross Q and feed-forward GEMMs and the ResNet blocks' convolutions in
-    e4m3 (engines/fp8.py), with the scales' update hooked after `root`'s last layer (conv_out)."""
+    fp8: the transformer blocks' Q/K/V, cross Q and feed-forward GEMMs and, unless fp8_convs is False, the ResNet
+    blocks' convolutions in e4m3 (engines/fp8.py), with the scales' update hooked after `root`'s last layer
+    (conv_out)."""
     counts = _fuse_children(root, fp32_attention)
     # One packed time-embedding projection for all of the model's fused ResNet blocks (they share temb).
     blocks = [m for m in root.modules() if isinstance(m, FusedResnetBlock) and m.block.time_emb_proj is not None]
@@ -613,7 +615,7 @@ def fuse_modules(root: nn.Module, fp32_attention: bool = False, fp8: bool = Fals
         first.register_forward_pre_hook(_clear_per_call)
         last.register_forward_hook(_clear_per_call)
     if fp8:
-        counts["fp8_blocks"], counts["fp8_resnets"] = _enable_fp8(root, last)
+        counts["fp8_blocks"], counts["fp8_resnets"] = _enable_fp8(root, last, fp8_convs)
     return counts
 
 
@@ -622,13 +624,12 @@ def _clear_per_call(module: nn.Module, *args) -> None:
         shared.clear()
 
 
-def _enable_fp8(root: nn.Module, last: nn.Module | None) -> tuple[int, int]:
+def _enable_fp8(root: nn.Module, last: nn.Module | None, convs: bool) -> tuple[int, int]:
     """FP8 mode for every transformer block under root that takes it and is at least fp8_mode.MIN_WIDTH wide, and
-    every fused ResNet block that may take it; the scales' update after `last`. Returns the two counts."""
+    (convs) every fused ResNet block that may take it; the scales' update after `last`. Returns the two counts."""
     blocks = [m for m in root.modules() if isinstance(m, FusedTransformerBlock) and m.fp8_refusal() is None
               and m.attn1.packed_weight.shape[1] >= fp8_mode.MIN_WIDTH]
-    resnets = [m for m in root.modules() if isinstance(m, FusedResnetBlock) and m.fp8_refusal() is None
-               and m.block.conv2.out_channels >= fp8_mode.CONV_MIN_WIDTH]
+    resnets = [m for m in root.modules() if convs and isinstance(m, FusedResnetBlock) and m.fp8_refusal() is None]
     if not (blocks or resnets) or not isinstance(last, nn.Module):
         return 0, 0
     device = next(root.parameters()).device

@@ -226,6 +226,17 @@ def test_engine_option_is_checked_and_keys_the_cache():
         FastEngine(allow_cpu=True, fp8=True, fused=False).prepare(build_synthetic(get_spec("sd15-tiny")),
                                                                   torch.float32, torch.device("cpu"))
     assert FastEngine(fp8=True).options()["fp8"] is True and FastEngine().options()["fp8"] is False
+    with pytest.raises(UsageError, match="fp8_convs must be True or False"):
+        FastEngine(fp8=True, fp8_convs=0)
+    assert FastEngine(fp8=True, fp8_convs=False).options()["fp8_convs"] is False
+
+
+def test_fp8_convs_false_leaves_the_resnet_blocks_alone():
+    unet = build_synthetic(get_spec("sd15-tiny")).unet
+    counts = fuse_modules(unet, fp8=True, fp8_convs=False)
+    assert counts["fp8_resnets"] == 0 and counts["fp8_blocks"] > 0
+    assert unet.sdaccel_fp8_scales.scale.shape == (4 * counts["fp8_blocks"],)
+    assert all(m.conv1_fp8 is None for m in unet.modules() if isinstance(m, FusedResnetBlock))
 
 
 @pytest.mark.parametrize("arch", ["sd15-tiny", "sdxl-tiny"])
