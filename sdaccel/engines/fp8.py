@@ -38,7 +38,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..kernels import conv_sm90
 from ..kernels.fp8 import E4M3, E4M3_MAX, quantize_e4m3_reference
+from .convolution import add_bias_residual, fp8_path
 
 SITES_PER_BLOCK = 4  # qkv, cross_q, ff_in, ff_out (FusedTransformerBlock's order)
 SITES_PER_RESNET = 2  # conv1, conv2 (FusedResnetBlock's)
@@ -125,9 +127,7 @@ def conv_refusal(shape: tuple, device: torch.device, conv: nn.Conv2d) -> str | N
     if (type(conv) is not nn.Conv2d or conv.kernel_size != (k, k) or conv.stride != (1, 1) or conv.groups != 1
             or conv.dilation != (1, 1) or conv.padding != (k // 2, k // 2) or conv.padding_mode != "zeros"):
         return f"{conv} (square, stride 1, 'same' zero padding, ungrouped)"
-    from ..kernels.conv_sm90 import fp8_refusal
-
-    return fp8_refusal(shape, device, conv.out_channels, k)
+    return conv_sm90.fp8_refusal(shape, device, conv.out_channels, k)
 
 
 def conv_config(shape: tuple, device: torch.device, conv: nn.Conv2d, weight: Fp8Weight,
@@ -136,8 +136,6 @@ def conv_config(shape: tuple, device: torch.device, conv: nn.Conv2d, weight: Fp8
     norm that writes the input decides between e4m3 and fp16."""
     if conv_refusal(shape, device, conv) is not None:
         return None
-    from .convolution import fp8_path
-
     return fp8_path(shape, conv.weight, weight.data, weight.scale, dtype)
 
 
@@ -145,20 +143,14 @@ def fp8_conv2d(x8: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight, ksize
                residual: torch.Tensor | None, out_dtype: torch.dtype, config: tuple) -> torch.Tensor:
     """conv(x8 * x_scale, W * w_scale) + bias + residual in out_dtype, through the Gluon kernel in `config`
     (conv_config's); the bias and residual in its epilogue where it takes them, else in one pass after."""
-    from ..kernels.conv_sm90 import epilogue_refusal
-    from .convolution import add_bias_residual
-
-    if epilogue_refusal(x8, weight.data, bias, residual, out_dtype) is None:
+    if conv_sm90.epilogue_refusal(x8, weight.data, bias, residual, out_dtype) is None:
         return _conv2d_sm90_fp8(x8, x_scale, weight.data, weight.scale, ksize, bias=bias, residual=residual,
                                 out_dtype=out_dtype, config=config)
     out = _conv2d_sm90_fp8(x8, x_scale, weight.data, weight.scale, ksize, out_dtype=out_dtype, config=config)
     return add_bias_residual(out, bias, residual)
 
 
-def _conv2d_sm90_fp8(*args, **kwargs) -> torch.Tensor:
-    from ..kernels.conv_sm90 import conv2d_sm90_fp8  # Gluon loads with the first e4m3 convolution
-
-    return conv2d_sm90_fp8(*args, **kwargs)
+_conv2d_sm90_fp8 = conv_sm90.conv2d_sm90_fp8  # looked up when called: the CPU tests stand its reference in
 
 
 def fp8_linear(x8: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight,

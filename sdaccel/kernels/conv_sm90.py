@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 
 from . import sm_count
-from .fp8 import E4M3
+from .fp8 import E4M3, scale_refusal
 from .gluon_hopper import (  # noqa: F401 - gluon and available are part of this module's interface
-    HALF_DTYPES, TensorDescriptor, available, fence_async_shared, gl, gluon, mbarrier, refusal, regs, tma,
+    HALF_DTYPES, available, descriptor, device_refusal, fence_async_shared, gl, gluon, mbarrier, refusal, regs, tma,
     warpgroup_mma, warpgroup_mma_wait,
 )
 from .gluon_hopper import tma_load as _tma_load
@@ -305,10 +305,9 @@ def fp8_refusal(shape: tuple, device: torch.device, cout: int, ksize: int,
                 config: Optional[tuple] = None) -> str | None:
     """Why conv2d_sm90_fp8 cannot take an input of `shape` (N, Cin, H, W) on `device` into cout channels through a
     ksize x ksize filter (None: it can): what a caller checks before writing that input in e4m3."""
-    if gluon is None:
-        return "Triton without Gluon"
-    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
-        return "needs an sm_90 GPU (wgmma)"
+    problem = device_refusal(device)
+    if problem:
+        return problem
     if len(shape) != 4 or ksize % 2 == 0:
         return f"input {tuple(shape)} with a {ksize}x{ksize} filter (4-D input, odd filter)"
     return _shape_refusal(shape[1], shape[2], shape[3], cout, config or FP8_CONFIGS[0])
@@ -369,16 +368,11 @@ def conv2d_sm90_fp8(x8: torch.Tensor, x_scale: torch.Tensor, w_rows8: torch.Tens
         reason = "x must be channels_last (read in place)"
     if reason is None and (x8.data_ptr() % 16 or w_rows8.data_ptr() % 16):
         reason = "x or W is not 16-byte aligned for TMA"
-    for name, t in (("x_scale", x_scale), ("w_scale", w_scale)):
-        if reason is None and (t.dtype != torch.float32 or t.numel() != 1 or t.device != x8.device):
-            reason = f"{name} must be a 1-element float32 tensor on {x8.device}"
-    reason = reason or epilogue_refusal(x8, w_rows8, bias, residual, out_dtype)
+    reason = (reason or scale_refusal(x8, x_scale=x_scale, w_scale=w_scale)
+              or epilogue_refusal(x8, w_rows8, bias, residual, out_dtype))
     if reason:
         raise ValueError(f"conv2d_sm90_fp8: {reason}")
     return _launch(x8, w_rows8, ksize, ksize // 2, config, bias, residual, out_dtype, (x_scale, w_scale))
-
-
-_GL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", E4M3: "float8e4nv"}
 
 
 def _launch(x: torch.Tensor, w_rows: torch.Tensor, k: int, padding: int, config: tuple,
@@ -392,10 +386,6 @@ def _launch(x: torch.Tensor, w_rows: torch.Tensor, k: int, padding: int, config:
     bh, bw = _box(h, w)
     out = torch.empty((n, cout, h, w), dtype=out_dtype, device=x.device, memory_format=torch.channels_last)
     out_rows = out.permute(0, 2, 3, 1).view(n * h * w, cout)  # NHWC memory: pixel rows of channels
-
-    def descriptor(t, block):
-        layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, _GL_DTYPES[t.dtype]))
-        return TensorDescriptor.from_tensor(t, block, layout)
 
     def half_tiles(rows):  # each math warpgroup's 64 rows x (BN_A | BN_B) channels of an NHWC output-shaped matrix
         return descriptor(rows, [BLOCK_M // 2, bn_a]), descriptor(rows, [BLOCK_M // 2, bn_b])

@@ -30,7 +30,8 @@ import torch
 
 from .flash_attention import LOG2E, flash_attention_reference, split_head_dim, supports as _supports_shapes
 from .gluon_hopper import (  # noqa: F401 - gluon and available are part of this module's interface
-    TensorDescriptor, available, fence_async_shared, gl, gluon, mbarrier, regs, warpgroup_mma, warpgroup_mma_wait,
+    TensorDescriptor, available, fence_async_shared, gl, gl_dtype, gluon, mbarrier, regs, warpgroup_mma,
+    warpgroup_mma_wait,
 )
 from .gluon_hopper import tma_load as _tma_load
 
@@ -301,7 +302,7 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
 
 def _descriptor(t: torch.Tensor, rows: int, cols: int) -> "TensorDescriptor":
     block = [1, 1, rows, cols]
-    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float16 if t.dtype == torch.float16 else gl.bfloat16)
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype(t.dtype))
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
 
 

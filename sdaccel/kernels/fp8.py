@@ -63,14 +63,23 @@ if triton is not None:
         tl.atomic_max(amax_ptr, tl.max(tl.max(tl.where(mask, tl.abs(y), 0.0), axis=1), axis=0))
 
 
+def scale_refusal(like: torch.Tensor, **scales: Optional[torch.Tensor]) -> str | None:
+    """Why one of the named scale (or amax) tensors is not what the kernels read, a 1-element float32 tensor on
+    like's device (None: all are)."""
+    for name, t in scales.items():
+        if t is None or t.dtype != torch.float32 or t.numel() != 1 or t.device != like.device:
+            return (f"{name} must be a 1-element float32 tensor on {like.device} (got "
+                    f"{None if t is None else (tuple(t.shape), t.dtype, str(t.device))})")
+    return None
+
+
 def check_fp8_output(scale: Optional[torch.Tensor], amax: Optional[torch.Tensor], like: torch.Tensor) -> bool:
     """Whether a kernel call asks for e4m3 output (scale given); raises ValueError for malformed scale/amax."""
     if scale is None:
         if amax is not None:
             raise ValueError("out_amax without out_scale")
         return False
-    for name, t in (("out_scale", scale), ("out_amax", amax)):
-        if t is None or t.dtype != torch.float32 or t.numel() != 1 or t.device != like.device:
-            raise ValueError(f"{name} must be a 1-element float32 tensor on {like.device} (got "
-                             f"{None if t is None else (tuple(t.shape), t.dtype, str(t.device))})")
+    problem = scale_refusal(like, out_scale=scale, out_amax=amax)
+    if problem:
+        raise ValueError(problem)
     return True

@@ -35,20 +35,39 @@ def available(device: torch.device | None = None) -> bool:
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 _SHORT_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
+_GL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8e4nv"}
+
+
+def device_refusal(device: torch.device) -> str | None:
+    """Why no Gluon kernel for Hopper can run on `device` (None: one can)."""
+    if gluon is None:
+        return "Triton without Gluon"
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
+        return "needs an sm_90 GPU (wgmma)"
+    return None
 
 
 def refusal(x: torch.Tensor, weight: torch.Tensor, dtypes: tuple = HALF_DTYPES) -> str | None:
     """Why a Gluon GEMM-type kernel cannot take activation x and weight W on this machine (None: it can as far as
     Gluon, the GPU and the dtypes go; each kernel checks its shapes). dtypes: the operand dtypes the kernel takes
     (x and W the same)."""
-    if gluon is None:
-        return "Triton without Gluon"
-    if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] != 9:
-        return "needs an sm_90 GPU (wgmma)"
+    problem = device_refusal(x.device)
+    if problem:
+        return problem
     if x.dtype not in dtypes or weight.dtype != x.dtype:
         names = " or ".join(_SHORT_NAMES.get(d, str(d).removeprefix("torch.")) for d in dtypes)
         return f"dtypes {x.dtype} / {weight.dtype} ({names}, the same)"
     return None
+
+
+def gl_dtype(dtype: torch.dtype):
+    """Gluon's name for a torch dtype the kernels take (fp16, bf16, e4m3)."""
+    return getattr(gl, _GL_DTYPES[dtype])
+
+
+def descriptor(t: torch.Tensor, block: list[int]) -> "TensorDescriptor":
+    """A TMA descriptor over t in blocks of `block`, swizzled as wgmma reads them (NVMMA's default for the block)."""
+    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gl_dtype(t.dtype)))
 
 
 def regs(n: int):

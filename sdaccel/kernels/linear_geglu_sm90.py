@@ -40,10 +40,10 @@ import torch
 
 from . import sm_count
 from .gluon_hopper import (  # noqa: F401 - gluon and available are part of this module's interface
-    HALF_DTYPES, TensorDescriptor, available, fence_async_shared, gl, gluon, mbarrier, refusal, regs, tma,
-    warpgroup_mma, warpgroup_mma_wait,
+    HALF_DTYPES, available, descriptor, fence_async_shared, gl, gluon, mbarrier, refusal, regs, tma, warpgroup_mma,
+    warpgroup_mma_wait,
 )
-from .fp8 import E4M3, check_fp8_output
+from .fp8 import E4M3, check_fp8_output, scale_refusal
 from .gluon_hopper import tma_load as _tma_load
 from .gluon_hopper import tma_store as _tma_store
 from .linear_geglu import linear_geglu_reference
@@ -298,9 +298,6 @@ def linear_geglu_sm90(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
                    (block_m, block_n, block_k, stages, consumers), out)
 
 
-_GL_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8e4nv"}
-
-
 def _launch(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], tanh: bool,
             config: tuple, out: torch.Tensor, scales: Optional[tuple] = None) -> torch.Tensor:
     """The kernel over x (..., K) and W (2D, K) into out (..., D), x and W already checked (supports); scales:
@@ -317,10 +314,6 @@ def _launch(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
     M = x2.shape[0]
     if M == 0:
         return out
-
-    def descriptor(t, block):
-        layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, _GL_DTYPES[t.dtype]))
-        return TensorDescriptor.from_tensor(t, block, layout)
 
     tiles = -(-M // block_m) * -(-D // block_n)
     programs = min(tiles, sm_count(x2))
@@ -346,9 +339,9 @@ def linear_geglu_sm90_fp8(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.
     reason = supports(x, weight)
     if reason:
         raise ValueError(f"linear_geglu_sm90_fp8: {reason}")
-    for name, t in (("x_scale", x_scale), ("w_scale", w_scale)):
-        if t.dtype != torch.float32 or t.numel() != 1 or t.device != x.device:
-            raise ValueError(f"linear_geglu_sm90_fp8: {name} must be a 1-element float32 tensor on {x.device}")
+    reason = scale_refusal(x, x_scale=x_scale, w_scale=w_scale)
+    if reason:
+        raise ValueError(f"linear_geglu_sm90_fp8: {reason}")
     check_fp8_output(out_scale, out_amax, x)
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
