@@ -254,10 +254,13 @@ def main():
         torch._dynamo.reset()
     from sdaccel.engines import convolution, feed_forward
     from sdaccel.engines.attention import chosen_backends
+    from sdaccel.engines.fp8 import chosen_blocks
 
     result["attention_backends"] = chosen_backends()
     result["feed_forward_paths"] = feed_forward.chosen_paths()
     result["convolution_paths"] = convolution.chosen_paths()
+    result["fp8_blocks"] = chosen_blocks()  # the FP8 variants' transformer blocks: e4m3 or fp16 per shape
+    print(json.dumps(result["fp8_blocks"], indent=1))
     print(json.dumps(result["feed_forward_paths"], indent=1))
     print(json.dumps({k: v for k, v in result["convolution_paths"].items() if v != convolution.CUDNN}, indent=1))
     print(json.dumps(result["attention_backends"], indent=1))

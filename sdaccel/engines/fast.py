@@ -71,7 +71,7 @@ from .compile import cache_root
 from .cudagraph import input_signature
 from .engine_cache import EngineCache, environment, weights_digest
 from .eager import cast_stages, place_modules
-from .fp8 import fp8_available
+from .fp8 import chosen_blocks, fp8_available, restore_blocks
 from .fused_modules import cfg_prefix_refusal, fuse_modules
 from .kernel_pick import set_l2_eviction
 from .loop_plan import LoopPlanner, plan_refusal
@@ -222,9 +222,10 @@ class FastEngine(Engine):
             self.cache.save({**self.report(), "fusions": self.fusion_counts, "precompiled": sorted(self._precompiled)})
 
     def report(self):
-        """The kernel picked per shape (attention, feed-forward, convolution): which kernels a figure came from."""
+        """The kernel picked per shape (attention, feed-forward, convolution; FP8 mode: e4m3 or fp16 per transformer
+        block shape): which kernels a figure came from."""
         return {"attention": chosen_backends(), "feed_forward": feed_forward.chosen_paths(),
-                "convolution": convolution.chosen_paths()}
+                "convolution": convolution.chosen_paths(), "fp8_blocks": chosen_blocks()}
 
     def options(self):
         return {**self._output_options(), "compile_workers": self.compile_workers}
@@ -312,6 +313,7 @@ class FastEngine(Engine):
         restore_backends(learned.get("attention", {}))
         feed_forward.restore_paths(learned.get("feed_forward", {}))
         convolution.restore_paths(learned.get("convolution", {}))
+        restore_blocks(learned.get("fp8_blocks", {}))
         self.cache = cache
         if self.fused:
             counts = fuse_modules(components.unet, fp32_attention="attention" in self.fp32_ops, fp8=self.fp8,

@@ -10,6 +10,8 @@ kernel writes, so that the cast to e4m3 costs nothing (that kernel writes one by
 The attention output projections, proj_in / proj_out, the text K/V and time projections stay fp16.
 The GEMMs run in cuBLASLt through torch._scaled_mm (fp32 accumulation, fp16 output), except the feed-forward's
 first where the pick takes the Gluon e4m3 GEMM + GEGLU kernel for its shape (feed_forward.linear_geglu_fp8).
+Whether a block runs so is decided per input shape (block_in_fp8): with few rows (SD1.5's 640- and 1280-wide blocks
+at CFG batch 2, 2048 and 512 rows) the e4m3 block timed slower than the fp16 one, and stays fp16.
 
 And, unless the engine's fp8_convs is False, in every fused ResNet block, on sm_90, both 3x3 convolutions, whose
 inputs GroupNorm + SiLU writes:
@@ -35,12 +37,16 @@ meets. Whether images of a trained model hold up is for `sdaccel compare` on tha
 
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 import torch
 from torch import nn
 
 from ..kernels import conv_sm90
 from ..kernels.fp8 import E4M3, E4M3_MAX, quantize_e4m3_reference
+from ..kernels.precompile import is_recording
 from .convolution import add_bias_residual, fp8_path
+from .kernel_pick import cuda_time_ms
 
 SITES_PER_BLOCK = 4  # qkv, cross_q, ff_in, ff_out (FusedTransformerBlock's order)
 SITES_PER_RESNET = 2  # conv1, conv2 (FusedResnetBlock's)
@@ -49,6 +55,54 @@ SITES_PER_RESNET = 2  # conv1, conv2 (FusedResnetBlock's)
 # SD1.5 UNet call (all of whose 4096-token blocks are 320 wide) was 4% slower at CFG batch 2 and 3% at 16, while
 # SDXL's (640 and 1280 wide) was 10% faster (H200, seventeenth session).
 MIN_WIDTH = 640
+
+
+BLOCK_FP8, BLOCK_FP16 = "fp8", "fp16"  # a transformer block's pick (block_in_fp8), as the engine cache stores it
+_BLOCK_CHOICES: dict[str, str] = {}
+
+
+def block_in_fp8(key: str, run: Callable[[bool], torch.Tensor], weights: Sequence[torch.Tensor],
+                 inputs: Sequence[torch.Tensor]) -> bool:
+    """Whether a transformer block in FP8 mode runs its e4m3 GEMMs at the shapes `key` names; run(e4m3) is the
+    block's forward either way, weights its tensors, inputs its activations.
+
+    A whole block is the unit: which of its norms write e4m3, which GEMMs read it and whether the GEGLU kernel
+    runs inside the GEMM all change together. The first time a key is met in cuDNN's benchmark mode (the engine's
+    graph warm-up), both forwards are timed from graph replays with the weights out of L2 (kernel_pick.cuda_time_ms)
+    and the faster is kept. Before that, under capture and off the GPU the answer is e4m3 and nothing is kept; in a
+    dry run recording Triton kernels both run once. A timed forward also records this block's amaxes, of the same
+    inputs the call's own forward then sees: the scales come out as without the pick."""
+    if key in _BLOCK_CHOICES:
+        return _BLOCK_CHOICES[key] == BLOCK_FP8
+    if not inputs[0].is_cuda or torch.cuda.is_current_stream_capturing():
+        return True
+    if is_recording():
+        run(False)
+        return True
+    if not torch.backends.cudnn.benchmark:
+        return True
+    timings = {}
+    for name, e4m3 in ((BLOCK_FP16, False), (BLOCK_FP8, True)):
+        try:
+            if not torch.isfinite(run(e4m3).sum(dtype=torch.float32)):
+                continue
+            timings[name] = cuda_time_ms(lambda e4m3=e4m3: run(e4m3), weights=weights, inputs=inputs)
+        except RuntimeError:  # e.g. out of memory under the warm-up's allocator cap: that forward is out
+            continue
+    if not timings:
+        return True
+    _BLOCK_CHOICES[key] = min(timings, key=timings.get)
+    return _BLOCK_CHOICES[key] == BLOCK_FP8
+
+
+def chosen_blocks() -> dict[str, str]:
+    """Each transformer-block shape's pick ("fp8" or "fp16"), for reports and the engine cache."""
+    return dict(_BLOCK_CHOICES)
+
+
+def restore_blocks(choices: dict[str, str]) -> None:
+    """Take earlier block picks (from the engine cache); other names are ignored (that shape is timed again)."""
+    _BLOCK_CHOICES.update({key: name for key, name in choices.items() if name in (BLOCK_FP8, BLOCK_FP16)})
 
 
 def fp8_available(device: torch.device) -> str | None:

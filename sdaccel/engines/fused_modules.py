@@ -452,7 +452,8 @@ class FusedTransformerBlock(nn.Module):
     The residual adds, output-projection biases and the following LayerNorm run as one SkipLayerNorm kernel; the
     feed-forward's bias and GELU gate as one BiasSplitGelu kernel after its GEMM, or inside it (feed_forward.py,
     per shape); its output GEMM adds onto the residual in place.
-    FP8 mode (enable_fp8, engines/fp8.py): the norms and the GEGLU kernel write e4m3 for four e4m3 GEMMs.
+    FP8 mode (enable_fp8, engines/fp8.py): the norms and the GEGLU kernel write e4m3 for four e4m3 GEMMs, at the
+    shapes where that timed faster than fp16.
     """
 
     def __init__(self, block: nn.Module, fp32_attention: bool = False):
@@ -501,16 +502,31 @@ class FusedTransformerBlock(nn.Module):
                 and FusedAttention.supports(block.attn1) and FusedAttention.supports(block.attn2)
                 and all(isinstance(n, nn.LayerNorm) for n in (block.norm1, block.norm2, block.norm3)))
 
-    def _fp8_slots(self) -> tuple:
+    def _fp8_slots(self, e4m3: bool) -> tuple:
         """(scale, amax) of each e4m3 GEMM input (Q/K/V, cross Q, feed-forward in, out); (None, None) each
-        outside FP8 mode, where the kernels then write the model's dtype."""
-        if self.fp8_scales is None:
+        outside FP8 mode or in fp16 (e4m3 False), where the kernels then write the model's dtype."""
+        if not e4m3:
             return ((None, None),) * SITES_PER_BLOCK
         return tuple(self.fp8_scales.slot(self.fp8_site + i) for i in range(SITES_PER_BLOCK))
 
+    def _in_fp8(self, h: torch.Tensor, context: torch.Tensor | None) -> bool:
+        """In FP8 mode, whether this call's shapes run in e4m3 (fp8_mode.block_in_fp8 picks per shape)."""
+        if self.ff_in is None:
+            return False
+        ctx = None if context is None else list(context.shape)
+        key = (f"block x{list(h.shape)} ctx{ctx} ff{list(self.ff_in.data.shape)} "
+               f"{str(h.dtype).removeprefix('torch.')}")
+        inputs = [h] if context is None else [h, context]
+        return fp8_mode.block_in_fp8(key, lambda e4m3: self._forward(h, context, e4m3),
+                                     [*self.parameters(), *self.buffers()], inputs)
+
     def forward(self, h: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        return self._forward(h, context, self._in_fp8(h, context))
+
+    def _forward(self, h: torch.Tensor, context: torch.Tensor, e4m3: bool) -> torch.Tensor:
+        """The block; e4m3: its four GEMMs in e4m3 (FP8 mode only). h itself is not written."""
         b = self.block
-        qkv, cross_q, ff_in, ff_out = self._fp8_slots()
+        qkv, cross_q, ff_in, ff_out = self._fp8_slots(e4m3)
         n = layer_norm(h, b.norm1.weight, b.norm1.bias, b.norm1.eps, out_scale=qkv[0], out_amax=qkv[1])
         a = F.linear(self.attn1(n, x_scale=qkv[0]), b.attn1.to_out[0].weight)
         n, h = layer_norm(a, b.norm2.weight, b.norm2.bias, b.norm2.eps, skip=h, input_bias=b.attn1.to_out[0].bias,
@@ -525,7 +541,7 @@ class FusedTransformerBlock(nn.Module):
         # accumulates onto h in place (cuBLAS's beta = 1): no separate bias + residual kernel.
         n, h = layer_norm(a, b.norm3.weight, b.norm3.bias, b.norm3.eps, skip=h, input_bias=b.attn2.to_out[0].bias,
                           return_sum=True, sum_bias=proj_out.bias, out_scale=ff_in[0], out_amax=ff_in[1])
-        if self.ff_in is None:
+        if not e4m3:
             f = linear_geglu(n, proj_in.weight, proj_in.bias)  # cuBLAS + GEGLU kernel, or one fused kernel
             h.view(-1, h.shape[-1]).addmm_(f.view(-1, f.shape[-1]), proj_out.weight.t())
             return h

@@ -103,7 +103,7 @@ def test_engine_info_carries_what_the_engine_picked_while_running():
     pipe = SimpleNamespace(stages=SimpleNamespace(info={"fusions": {"resnet": 22}}), engine=Picking())
     assert engine_info(pipe) == {"fusions": {"resnet": 22}, "picks": Picking().report()}
     assert engine_info(SimpleNamespace(stages=SimpleNamespace(info={}), engine=get_engine("eager"))) == {}
-    assert set(get_engine("fast").report()) == {"attention", "feed_forward", "convolution"}
+    assert set(get_engine("fast").report()) == {"attention", "feed_forward", "convolution", "fp8_blocks"}
 
 
 def test_one_engine_twice_under_labels_each_with_its_own_options(tmp_path):

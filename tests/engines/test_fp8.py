@@ -24,6 +24,14 @@ def every_block_width(monkeypatch):
     monkeypatch.setattr(fp8_module, "MIN_WIDTH", 0)
 
 
+@pytest.fixture(autouse=True)
+def no_block_picks():
+    """The transformer blocks' e4m3/fp16 picks are process-wide (as the engine cache's): none leak between tests."""
+    fp8_module._BLOCK_CHOICES.clear()
+    yield
+    fp8_module._BLOCK_CHOICES.clear()
+
+
 def test_scales_follow_each_calls_amax():
     scales = Fp8Scales(3, torch.device("cpu"))
     scale, amax = scales.slot(1)
@@ -184,6 +192,98 @@ def test_the_e4m3_convolution_pick_stays_out_off_the_gpu_and_restores_only_its_o
         convolution._PICKS.choices.pop("fp8 other", None)
 
 
+def _block_keys(monkeypatch, unet, *args) -> list[str]:
+    """The block-pick keys a UNet call asks for (each block's shapes), the call run with every block in e4m3."""
+    keys = []
+
+    def record(key, run, weights, inputs):
+        keys.append(key)
+        return True
+
+    with monkeypatch.context() as m:
+        m.setattr(fp8_module, "block_in_fp8", record)
+        with torch.inference_mode():
+            unet(*args)
+    return keys
+
+
+def test_a_block_picked_fp16_runs_as_without_fp8_mode(monkeypatch):
+    """The engine cache hands back a block pick of "fp16": that block runs as the default engine's does (same
+    result, bit for bit) and records no amax; "fp8" runs the e4m3 path; a name the pick never gives is dropped."""
+    spec = get_spec("sd15-tiny")
+    plain, fp8 = build_synthetic(spec).unet, build_synthetic(spec).unet
+    fuse_modules(plain)
+    counts = fuse_modules(fp8, fp8=True, fp8_convs=False)
+    x, t, ctx = _unet_inputs(spec, torch.Generator().manual_seed(4))
+    args = (torch.cat([x, x]), t, ctx)
+    keys = _block_keys(monkeypatch, fp8, *args)
+    assert len(keys) == counts["fp8_blocks"] and len(set(keys)) == 2  # the tiny UNet's two block widths
+    assert keys[0] == "block x[2, 256, 32] ctx[2, 77, 32] ff[256, 32] float32"
+    scales = fp8.sdaccel_fp8_scales
+    with torch.inference_mode():
+        scales.scales.fill_(1)  # as before any call (_block_keys' call moved them)
+        in_e4m3 = fp8(*args).sample
+        after_e4m3 = scales.scale.clone()
+        want = plain(*args).sample
+        fp8_module.restore_blocks({key: "fp16" for key in keys} | {"block other": "fp8:sm90"})
+        assert fp8_module.chosen_blocks() == {key: "fp16" for key in keys}
+        got = fp8(*args).sample
+        assert torch.equal(scales.scale, after_e4m3)  # no site saw a value: each kept the scale it had
+        fp8_module.restore_blocks({key: "fp8" for key in keys})
+        scales.scales.fill_(1)
+        again = fp8(*args).sample
+    assert not after_e4m3.eq(1).all()
+    assert torch.equal(got, want) and not torch.equal(in_e4m3, want)
+    assert torch.equal(again, in_e4m3)  # e4m3 again
+
+
+def test_the_block_pick_times_both_forwards_once_and_keeps_the_faster(monkeypatch):
+    """fp8.block_in_fp8 off the GPU's timing: a stand-in input on "cuda" and a stand-in timer, so what is asked
+    for and kept can be checked here (the GPU test times real blocks)."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    on_gpu = type("OnGpu", (), {"is_cuda": True})()
+    times = {False: 2.0, True: 1.0}
+    ran, timed = [], []
+
+    def forward(e4m3_out=1.0):
+        def run(e4m3):  # a forward: what it ran recorded, e4m3_out its e4m3 output (None: it raises)
+            ran.append(e4m3)
+            if e4m3 and e4m3_out is None:
+                raise RuntimeError("CUDA out of memory")
+            return torch.full((3,), e4m3_out if e4m3 else 1.0)
+        return run
+
+    run = forward()
+
+    def fake_time(fn, weights, inputs):
+        fn()
+        timed.append(ran[-1])
+        return times[ran[-1]]
+
+    monkeypatch.setattr(fp8_module, "cuda_time_ms", fake_time)
+    assert fp8_module.block_in_fp8("k1", run, [], [on_gpu]) is True and len(timed) == 2
+    assert fp8_module.block_in_fp8("k1", run, [], [on_gpu]) is True and len(timed) == 2  # kept, not timed again
+    times[False] = 0.5
+    assert fp8_module.block_in_fp8("k2", run, [], [on_gpu]) is False
+    assert fp8_module.chosen_blocks() == {"k1": "fp8", "k2": "fp16"}
+
+    times[False] = 2.0
+    assert fp8_module.block_in_fp8("k3", forward(None), [], [on_gpu]) is False
+    assert fp8_module.block_in_fp8("k4", forward(float("inf")), [], [on_gpu]) is False
+    assert fp8_module.chosen_blocks()["k3"] == fp8_module.chosen_blocks()["k4"] == "fp16"
+    # Before benchmark mode (the warm-up's first run) and in a dry run: e4m3, nothing kept.
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    assert fp8_module.block_in_fp8("k5", run, [], [on_gpu]) is True
+    ran.clear()
+    monkeypatch.setattr(fp8_module, "is_recording", lambda: True)
+    assert fp8_module.block_in_fp8("k6", run, [], [on_gpu]) is True
+    assert ran == [False] and "k5" not in fp8_module.chosen_blocks() and "k6" not in fp8_module.chosen_blocks()
+    # Off the GPU nothing runs.
+    assert fp8_module.block_in_fp8("k7", run, [], [torch.ones(1)]) is True and ran == [False]
+    assert timed == [False, True, False, True, False, False]  # k1, k2, then k3's and k4's fp16 forward alone
+
+
 def test_blocks_whose_gemms_cublaslt_cannot_take_stay_fp16():
     unet = build_synthetic(get_spec("sd15-tiny")).unet
     fuse_modules(unet)
@@ -254,13 +354,15 @@ def test_fp8_pipeline_runs_end_to_end(arch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("arch", ["sd15-tiny", "sdxl-tiny"])
-def test_fp8_unet_call_in_cuda_graphs(arch):
-    """On the GPU: the kernels write e4m3, cuBLASLt multiplies, the scales update inside the captured graph."""
+def test_fp8_unet_call_in_cuda_graphs(monkeypatch, arch):
+    """On the GPU: the kernels write e4m3, cuBLASLt multiplies, the scales update inside the captured graph. Every
+    block runs in e4m3 here (the tiny blocks' pick may take fp16: test_the_block_pick_on_the_gpu covers it)."""
     from sdaccel.engines.fp8 import fp8_available
 
     reason = fp8_available(torch.device("cuda"))
     if reason:  # an FP8-less GPU (before compute capability 8.9): the engine refuses the mode there
         pytest.skip(reason)
+    monkeypatch.setattr(fp8_module, "block_in_fp8", lambda *args: True)
     spec = get_spec(arch)
     ref = sdaccel.engines.get_engine("eager").prepare(build_synthetic(spec), torch.float32, torch.device("cuda"))
     comps = build_synthetic(spec)
@@ -349,3 +451,55 @@ def test_the_e4m3_convolution_pick_times_once_and_is_stored(monkeypatch):
     convolution._FP8_PICKS.choices.clear()
     convolution.restore_paths(stored)
     assert convolution.fp8_path(shape, conv.weight, weight8.data, weight8.scale, torch.float16) == first
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+def test_the_block_pick_on_the_gpu(monkeypatch):
+    """A 640-wide block at SD1.5's 32x32 level (CFG batch 2): in benchmark mode its first call times the fp16 and
+    e4m3 forwards inside CUDA graphs and keeps one, the second call takes it untimed, and either way the block's
+    output is the one its choice computes."""
+    from sdaccel.engines.fp8 import fp8_available
+    from diffusers.models.attention import BasicTransformerBlock
+
+    reason = fp8_available(torch.device("cuda"))
+    if reason:
+        pytest.skip(reason)
+    torch.manual_seed(0)
+    block = BasicTransformerBlock(640, 10, 64, cross_attention_dim=768).cuda().half().eval()
+    fused = FusedTransformerBlock(block)
+    fused.enable_fp8(Fp8Scales(4, torch.device("cuda")), 0)
+    h = torch.randn(2, 1024, 640, device="cuda", dtype=torch.float16)
+    ctx = torch.randn(2, 77, 768, device="cuda", dtype=torch.float16)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    with torch.inference_mode():
+        out = fused(h, ctx)
+        (key, choice), = fp8_module.chosen_blocks().items()
+        assert key == "block x[2, 1024, 640] ctx[2, 77, 768] ff[5120, 640] float16" and choice in ("fp8", "fp16")
+        monkeypatch.setattr(fp8_module, "cuda_time_ms", lambda *a, **k: pytest.fail("timed twice"))
+        again = fused(h, ctx)
+        want = fused._forward(h, ctx, choice == "fp8")
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(again, want, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+def test_the_engine_stores_the_block_picks(tmp_path, monkeypatch):
+    """FastEngine(fp8=True): the graph warm-up picks each block shape, and the engine cache hands the picks to the
+    next process (here: the next engine, the process's picks cleared in between)."""
+    from sdaccel.engines.fp8 import fp8_available
+
+    reason = fp8_available(torch.device("cuda"))
+    if reason:
+        pytest.skip(reason)
+    monkeypatch.setenv("SDACCEL_CACHE", str(tmp_path))
+    first = sdaccel.Pipeline(build_synthetic(get_spec("sd15-tiny")), engine=FastEngine(fp8=True), dtype="fp16")
+    out = first("a cat", steps=2, scheduler="ddim", output="tensor")
+    picks = fp8_module.chosen_blocks()
+    assert picks and set(picks.values()) <= {"fp8", "fp16"} and torch.isfinite(out.latents).all()
+    first.engine.save_cache()
+    fp8_module._BLOCK_CHOICES.clear()
+    second = FastEngine(fp8=True)
+    sdaccel.Pipeline(build_synthetic(get_spec("sd15-tiny")), engine=second, dtype="fp16")
+    assert fp8_module.chosen_blocks() == picks and second.report()["fp8_blocks"] == picks
