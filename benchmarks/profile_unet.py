@@ -155,6 +155,8 @@ def main():
     ap.add_argument("--graphed", action="store_true",
                     help="also list the kernels of the call replayed as one CUDA graph: their durations there, with "
                          "the L2 and instruction caches as the neighbouring kernels leave them")
+    ap.add_argument("--fp8", choices=["off", "on", "noconv"], default="off",
+                    help="fast: the opt-in FP8 mode (noconv: with its convolutions left in fp16)")
     ap.add_argument("--trace", help="with --graphed: list each launch of the kernels matching this regex")
     ap.add_argument("--out")
     args = ap.parse_args()
@@ -190,7 +192,7 @@ def main():
 
         torch.backends.cudnn.benchmark = True
         feed_forward.set_mode(args.gemm_geglu)
-        print("fusions", fuse_modules(unet), flush=True)
+        print("fusions", fuse_modules(unet, fp8=args.fp8 != "off", fp8_convs=args.fp8 == "on"), flush=True)
         refusal = "--cfg-twice" if args.cfg_twice else cfg_prefix_refusal(unet)
         if args.stage == "unet" and args.batch % 2 == 0 and refusal is None:
             inputs = [(x[:args.batch // 2], t, c, extra) for x, t, c, extra in inputs]  # as the engine's stage
