@@ -4,10 +4,9 @@ A kernel that writes e4m3 for a GEMM writes q = round_e4m3(clamp(y / scale, -448
 into a device float (atomic max), so the engine can derive the next call's scale from this call's range (delayed
 scaling, engines/fp8.py). `scale` is the dequantization factor: y ~ q * scale; the GEMM multiplies it back.
 
-The rounding is done here in fp32, before the cast, so the cast itself is exact: Triton's CPU interpreter (which
-the tests run the kernels in) mis-rounds float -> e4m3 where rounding carries into the exponent (31.7 -> 16, not 32)
-and in e4m3's subnormal range. On the GPU the pre-rounded cast costs a few integer instructions in kernels bound by
-memory.
+Under Triton's CPU interpreter (which the tests run the kernels in) the rounding is done in fp32, before the cast,
+so the cast itself is exact: the interpreter mis-rounds float -> e4m3 where rounding carries into the exponent
+(31.7 -> 16, not 32) and in e4m3's subnormal range. Compiled, the GPU's own cast rounds (to_e4m3).
 """
 
 from __future__ import annotations
@@ -15,6 +14,8 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+
+from . import interpreter_enabled
 
 try:
     import triton
@@ -43,24 +44,36 @@ def quantize_e4m3_reference(y: torch.Tensor, scale: torch.Tensor, amax: Optional
 
 if triton is not None:
 
+    # Compiled, the cast rounds to nearest even by itself (cvt.rn.satfinite.e4m3x2.f32, two values an instruction);
+    # the CPU interpreter's mis-rounds (module doc), so there the value is rounded in fp32 first. On the GPU that
+    # rounding was ~25 instructions a value: in the looped GroupNorm, 64 programs at SD1.5's 32x32 level, it was
+    # a good part of why writing e4m3 took 1.8x as long as writing fp16 (twentieth session).
+    _ROUND_FIRST = tl.constexpr(interpreter_enabled())
+
     @triton.jit
     def to_e4m3(y, inv_scale):
         """fp32 y times inv_scale, saturated and rounded to e4m3's grid (nearest, ties to even), as e4m3."""
         v = tl.minimum(tl.maximum(y * inv_scale, -448.0), 448.0)
-        bits = v.to(tl.int32, bitcast=True)
-        # Normal range: keep fp32's top 3 mantissa bits, rounding on the integer bits so a carry reaches the exponent.
-        normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)  # & 0xFFF00000
-        # Subnormal range: multiples of 2^-9, |v| rounded to nearest even by the 1.5 * 2^23 shift, v's sign back
-        # (a value that rounds to zero may come out +0 where torch writes -0: the same number to a GEMM).
-        a = tl.abs(v)
-        subnormal = ((a * 512.0 + 12582912.0) - 12582912.0) * 0.001953125
-        subnormal = tl.where(v < 0, -subnormal, subnormal)
-        return tl.where(a < 0.015625, subnormal, normal).to(tl.float8e4nv)
+        if _ROUND_FIRST:
+            bits = v.to(tl.int32, bitcast=True)
+            # Normal range: keep fp32's top 3 mantissa bits, rounding on the integer bits so a carry reaches the
+            # exponent.
+            normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)  # & 0xFFF00000
+            # Subnormal range: multiples of 2^-9, |v| rounded to nearest even by the 1.5 * 2^23 shift, v's sign
+            # back (a value that rounds to zero may come out +0 where torch writes -0: the same number to a GEMM).
+            a = tl.abs(v)
+            subnormal = ((a * 512.0 + 12582912.0) - 12582912.0) * 0.001953125
+            subnormal = tl.where(v < 0, -subnormal, subnormal)
+            v = tl.where(a < 0.015625, subnormal, normal)
+        return v.to(tl.float8e4nv)
 
     @triton.jit
     def record_amax(amax_ptr, y, mask):
-        """amax = max(amax, max |y| over the masked 2-D block): one atomic per program."""
-        tl.atomic_max(amax_ptr, tl.max(tl.max(tl.where(mask, tl.abs(y), 0.0), axis=1), axis=0))
+        """amax = max(amax, max |y| over the masked 2-D block): one atomic, relaxed. Only its value after the
+        kernel is read, so it orders nothing; at Triton's default (acq_rel) each one is a fence, and a kernel that
+        recorded every tile of a loop lost the loads it had in flight (a looping kernel keeps a running max and
+        records it once: group_norm._normalize_rows)."""
+        tl.atomic_max(amax_ptr, tl.max(tl.max(tl.where(mask, tl.abs(y), 0.0), axis=1), axis=0), sem="relaxed")
 
 
 def scale_refusal(like: torch.Tensor, **scales: Optional[torch.Tensor]) -> str | None:
