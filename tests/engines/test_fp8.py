@@ -456,7 +456,7 @@ def test_the_e4m3_convolution_pick_times_once_and_is_stored(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
 def test_the_block_pick_on_the_gpu(monkeypatch):
-    """A 640-wide block at SD1.5's 32x32 level (CFG batch 2): in benchmark mode its first call times the fp16 and
+    """A 640-wide block (10 heads of 64) at 1024 tokens and CFG batch 2: in benchmark mode its first call times the fp16 and
     e4m3 forwards inside CUDA graphs and keeps one, the second call takes it untimed, and either way the block's
     output is the one its choice computes."""
     from sdaccel.engines.fp8 import fp8_available
