@@ -48,7 +48,7 @@ from ..kernels import conv_sm90
 from ..kernels.fp8 import E4M3, E4M3_MAX, quantize_e4m3_reference
 from ..kernels.precompile import is_recording
 from .convolution import add_bias_residual, fp8_path
-from .kernel_pick import cuda_time_ms
+from .kernel_pick import ShapePicks, cuda_time_ms
 
 SITES_PER_BLOCK = 4  # qkv, cross_q, ff_in, ff_out (FusedTransformerBlock's order)
 SITES_PER_RESNET = 2  # conv1, conv2 (FusedResnetBlock's)
@@ -60,13 +60,13 @@ MIN_WIDTH = 640
 
 
 BLOCK_FP8, BLOCK_FP16 = "fp8", "fp16"  # a transformer block's pick (block_in_fp8), as the engine cache stores it
-_BLOCK_CHOICES: dict[str, str] = {}
+_BLOCK_PICKS = ShapePicks(BLOCK_FP8, enabled=True)  # the choices only: block_in_fp8 times them itself
 
 
-def block_in_fp8(key: str, run: Callable[[bool], torch.Tensor], weights: Sequence[torch.Tensor],
+def block_in_fp8(key: str, run: Callable[[bool], torch.Tensor], block: nn.Module,
                  inputs: Sequence[torch.Tensor]) -> bool:
     """Whether a transformer block in FP8 mode runs its e4m3 GEMMs at the shapes `key` names; run(e4m3) is the
-    block's forward either way, weights its tensors, inputs its activations.
+    block's forward either way, `block` the module whose tensors are its weights, inputs its activations.
 
     A whole block is the unit: which of its norms write e4m3, which GEMMs read it and whether the GEGLU kernel
     runs inside the GEMM all change together. The first time a key is met in cuDNN's benchmark mode (the engine's
@@ -74,8 +74,9 @@ def block_in_fp8(key: str, run: Callable[[bool], torch.Tensor], weights: Sequenc
     and the faster is kept. Before that, under capture and off the GPU the answer is e4m3 and nothing is kept; in a
     dry run recording Triton kernels both run once. A timed forward also records this block's amaxes, of the same
     inputs the call's own forward then sees: the scales come out as without the pick."""
-    if key in _BLOCK_CHOICES:
-        return _BLOCK_CHOICES[key] == BLOCK_FP8
+    choices = _BLOCK_PICKS.choices
+    if key in choices:
+        return choices[key] == BLOCK_FP8
     if not inputs[0].is_cuda or torch.cuda.is_current_stream_capturing():
         return True
     if is_recording():
@@ -83,6 +84,7 @@ def block_in_fp8(key: str, run: Callable[[bool], torch.Tensor], weights: Sequenc
         return True
     if not torch.backends.cudnn.benchmark:
         return True
+    weights = [*block.parameters(), *block.buffers()]
     timings = {}
     for name, e4m3 in ((BLOCK_FP16, False), (BLOCK_FP8, True)):
         try:
@@ -93,18 +95,18 @@ def block_in_fp8(key: str, run: Callable[[bool], torch.Tensor], weights: Sequenc
             continue
     if not timings:
         return True
-    _BLOCK_CHOICES[key] = min(timings, key=timings.get)
-    return _BLOCK_CHOICES[key] == BLOCK_FP8
+    choices[key] = min(timings, key=timings.get)
+    return choices[key] == BLOCK_FP8
 
 
 def chosen_blocks() -> dict[str, str]:
     """Each transformer-block shape's pick ("fp8" or "fp16"), for reports and the engine cache."""
-    return dict(_BLOCK_CHOICES)
+    return _BLOCK_PICKS.chosen()
 
 
 def restore_blocks(choices: dict[str, str]) -> None:
     """Take earlier block picks (from the engine cache); other names are ignored (that shape is timed again)."""
-    _BLOCK_CHOICES.update({key: name for key, name in choices.items() if name in (BLOCK_FP8, BLOCK_FP16)})
+    _BLOCK_PICKS.restore(choices, {BLOCK_FP8, BLOCK_FP16})
 
 
 def fp8_available(device: torch.device) -> str | None:

@@ -517,8 +517,7 @@ class FusedTransformerBlock(nn.Module):
         key = (f"block x{list(h.shape)} ctx{ctx} ff{list(self.ff_in.data.shape)} "
                f"{str(h.dtype).removeprefix('torch.')}")
         inputs = [h] if context is None else [h, context]
-        return fp8_mode.block_in_fp8(key, lambda e4m3: self._forward(h, context, e4m3),
-                                     [*self.parameters(), *self.buffers()], inputs)
+        return fp8_mode.block_in_fp8(key, lambda e4m3: self._forward(h, context, e4m3), self, inputs)
 
     def forward(self, h: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         return self._forward(h, context, self._in_fp8(h, context))

@@ -27,9 +27,9 @@ def every_block_width(monkeypatch):
 @pytest.fixture(autouse=True)
 def no_block_picks():
     """The transformer blocks' e4m3/fp16 picks are process-wide (as the engine cache's): none leak between tests."""
-    fp8_module._BLOCK_CHOICES.clear()
+    fp8_module._BLOCK_PICKS.choices.clear()
     yield
-    fp8_module._BLOCK_CHOICES.clear()
+    fp8_module._BLOCK_PICKS.choices.clear()
 
 
 def test_scales_follow_each_calls_amax():
@@ -196,7 +196,7 @@ def _block_keys(monkeypatch, unet, *args) -> list[str]:
     """The block-pick keys a UNet call asks for (each block's shapes), the call run with every block in e4m3."""
     keys = []
 
-    def record(key, run, weights, inputs):
+    def record(key, run, block, inputs):
         keys.append(key)
         return True
 
@@ -243,6 +243,7 @@ def test_the_block_pick_times_both_forwards_once_and_keeps_the_faster(monkeypatc
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
     on_gpu = type("OnGpu", (), {"is_cuda": True})()
+    no_weights = torch.nn.Module()  # the block whose tensors the timing would evict L2 around
     times = {False: 2.0, True: 1.0}
     ran, timed = [], []
 
@@ -262,25 +263,25 @@ def test_the_block_pick_times_both_forwards_once_and_keeps_the_faster(monkeypatc
         return times[ran[-1]]
 
     monkeypatch.setattr(fp8_module, "cuda_time_ms", fake_time)
-    assert fp8_module.block_in_fp8("k1", run, [], [on_gpu]) is True and len(timed) == 2
-    assert fp8_module.block_in_fp8("k1", run, [], [on_gpu]) is True and len(timed) == 2  # kept, not timed again
+    assert fp8_module.block_in_fp8("k1", run, no_weights, [on_gpu]) is True and len(timed) == 2
+    assert fp8_module.block_in_fp8("k1", run, no_weights, [on_gpu]) is True and len(timed) == 2  # kept, not timed again
     times[False] = 0.5
-    assert fp8_module.block_in_fp8("k2", run, [], [on_gpu]) is False
+    assert fp8_module.block_in_fp8("k2", run, no_weights, [on_gpu]) is False
     assert fp8_module.chosen_blocks() == {"k1": "fp8", "k2": "fp16"}
 
     times[False] = 2.0
-    assert fp8_module.block_in_fp8("k3", forward(None), [], [on_gpu]) is False
-    assert fp8_module.block_in_fp8("k4", forward(float("inf")), [], [on_gpu]) is False
+    assert fp8_module.block_in_fp8("k3", forward(None), no_weights, [on_gpu]) is False
+    assert fp8_module.block_in_fp8("k4", forward(float("inf")), no_weights, [on_gpu]) is False
     assert fp8_module.chosen_blocks()["k3"] == fp8_module.chosen_blocks()["k4"] == "fp16"
     # Before benchmark mode (the warm-up's first run) and in a dry run: e4m3, nothing kept.
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
-    assert fp8_module.block_in_fp8("k5", run, [], [on_gpu]) is True
+    assert fp8_module.block_in_fp8("k5", run, no_weights, [on_gpu]) is True
     ran.clear()
     monkeypatch.setattr(fp8_module, "is_recording", lambda: True)
-    assert fp8_module.block_in_fp8("k6", run, [], [on_gpu]) is True
+    assert fp8_module.block_in_fp8("k6", run, no_weights, [on_gpu]) is True
     assert ran == [False] and "k5" not in fp8_module.chosen_blocks() and "k6" not in fp8_module.chosen_blocks()
     # Off the GPU nothing runs.
-    assert fp8_module.block_in_fp8("k7", run, [], [torch.ones(1)]) is True and ran == [False]
+    assert fp8_module.block_in_fp8("k7", run, no_weights, [torch.ones(1)]) is True and ran == [False]
     assert timed == [False, True, False, True, False, False]  # k1, k2, then k3's and k4's fp16 forward alone
 
 
@@ -456,9 +457,9 @@ def test_the_e4m3_convolution_pick_times_once_and_is_stored(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
 def test_the_block_pick_on_the_gpu(monkeypatch):
-    """A 640-wide block (10 heads of 64) at 1024 tokens and CFG batch 2: in benchmark mode its first call times the fp16 and
-    e4m3 forwards inside CUDA graphs and keeps one, the second call takes it untimed, and either way the block's
-    output is the one its choice computes."""
+    """A 640-wide block (10 heads of 64) at 1024 tokens and CFG batch 2: in benchmark mode its first call times the
+    fp16 and e4m3 forwards inside CUDA graphs and keeps one, the second call takes it untimed, and either way the
+    block's output is the one its choice computes."""
     from sdaccel.engines.fp8 import fp8_available
     from diffusers.models.attention import BasicTransformerBlock
 
@@ -499,7 +500,7 @@ def test_the_engine_stores_the_block_picks(tmp_path, monkeypatch):
     picks = fp8_module.chosen_blocks()
     assert picks and set(picks.values()) <= {"fp8", "fp16"} and torch.isfinite(out.latents).all()
     first.engine.save_cache()
-    fp8_module._BLOCK_CHOICES.clear()
+    fp8_module._BLOCK_PICKS.choices.clear()
     second = FastEngine(fp8=True)
     sdaccel.Pipeline(build_synthetic(get_spec("sd15-tiny")), engine=second, dtype="fp16")
     assert fp8_module.chosen_blocks() == picks and second.report()["fp8_blocks"] == picks
