@@ -9,6 +9,8 @@
 #                         packed QKV/KV, time and text projections in one GEMM each
 #   + convolution pick    fast with share_cfg_prefix=0: cuDNN or im2col + one cuBLAS GEMM per convolution shape
 #   + shared CFG prefix   fast: CFG's latents once, the halves' common prefix computed once (the default engine)
+#   + FP8 (opt-in)        fast with fp8=1: the transformer blocks' GEMMs and the ResNet blocks' 3x3 convolutions in
+#                         e4m3 where they time faster (engines/fp8.py); outside the numerics rule, hence not default
 #   benchmarks/run_ablation_gpu.sh [OUT_DIR]     env: RUNS (3), BATCH_SIZES (1,8)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,3 +35,4 @@ run 3-attention-pick fast fast.fused=0
 run 4-fused fast fast.conv=cudnn fast.share_cfg_prefix=0
 run 5-conv-pick fast fast.share_cfg_prefix=0
 run 6-cfg-prefix fast
+run 7-fp8 fast fast.fp8=1

@@ -40,6 +40,9 @@ def register(subparsers) -> None:
                    help="also time each engine's start in a second fresh process, with its on-disk caches warm")
     p.add_argument("--quality", action="store_true",
                    help="add each engine's PSNR against eager fp32 (same weights, prompt and initial noise)")
+    p.add_argument("--no-clock-monitor", dest="clock_monitor", action="store_false",
+                   help="do not sample the GPU's clock, power and temperature (nvidia-smi, every 100 ms) during the "
+                        "timed runs")
     p.set_defaults(func=cmd_bench)
 
 
@@ -53,6 +56,7 @@ def config_from_args(args: argparse.Namespace):
         runs=args.runs, warmup=args.warmup, scheduler=args.scheduler, dtype=args.dtype, device=args.device,
         baseline=args.baseline.strip().lower(), out=args.out, throughput=args.throughput,
         quality=args.quality, restart=args.restart, compile_mode=args.compile_mode,
+        clock_monitor=getattr(args, "clock_monitor", True),
         engine_opts=parse_engine_opts(getattr(args, "engine_opt", None) or [], "--engine-opt"))
 
 

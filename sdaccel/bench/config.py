@@ -167,6 +167,7 @@ class BenchConfig:
     quality: bool = False  # add PSNR against eager fp32 (one more image per engine, plus an fp32 reference)
     restart: bool = False  # time a second process start per engine (compile/Triton/ORT caches now warm)
     cold_only: bool = False  # worker: stop after the first image (how --restart measures)
+    clock_monitor: bool = True  # sample the GPU's clock, power and temperature during the timed runs (nvidia-smi)
     compile_mode: str | None = None
     # per-engine constructor options, {"onnxruntime": {"folder": "...", "cuda_graph": True}} (--engine-opt); also
     # accepted as a list of "ENGINE.KEY=VALUE" strings

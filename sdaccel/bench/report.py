@@ -122,6 +122,20 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def clock_cell(row: dict) -> str:
+    """The SM clock's median over the timed runs, with what held it down: "1980", "1755 (power_cap)"."""
+    median = row.get("gpu_sm_mhz_median")
+    if median is None:
+        return "—"
+    slowdown = row.get("gpu_slowdown")
+    return f"{float(median):.0f}" + (f" ({slowdown.replace(',', ', ')})" if slowdown else "")
+
+
+CLOCK_NOTE = ("SM MHz: the GPU's SM clock, median over the timed runs (nvidia-smi every 100 ms); in brackets what "
+              "nvidia-smi said held it down (power_cap, sw_thermal, hw_thermal, ...). Figures taken at different "
+              "clocks are not comparable.")
+
+
 def markdown_table(rows: list[dict], baseline: str | None) -> str:
     """One line per engine and batch size; the speed-up column only when the baseline engine was run."""
     with_ratio = baseline is not None and any(r["engine"] == baseline for r in rows)
@@ -133,6 +147,9 @@ def markdown_table(rows: list[dict], baseline: str | None) -> str:
     with_quality = any(r.get("psnr_vs_fp32_db") is not None for r in rows)
     if with_quality:
         header.append("PSNR vs fp32 dB")
+    with_clock = any(r.get("gpu_sm_mhz_median") is not None for r in rows)
+    if with_clock:
+        header.append("SM MHz (held down by)")
     if with_ratio:
         header.append(f"speed-up vs {baseline}")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -146,6 +163,8 @@ def markdown_table(rows: list[dict], baseline: str | None) -> str:
             cells.append(_fmt(r.get("restart_start_s"), 1))
         if with_quality:
             cells.append(_fmt(r.get("psnr_vs_fp32_db"), 2))
+        if with_clock:
+            cells.append(clock_cell(r))
         if with_ratio:
             cells.append("—" if r["speedup_vs_baseline"] is None else f"{r['speedup_vs_baseline']:.2f}x")
         lines.append("| " + " | ".join(cells) + " |")

@@ -25,7 +25,7 @@ from .config import BenchConfig, engine_kind
 from .memory import SOURCE_DESCRIPTIONS
 from .plots import write_plots
 from ..atomic import write_text
-from .report import CSV_NAME, add_speedups, append_csv, check_csv_header, markdown_table, \
+from .report import CLOCK_NOTE, CSV_NAME, add_speedups, append_csv, check_csv_header, markdown_table, \
     write_json
 from .schema import new_row
 
@@ -121,6 +121,8 @@ def run_bench(config: BenchConfig, *, isolate: bool = True, log: Callable[[str],
              f"{env['gpu_name'] or 'CPU'}")
     memory_note = SOURCE_DESCRIPTIONS.get(first["memory_source"], first["memory_source"])
     report = f"{title}\n\n{markdown_table(rows, cfg.baseline)}\n\nmemory: {memory_note}\n"
+    if any(r.get("gpu_sm_mhz_median") is not None for r in rows):
+        report += f"{CLOCK_NOTE}\n"
     written = [out / CSV_NAME]
     append_csv(out / CSV_NAME, rows)
     write_text(out / "table.md", report)

@@ -1,6 +1,6 @@
 """The benchmark row: one engine at one batch size. The CSV header is exactly COLUMNS, in this order.
 
-Units are in the names: `_s` seconds, `_MB` mebibytes (2**20 bytes). A figure that was not measured is None (an
+Units are in the names: `_s` seconds, `_MB` mebibytes (2**20 bytes), `_mhz`, `_w` watts, `_c` degrees Celsius. A figure that was not measured is None (an
 empty CSV cell), never a made-up number.
 """
 
@@ -26,6 +26,10 @@ COLUMNS: tuple[str, ...] = (
     # timed runs (end-to-end wall clock, synchronised) and per-stage medians (CUDA events on a GPU)
     "runs", "latency_mean_s", "latency_median_s", "latency_p90_s", "latency_min_s", "latency_max_s",
     "text_median_s", "denoise_median_s", "decode_median_s", "unet_it_s", "images_per_min",
+    # the GPU during the timed runs (gpu_clocks.py): its SM clock (median, lowest, the most it can reach), power,
+    # temperature and what held its clock down ("" for nothing)
+    "gpu_sm_mhz_median", "gpu_sm_mhz_min", "gpu_sm_mhz_max", "gpu_power_w_max", "gpu_temperature_c_max",
+    "gpu_slowdown",
     # steady-state ratio against the baseline engine of the same invocation, same batch size
     "baseline_engine", "speedup_vs_baseline",
     # --quality: PSNR (dB) of this engine's image against eager fp32's, same weights, prompt and initial noise
@@ -42,7 +46,8 @@ INT_COLUMNS = frozenset({"height", "width", "steps", "batch_size", "cold_start_b
 FLOAT_COLUMNS = frozenset(
     name for name in COLUMNS
     if name.endswith(("_s", "_MB")) and name not in {"warmup_s"}
-) | {"guidance", "unet_it_s", "images_per_min", "speedup_vs_baseline", "psnr_vs_fp32_db"}
+) | {"guidance", "unet_it_s", "images_per_min", "speedup_vs_baseline", "psnr_vs_fp32_db", "gpu_sm_mhz_median",
+     "gpu_sm_mhz_min", "gpu_sm_mhz_max", "gpu_power_w_max", "gpu_temperature_c_max"}
 LIST_COLUMNS = frozenset({"warmup_s"})  # JSON lists; JSON-encoded text in the CSV
 
 

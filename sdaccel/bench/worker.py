@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from .config import BenchConfig, engine_kind
+from .gpu_clocks import ClockMonitor
 from .memory import MemoryProbe, is_out_of_memory, release_memory, simulated_out_of_memory
 from .report import json_safe
 from .schema import new_row
@@ -87,7 +88,8 @@ def measure_batch(pipe, cfg: BenchConfig, batch: int, probe: MemoryProbe, first:
     """Row fields for one batch size. `first`: this size's first run already done (the cold-start image)."""
     first = first or run_once(pipe, cfg, batch, seed=0, probe=probe)
     warmups = [run_once(pipe, cfg, batch, seed=i + 1, probe=probe) for i in range(cfg.warmup)]
-    timed = [run_once(pipe, cfg, batch, seed=i, probe=probe) for i in range(cfg.runs)]
+    with ClockMonitor(pipe.device, enabled=cfg.clock_monitor) as clocks:
+        timed = [run_once(pipe, cfg, batch, seed=i, probe=probe) for i in range(cfg.runs)]
     second = (warmups + timed)[0]
     latency = summarize([r.wall_s for r in timed])
     stages = {name: summarize([getattr(r.timings, name) for r in timed]) for name in ("text", "denoise", "decode")}
@@ -100,7 +102,7 @@ def measure_batch(pipe, cfg: BenchConfig, batch: int, probe: MemoryProbe, first:
         text_median_s=stages["text"]["median"], denoise_median_s=stages["denoise"]["median"],
         decode_median_s=stages["decode"]["median"],
         unet_it_s=cfg.steps / stages["denoise"]["median"] if stages["denoise"]["median"] > 0 else None,
-        images_per_min=batch * 60 / latency["median"], stage_stats=stages,
+        images_per_min=batch * 60 / latency["median"], stage_stats=stages, **clocks.fields(),
     )
 
 

@@ -55,7 +55,9 @@ SITES_PER_RESNET = 2  # conv1, conv2 (FusedResnetBlock's)
 # Blocks narrower than this stay fp16. At 320 channels the GEMMs are short in K, and the fp16 path's fused GEMM +
 # GEGLU kernel (no wide intermediate) and its residual add inside cuBLAS beat e4m3: with every block in e4m3, an
 # SD1.5 UNet call (all of whose 4096-token blocks are 320 wide) was 4% slower at CFG batch 2 and 3% at 16, while
-# SDXL's (640 and 1280 wide) was 10% faster (H200, seventeenth session).
+# SDXL's (640 and 1280 wide) was 10% faster (H200, seventeenth session). Offered to the block pick since (MIN_WIDTH
+# 320), SD1.5's 320-wide blocks picked fp16 at CFG batch 2 and 16 (H200, twenty-first session): leaving them out
+# spares the warm-up their timing.
 MIN_WIDTH = 640
 
 

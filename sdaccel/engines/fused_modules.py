@@ -882,9 +882,11 @@ class FusedSpatialAttention(nn.Module):
 # What a UNet call may pass the latents through at batch B beside a context of 2B (the shared CFG prefix): the fused
 # blocks, which widen what they hand on (repeat_batch), and modules that never meet the context or the time
 # embedding's per-sample values (containers whose forward only passes tensors on, plain layers, the time embedding).
-# A fused up block widens its skip connections, then runs its own blocks, which are checked like the rest.
+# A fused up block widens its skip connections, then runs its own blocks, which are checked like the rest. The FP8
+# mode's scales are buffers with no forward: the two halves' identical prefix records the same amaxes at B samples
+# as at 2B (until the twenty-first session they refused the prefix, and FP8 mode lost what it saves).
 _PREFIX_SAFE_FUSED = (FusedResnetBlock, FusedTransformer2D, FusedUpsample2D, GroupNormSiLU,
-                      TimeEmbeddingProjections, ContextProjections)
+                      TimeEmbeddingProjections, ContextProjections, Fp8Scales)
 _PREFIX_SAFE_PLAIN = {"ModuleList", "Conv2d", "Linear", "SiLU", "Identity", "Timesteps", "TimestepEmbedding",
                       "Downsample2D", "DownBlock2D", "CrossAttnDownBlock2D", "UNetMidBlock2DCrossAttn"}
 

@@ -101,6 +101,47 @@ def test_fused_blocks_in_fp8_stay_close_and_scales_update_after_each_call():
         assert 1e-4 < err < 0.05, err  # e4m3 moves the result, but not far
 
 
+def test_fp8_mode_shares_the_cfg_prefix(monkeypatch):
+    """The scales module is no reason to refuse classifier-free guidance's shared prefix (until the twenty-first
+    session it was, and FP8 mode ran the first blocks at twice the batch): latents once beside both contexts give
+    what the latents twice give, e4m3 blocks and convolutions included, with the same ranges recorded.
+
+    Not to the bit: the prefix's fp32 products at one sample differ from those at two in the last bits, a value
+    that close to the midpoint of two e4m3 neighbours rounds the other way, and on this tiny random model such a
+    flip early on spreads through every later e4m3 rounding (0.01-5% of a half, depending on the seed). So each
+    half must stay as close to the fp32 model as without the prefix (e4m3's own error, ~8% here) and closer to its
+    result without the prefix than that; a half computed from the wrong context would be 100% off."""
+    from sdaccel.engines.fused_modules import cfg_prefix_refusal
+
+    _reference_fp8_convolutions(monkeypatch)
+    spec = get_spec("sd15-tiny")
+    plain, unet = build_synthetic(spec).unet, build_synthetic(spec).unet
+    fuse_modules(plain)
+    counts = fuse_modules(unet, fp8=True)
+    assert counts["fp8_blocks"] > 0 and counts["fp8_resnets"] > 0
+    assert cfg_prefix_refusal(unet) is None
+    x, t, ctx = _unet_inputs(spec, torch.Generator().manual_seed(7))
+    scales = unet.sdaccel_fp8_scales
+    with torch.inference_mode():
+        unet(torch.cat([x, x]), t, ctx)  # scales from a first call, as a loop's later steps have them
+        start = scales.scales.clone()
+        twice = unet(torch.cat([x, x]), t, ctx).sample
+        after_twice = scales.scales.clone()
+        scales.scales.copy_(start)
+        once = unet(x, t, ctx).sample
+        want = plain(torch.cat([x, x]), t, ctx).sample
+    assert once.shape == twice.shape == (2, 4, 16, 16)
+    for half in (slice(0, 1), slice(1, 2)):
+        fp8_error = relative_error(twice[half], want[half])
+        assert 1e-3 < fp8_error < 0.15 and relative_error(once[half], want[half]) < 0.15
+        assert relative_error(once[half], twice[half]) < fp8_error
+    torch.testing.assert_close(scales.scales, after_twice, rtol=0.05, atol=0)  # the same ranges, flips aside
+    assert not torch.allclose(once[:1], once[1:], atol=1e-3)  # the halves did part
+    engine = FastEngine(allow_cpu=True, fp8=True)
+    stages = engine.prepare(build_synthetic(spec), torch.float32, torch.device("cpu"))
+    assert stages.info["cfg_prefix"] == "shared" and stages.unet_takes_cfg_once
+
+
 def test_blocks_narrower_than_min_width_stay_fp16(monkeypatch):
     unet = build_synthetic(get_spec("sd15-tiny")).unet  # blocks 32 and 64 channels wide
     monkeypatch.setattr(fp8_module, "MIN_WIDTH", 64)
