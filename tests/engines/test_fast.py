@@ -175,6 +175,18 @@ def test_cfg_latents_once_give_both_halves_predictions(arch, images, exact_fp32)
             assert not torch.allclose(got_freeu, got, atol=1e-3)
 
 
+@pytest.mark.parametrize("options", [
+    {"fp8": True}, {"fp8": True, "fp8_convs": False}, {"attention": "sdpa"}, {"fp32_ops": ("attention",)},
+    {"gemm_geglu": "split"}, {"conv": "cudnn"}, {"loop_plan": False}, {"cuda_graphs": False},
+    {"channels_last": False}])
+def test_every_option_keeps_the_cfg_prefix(options):
+    """No engine option may lose the shared prefix as a side effect: the refusal is silent but for the engine's
+    info (the FP8 mode's scales module refused it for four sessions before a profile's log showed it)."""
+    stages = FastEngine(allow_cpu=True, **options).prepare(build_synthetic(get_spec("sd15-tiny")), torch.float32,
+                                                           torch.device("cpu"))
+    assert stages.info["cfg_prefix"] == "shared" and stages.unet_takes_cfg_once
+
+
 def test_cfg_prefix_refused_where_an_unfused_block_would_meet_the_context():
     """A transformer left to diffusers (a custom attention processor) would fold the 2B context into B samples:
     the engine then says why and the pipeline passes the latents twice, with the same result as eager."""
