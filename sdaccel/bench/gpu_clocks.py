@@ -1,10 +1,10 @@
 """The GPU's SM clock, power and temperature while the timed runs run, and what held the clock down.
 
-Two runs of the same engine on the same card differ by 10% when one of them ran hot or at its power cap: the
-figure is only worth comparing with the clock it ran at beside it (ONNX Runtime's guide locks the clocks for that;
-a benchmark without root cannot). So each batch size's timed runs are watched by one `nvidia-smi --query-gpu=...
---loop-ms=PERIOD` process streaming CSV lines: one process for all of them, started before and stopped after the
-runs, nothing spawned per sample on the host that launches the engine's kernels.
+A figure taken while the card held its clock down (at its power cap, or slowing itself for heat) is not the figure
+a cool card gives: it is only worth comparing with the clock it ran at beside it (ONNX Runtime's guide locks the
+clocks for that; a benchmark without root cannot). So each batch size's timed runs are watched by one
+`nvidia-smi --query-gpu=... --loop-ms=PERIOD` process streaming CSV lines: one process for all of them, started
+before and stopped after the runs, nothing spawned per sample on the host that launches the engine's kernels.
 
 What a row gets (None where nothing was sampled: no GPU, no nvidia-smi, or a GPU it does not know):
     gpu_sm_mhz_median, gpu_sm_mhz_min   the SM clock over the samples

@@ -1,7 +1,7 @@
 """The benchmark row: one engine at one batch size. The CSV header is exactly COLUMNS, in this order.
 
-Units are in the names: `_s` seconds, `_MB` mebibytes (2**20 bytes), `_mhz`, `_w` watts, `_c` degrees Celsius. A figure that was not measured is None (an
-empty CSV cell), never a made-up number.
+Units are in the names: `_s` seconds, `_MB` mebibytes (2**20 bytes), `_mhz`, `_w` watts, `_c` degrees Celsius.
+A figure that was not measured is None (an empty CSV cell), never a made-up number.
 """
 
 from __future__ import annotations
