@@ -72,7 +72,7 @@ from .cudagraph import input_signature
 from .engine_cache import EngineCache, environment, weights_digest
 from .eager import cast_stages, place_modules
 from .fp8 import chosen_blocks, fp8_available, restore_blocks
-from .fused_modules import cfg_prefix_refusal, fuse_modules
+from .fused_modules import PREFIX_NEVER_SHARED, cfg_prefix_refusal, fuse_modules
 from .kernel_pick import set_l2_eviction
 from .loop_plan import LoopPlanner, plan_refusal
 from .vae_scaling import STREAM_SCALE, rescale_decoder
@@ -344,6 +344,10 @@ class FastEngine(Engine):
         if self.share_cfg_prefix:
             refusal = cfg_prefix_refusal(components.unet) if self.fused else "needs the fused blocks"
             cfg_once = refusal is None
+            if refusal is not None and not refusal.startswith(PREFIX_NEVER_SHARED):
+                # Said aloud, not only in info: the FP8 mode lost the prefix this way for four sessions unnoticed.
+                self.notes.append(f"CFG prefix not shared ({refusal}): each step computes what both guidance "
+                                  "halves share twice")
         no_plan = "off"
         if self.loop_plan:
             no_plan = plan_refusal(components.unet) if self.fused else "needs the fused blocks"

@@ -891,6 +891,11 @@ _PREFIX_SAFE_PLAIN = {"ModuleList", "Conv2d", "Linear", "SiLU", "Identity", "Tim
                       "Downsample2D", "DownBlock2D", "CrossAttnDownBlock2D", "UNetMidBlock2DCrossAttn"}
 
 
+# How cfg_prefix_refusal's answer begins for a UNet whose halves differ from the start (SDXL's time embedding takes
+# the pooled text): nothing to share, so nothing lost.
+PREFIX_NEVER_SHARED = "its time embedding takes"
+
+
 def cfg_prefix_refusal(unet: nn.Module) -> str | None:
     """Why a fused UNet cannot take classifier-free guidance's latents once, B samples beside the 2B context
     (uncond first), and compute what both halves share once (None: it can).
@@ -906,7 +911,7 @@ def cfg_prefix_refusal(unet: nn.Module) -> str | None:
         return f"{type(unet).__name__} is not a diffusers UNet2DConditionModel"
     for key in ("class_embed_type", "addition_embed_type"):
         if getattr(config, key, None) is not None:
-            return f"its time embedding takes {key}={getattr(config, key)!r}, which differs between the halves"
+            return f"{PREFIX_NEVER_SHARED} {key}={getattr(config, key)!r}, which differs between the halves"
 
     def first_unsafe(module: nn.Module, prefix: str) -> str | None:
         for name, child in module.named_children():

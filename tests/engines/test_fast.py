@@ -150,6 +150,7 @@ def test_cfg_latents_once_give_both_halves_predictions(arch, images, exact_fp32)
     eager = sdaccel.engines.get_engine("eager").prepare(eager_comps, torch.float32, torch.device("cpu"))
     fast = FastEngine(allow_cpu=True).prepare(fast_comps, torch.float32, torch.device("cpu"))
     assert fast.unet_takes_cfg_once == (not spec.is_xl)
+    assert not any("CFG prefix" in note for note in fast.info["notes"])  # SDXL: nothing to share, nothing lost
     assert fast.info["cfg_prefix"] == ("shared" if not spec.is_xl else
                                        "not shared: its time embedding takes addition_embed_type='text_time', "
                                        "which differs between the halves")
@@ -185,6 +186,7 @@ def test_every_option_keeps_the_cfg_prefix(options):
     stages = FastEngine(allow_cpu=True, **options).prepare(build_synthetic(get_spec("sd15-tiny")), torch.float32,
                                                            torch.device("cpu"))
     assert stages.info["cfg_prefix"] == "shared" and stages.unet_takes_cfg_once
+    assert not any("CFG prefix" in note for note in stages.info["notes"])
 
 
 def test_cfg_prefix_refused_where_an_unfused_block_would_meet_the_context():
@@ -206,6 +208,8 @@ def test_cfg_prefix_refused_where_an_unfused_block_would_meet_the_context():
     assert not fast.stages.unet_takes_cfg_once
     assert fast.stages.info["cfg_prefix"] == ("not shared: up_blocks.1.block.attentions.0 (Transformer2DModel) is "
                                               "not a fused block")
+    assert ("CFG prefix not shared (up_blocks.1.block.attentions.0 (Transformer2DModel) is not a fused block): each "
+            "step computes what both guidance halves share twice") in fast.stages.info["notes"]
     assert (cfg_prefix_refusal(build_synthetic(get_spec("sd15-tiny")).unet)  # nothing fused
             == "down_blocks.0.attentions.0 (Transformer2DModel) is not a fused block")
     seen = spy_on_steps(fast)
