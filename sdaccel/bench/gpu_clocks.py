@@ -110,8 +110,10 @@ def nvidia_smi_id(device: torch.device) -> str | None:
     """How nvidia-smi names the GPU torch calls `device` (its UUID: right under CUDA_VISIBLE_DEVICES too)."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
-    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
-    return f"GPU-{uuid}" if uuid else None
+    uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or "")
+    if not uuid:
+        return None
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"  # torch gives the bare UUID
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,12 +1,14 @@
 """The GPU clock monitor: nvidia-smi's CSV samples parsed and summarized into a row, the sampling process started and
 stopped around the timed runs (a stand-in process here: there is no GPU), and the table's clock column."""
 
+import os
 import sys
 import time
+import types
 
 import torch
 
-from sdaccel.bench import BenchConfig
+from sdaccel.bench import BenchConfig, gpu_clocks
 from sdaccel.bench.cli import config_from_args
 from sdaccel.bench.gpu_clocks import ROW_FIELDS, ClockMonitor, Sample, nvidia_smi_id, parse_sample, summarize
 from sdaccel.bench.report import clock_cell, markdown_table
@@ -77,6 +79,56 @@ def test_monitor_without_a_sampler_leaves_the_fields_empty():
         time.sleep(0.2)
     assert monitor._proc is None and monitor.fields() == dict.fromkeys(ROW_FIELDS)
     assert nvidia_smi_id(torch.device("cpu")) is None
+
+
+# Stands in for an older driver's nvidia-smi on PATH: no clocks_event_reasons field (it says so and exits 2), the
+# older clocks_throttle_reasons one; a sample every 20 ms in loop mode. Logs its arguments, one call a line.
+FAKE_OLD_DRIVER = """#!{python}
+import sys, time
+open({log!r}, "a").write(" ".join(sys.argv[1:]) + "\\n")
+query = next(a for a in sys.argv if a.startswith("--query-gpu="))
+if "clocks_event_reasons" in query:
+    print('Field "clocks_event_reasons.active" is not a valid field to query.')
+    sys.exit(2)
+if not any(a.startswith("--loop-ms=") for a in sys.argv):
+    print("0x0000000000000000")
+    sys.exit(0)
+while True:
+    print("1980, 1980, 420.0, 51, 0x0000000000000001", flush=True)
+    time.sleep(0.02)
+"""
+
+
+def test_monitor_asks_nvidia_smi_about_this_gpu_with_the_fields_its_driver_knows(tmp_path, monkeypatch):
+    log = tmp_path / "calls.txt"
+    exe = tmp_path / "nvidia-smi"
+    exe.write_text(FAKE_OLD_DRIVER.format(python=sys.executable, log=str(log)))
+    exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setattr(gpu_clocks, "nvidia_smi_id", lambda device: "GPU-1234")
+    gpu_clocks._reason_field.cache_clear()
+    try:
+        with ClockMonitor(torch.device("cuda")) as monitor:
+            deadline = time.monotonic() + 20
+            while not monitor.samples and time.monotonic() < deadline:
+                time.sleep(0.05)
+    finally:
+        gpu_clocks._reason_field.cache_clear()
+    calls = log.read_text().splitlines()
+    assert "clocks_event_reasons.active" in calls[0] and "clocks_throttle_reasons.active" in calls[1]
+    loop = calls[-1].split()
+    assert loop[loop.index("-i") + 1] == "GPU-1234" and "--loop-ms=100" in loop
+    assert "--query-gpu=clocks.sm,clocks.max.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active" in loop
+    fields = monitor.fields()
+    assert fields["gpu_sm_mhz_median"] == 1980.0 and fields["gpu_slowdown"] == ""  # idle is no slowdown
+
+
+def test_nvidia_smi_names_the_gpu_by_the_uuid_torch_gives(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for uuid, name in (("0b42632a-bc5c-f731-724b-6936a19c4b24", "GPU-0b42632a-bc5c-f731-724b-6936a19c4b24"),
+                       ("MIG-5a1b", "MIG-5a1b"), ("", None)):
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device, u=uuid: types.SimpleNamespace(uuid=u))
+        assert gpu_clocks.nvidia_smi_id(torch.device("cuda", 0)) == name
 
 
 def test_the_fields_are_columns_and_numbers():
