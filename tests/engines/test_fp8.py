@@ -108,9 +108,10 @@ def test_fp8_mode_shares_the_cfg_prefix(monkeypatch):
 
     Not to the bit: the prefix's fp32 products at one sample differ from those at two in the last bits, a value
     that close to the midpoint of two e4m3 neighbours rounds the other way, and on this tiny random model such a
-    flip early on spreads through every later e4m3 rounding (0.01-5% of a half, depending on the seed). So each
-    half must stay as close to the fp32 model as without the prefix (e4m3's own error, ~8% here) and closer to its
-    result without the prefix than that; a half computed from the wrong context would be 100% off."""
+    flip early on spreads through every later e4m3 rounding (0-5% of a half, depending on the seed). So each half
+    must stay as close to the fp32 model as without the prefix (e4m3's own error, 8-17% here) and closer to its
+    result without the prefix than that. The second context is scaled up so that the halves part by ~100%: a half
+    computed from the other half's context would be that far off."""
     from sdaccel.engines.fused_modules import cfg_prefix_refusal
 
     _reference_fp8_convolutions(monkeypatch)
@@ -121,6 +122,7 @@ def test_fp8_mode_shares_the_cfg_prefix(monkeypatch):
     assert counts["fp8_blocks"] > 0 and counts["fp8_resnets"] > 0
     assert cfg_prefix_refusal(unet) is None
     x, t, ctx = _unet_inputs(spec, torch.Generator().manual_seed(7))
+    ctx[1] *= 8  # a strong text signal: on this random model the halves would part by only ~10% otherwise
     scales = unet.sdaccel_fp8_scales
     with torch.inference_mode():
         unet(torch.cat([x, x]), t, ctx)  # scales from a first call, as a loop's later steps have them
@@ -131,12 +133,12 @@ def test_fp8_mode_shares_the_cfg_prefix(monkeypatch):
         once = unet(x, t, ctx).sample
         want = plain(torch.cat([x, x]), t, ctx).sample
     assert once.shape == twice.shape == (2, 4, 16, 16)
-    for half in (slice(0, 1), slice(1, 2)):
+    for half, other in ((0, 1), (1, 0)):
         fp8_error = relative_error(twice[half], want[half])
-        assert 1e-3 < fp8_error < 0.15 and relative_error(once[half], want[half]) < 0.15
+        assert 1e-3 < fp8_error < 0.25 and relative_error(once[half], want[half]) < 0.25
         assert relative_error(once[half], twice[half]) < fp8_error
+        assert relative_error(once[half], twice[other]) > 0.5  # the halves did part
     torch.testing.assert_close(scales.scales, after_twice, rtol=0.05, atol=0)  # the same ranges, flips aside
-    assert not torch.allclose(once[:1], once[1:], atol=1e-3)  # the halves did part
     engine = FastEngine(allow_cpu=True, fp8=True)
     stages = engine.prepare(build_synthetic(spec), torch.float32, torch.device("cpu"))
     assert stages.info["cfg_prefix"] == "shared" and stages.unet_takes_cfg_once
