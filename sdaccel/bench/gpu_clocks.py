@@ -92,17 +92,17 @@ def summarize(samples: Sequence[Sample]) -> dict:
         return [getattr(s, name) for s in samples if getattr(s, name) is not None]
 
     sm, max_sm, power, temperature = (values(n) for n in ("sm_mhz", "max_sm_mhz", "power_w", "temperature_c"))
+    reasons = [s.reasons for s in samples if s.reasons is not None]
     seen = 0
-    for s in samples:
-        seen |= s.reasons or 0
-    known = [s.reasons for s in samples if s.reasons is not None]
+    for bits in reasons:
+        seen |= bits
     return dict(
         gpu_sm_mhz_median=statistics.median(sm) if sm else None,
         gpu_sm_mhz_min=min(sm) if sm else None,
         gpu_sm_mhz_max=max(max_sm) if max_sm else None,
         gpu_power_w_max=max(power) if power else None,
         gpu_temperature_c_max=max(temperature) if temperature else None,
-        gpu_slowdown=",".join(slowdown_names(seen)) if known else None,
+        gpu_slowdown=",".join(slowdown_names(seen)) if reasons else None,
     )
 
 

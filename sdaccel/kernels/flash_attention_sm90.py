@@ -30,8 +30,8 @@ import torch
 
 from .flash_attention import LOG2E, flash_attention_reference, split_head_dim, supports as _supports_shapes
 from .gluon_hopper import (  # noqa: F401 - gluon and available are part of this module's interface
-    TensorDescriptor, available, fence_async_shared, gl, gl_dtype, gluon, mbarrier, regs, warpgroup_mma,
-    warpgroup_mma_wait,
+    HALF_DTYPES, TensorDescriptor, available, descriptor, device_refusal, fence_async_shared, gl, gluon, mbarrier,
+    regs, warpgroup_mma, warpgroup_mma_wait,
 )
 from .gluon_hopper import tma_load as _tma_load
 
@@ -280,14 +280,10 @@ if gluon is not None:
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
     """Why the kernel cannot take these inputs (None: it can)."""
-    problem = _supports_shapes(q, k, v)
+    problem = _supports_shapes(q, k, v) or device_refusal(q.device)
     if problem:
         return problem
-    if gluon is None:
-        return "Triton without Gluon"
-    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
-        return "needs an sm_90 GPU (wgmma)"
-    if q.dtype not in (torch.float16, torch.bfloat16):
+    if q.dtype not in HALF_DTYPES:
         return f"dtype {q.dtype} (fp16 or bf16)"
     d = q.shape[-1]
     d0, d1 = split_head_dim(d)
@@ -301,9 +297,7 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
 
 
 def _descriptor(t: torch.Tensor, rows: int, cols: int) -> "TensorDescriptor":
-    block = [1, 1, rows, cols]
-    layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype(t.dtype))
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+    return descriptor(t, [1, 1, rows, cols])  # over the 4-D (B, H, L, d) view: a packed QKV's heads in place
 
 
 def default_config(head_dim: int) -> tuple:
