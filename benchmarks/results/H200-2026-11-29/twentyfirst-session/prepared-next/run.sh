@@ -5,6 +5,8 @@
 #    of the FP8 mode, then one UNet call fast-fp8 / fast at CFG batch 2 and 16 (bench_unet.py passes the latents
 #    once where the engine shares the prefix), then end to end at batches 1 and 8 against fast.
 #    Expected from the fp16 engine's own prefix (ablation, call 2): about -3 ms at batch 1, -45 ms at batch 8.
+#    The GPU tests include the Gluon attention kernel's: its TMA descriptors now come from gluon_hopper.descriptor
+#    (the review commit e80bbf5; TensorDescriptor.from_tensor, the same shape and strides as before).
 # 2. `sdaccel bench`'s new clock columns (bench/gpu_clocks.py: nvidia-smi --loop-ms=100 during the timed runs): the
 #    table's "SM MHz (held down by)" and the JSON rows' gpu_* fields, first time on a GPU.
 set -u
@@ -14,7 +16,7 @@ nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,power.draw,temperature.gpu,clocks
   --format=csv,noheader,nounits | tee $OUT/clocks_idle.txt
 rm -rf /tmp/u; mkdir -p /tmp/u
 export PYTHONPATH=/tmp/site:$PWD
-SDACCEL_CACHE=/tmp/c_t timeout 170 python3 -m pytest -q -m gpu tests/engines/test_fp8.py > /tmp/u/gpu_tests.txt 2>&1
+SDACCEL_CACHE=/tmp/c_t timeout 200 python3 -m pytest -q -m gpu tests/engines/test_fp8.py tests/kernels/test_flash_attention_sm90.py > /tmp/u/gpu_tests.txt 2>&1
 grep -E "passed|failed|^FAILED|^E  " /tmp/u/gpu_tests.txt | head -20 | cut -c1-200
 unet() { # tag batch iters variants timeout
   SDACCEL_CACHE=/tmp/c_$1 timeout $5 python3 benchmarks/bench_unet.py --arch sd15 --batch $2 --iters $3 \
