@@ -27,6 +27,7 @@ own, not the call's.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -181,18 +182,28 @@ _FP8_CONFIGS = {f"fp8:sm90:{conv_sm90.config_name(c)}": c for c in conv_sm90.FP8
 _FP8_PICKS = ShapePicks(FP16, enabled=True)  # the choices only: fp8_path times them itself
 
 
+def _fp8_key(shape: tuple, weight: torch.Tensor, dtype: torch.dtype) -> str:
+    return f"fp8 x{list(shape)} w{list(weight.shape)} {str(dtype).removeprefix('torch.')}"
+
+
+def fp8_decided(shape: tuple, weight: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether fp8_path has kept a choice for this shape (timed here, or restored from the engine cache)."""
+    return _fp8_key(shape, weight, dtype) in _FP8_PICKS.choices
+
+
 def fp8_path(shape: tuple, weight: torch.Tensor, weight8: torch.Tensor, w8_scale: torch.Tensor,
-             dtype: torch.dtype) -> tuple | None:
+             dtype: torch.dtype, lend=None) -> tuple | None:
     """The FP8 mode's choice for a 'same' k x k convolution of an input of `shape` (N, Cin, H, W) that the e4m3
     kernel takes (fp8.conv_refusal said so): the Gluon config to run it in e4m3, or None for the fp16 path. weight:
-    the fp16 weight; weight8 and w8_scale: its e4m3 rows (Cout, k*k*Cin) and scale.
+    the fp16 weight, which may sit on the host (then lend() is a context that hands it out on the GPU for the
+    timing: fp8.HostFp16.lent); weight8 and w8_scale: its e4m3 rows (Cout, k*k*Cin) and scale.
 
     The first time a shape is met in cuDNN's benchmark mode, the e4m3 configs are timed against each other
     (pick_fastest) and the fastest against the fp16 path, from graph replays with the weights out of L2, on inputs
     made here (from a seeded generator: the process's random state is left alone). Before that, under capture and
     in a dry run, the answer is fp16 and nothing is kept."""
-    device, (cout, k) = weight.device, (weight.shape[0], weight.shape[-1])
-    key = f"fp8 x{list(shape)} w{list(weight.shape)} {str(dtype).removeprefix('torch.')}"
+    device, (cout, k) = weight8.device, (weight.shape[0], weight.shape[-1])
+    key = _fp8_key(shape, weight, dtype)
     if key in _FP8_PICKS.choices:
         return _FP8_CONFIGS.get(_FP8_PICKS.choices[key])
     if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
@@ -217,7 +228,8 @@ def fp8_path(shape: tuple, weight: torch.Tensor, weight8: torch.Tensor, w8_scale
         choice = pick_fastest(args, kernels, FP16, time_fp8)
         if choice != FP16:
             fp8_ms = time_fp8(lambda: kernels[choice](*args))
-            fp16_ms = cuda_time_ms(lambda: conv2d(x16, weight, 1, k // 2), weights=[weight], inputs=[x16])
+            with (lend() if lend is not None else contextlib.nullcontext([weight])) as (w16,):
+                fp16_ms = cuda_time_ms(lambda: conv2d(x16, w16, 1, k // 2), weights=[w16], inputs=[x16])
             choice = choice if fp8_ms < fp16_ms else FP16
     _FP8_PICKS.choices[key] = choice
     return _FP8_CONFIGS.get(choice)

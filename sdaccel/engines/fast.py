@@ -38,6 +38,10 @@ Options (each can be switched off for ablations):
   fp8_convs    with fp8: False keeps the convolutions in fp16. On random weights one SD1.5 UNet call's error
                against fp32 was 7e-3 without them and 7e-2 with them; at CFG batch 16 the call was no faster than
                fp16's without them, 1.10x with them (H200, nineteenth session)
+  fp8_host_weights  with fp8: the fp16 weights of the GEMMs and convolutions that have an e4m3 copy wait in pinned
+               host memory until a shape runs them in fp16 (fp8.HostFp16), so that the mode holds one byte a weight
+               on the GPU where e4m3 runs (SD1.5 at batch 1 on an H200: first-run peak 2874 -> 2484 MB, eager's
+               2549; 1.3 GB of pinned host memory); False: both copies on the GPU
   vae_dtype    "auto": the model's; for a VAE whose config says force_upcast (SDXL's, whose activations overflow
                fp16), fp16 with the decoder's activations scaled down by 2^-8, exactly (vae_scaling.py), or fp32
                where the decoder has a layer that cannot be scaled; "fp16": the same for such VAEs;
@@ -130,7 +134,8 @@ class FastEngine(Engine):
                  channels_last: bool = True, fp32_ops: tuple[str, ...] | list[str] = (), workspace_mb: int = 256,
                  gemm_geglu: str = "auto", conv: str = "auto", vae_dtype: str = "auto",
                  compile_workers: int | None = None, share_cfg_prefix: bool = True, loop_plan: bool = True,
-                 cold_picks: bool = True, fp8: bool = False, fp8_convs: bool = True, allow_cpu: bool = False):
+                 cold_picks: bool = True, fp8: bool = False, fp8_convs: bool = True, fp8_host_weights: bool = True,
+                 allow_cpu: bool = False):
         unknown = set(fp32_ops) - FP32_OPS
         if unknown:
             raise UsageError(f"unknown fp32 op(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(FP32_OPS))}")
@@ -157,6 +162,9 @@ class FastEngine(Engine):
         if not isinstance(fp8_convs, bool):
             raise UsageError(f"fp8_convs must be True or False, got {fp8_convs!r}")
         self.fp8_convs = fp8_convs
+        if not isinstance(fp8_host_weights, bool):
+            raise UsageError(f"fp8_host_weights must be True or False, got {fp8_host_weights!r}")
+        self.fp8_host_weights = fp8_host_weights
         self.fp32_ops = tuple(sorted(fp32_ops))
         self.workspace_mb = workspace_mb
         self.gemm_geglu = gemm_geglu
@@ -228,7 +236,9 @@ class FastEngine(Engine):
                 "convolution": convolution.chosen_paths(), "fp8_blocks": chosen_blocks()}
 
     def options(self):
-        return {**self._output_options(), "compile_workers": self.compile_workers}
+        # Where weights wait changes neither results nor picks: not part of the engine cache's key.
+        return {**self._output_options(), "compile_workers": self.compile_workers,
+                "fp8_host_weights": self.fp8_host_weights}
 
     def _output_options(self):
         """The options that change what the engine computes or picks: the engine cache's key (how many processes
@@ -317,7 +327,7 @@ class FastEngine(Engine):
         self.cache = cache
         if self.fused:
             counts = fuse_modules(components.unet, fp32_attention="attention" in self.fp32_ops, fp8=self.fp8,
-                                  fp8_convs=self.fp8_convs)
+                                  fp8_convs=self.fp8_convs, fp8_host_weights=self.fp8_host_weights)
             for key, value in fuse_modules(components.vae.decoder).items():
                 counts[f"vae_{key}"] = value
             self.fusion_counts = counts

@@ -25,7 +25,8 @@ fp16 path timed faster (convolution.fp8_path: small ones, at CFG batch 2), it st
 convolution reads the block's input, which no kernel of ours writes, and stays fp16.
 
 Scales (per tensor):
-- weights: amax(W) / 448, quantized once when the modules are fused, again on refresh (a LoRA fuse);
+- weights: amax(W) / 448, quantized once when the modules are fused (a convolution's when a shape first may run
+  it in e4m3), again on refresh (a LoRA fuse);
 - activations: delayed scaling, as Transformer Engine does it: each producing kernel records max |y| of this
   call into a device float, and after the UNet call (a hook on its last layer, so inside its CUDA graph) every
   scale becomes amax / 448 and the amaxes restart from zero. A call runs with the scales of the call before it;
@@ -35,11 +36,20 @@ Scales (per tensor):
 What it costs in accuracy, and why it is opt-in: e4m3 keeps 3 mantissa bits, so one UNet call lands much further
 from fp32 than fp16 does (benchmarks/README.md, seventeenth session), outside the numerics rule the default engine
 meets. Whether images of a trained model hold up is for `sdaccel compare` on that model to say.
+
+Memory: a site's fp16 weights, which only its fp16 path reads, move to pinned host memory once its e4m3 copy is
+made (HostFp16; the engine's fp8_host_weights). A shape whose pick keeps the site in fp16 (SD1.5's 8x8-level
+convolutions, which the kernel cannot tile) brings them back to the GPU for good; a pick's timing borrows them.
+And a convolution's e4m3 copy is made only when a shape may run it in e4m3 (Fp8Weight's lazy). So where e4m3 runs
+the GPU holds one byte a weight, not three: before, the mode's first image took more memory than eager's (SD1.5 at
+batch 1 on an H200: 3117 MB against eager's 2549; with both, 2484. SDXL: 10137 MB, now 6345, against 10527;
+twenty-second session).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import contextlib
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -47,7 +57,7 @@ from torch import nn
 from ..kernels import conv_sm90
 from ..kernels.fp8 import E4M3, E4M3_MAX, quantize_e4m3_reference
 from ..kernels.precompile import is_recording
-from .convolution import add_bias_residual, fp8_path
+from .convolution import add_bias_residual, fp8_decided, fp8_path
 from .kernel_pick import ShapePicks, cuda_time_ms
 
 SITES_PER_BLOCK = 4  # qkv, cross_q, ff_in, ff_out (FusedTransformerBlock's order)
@@ -66,9 +76,10 @@ _BLOCK_PICKS = ShapePicks(BLOCK_FP8, enabled=True)  # the choices only: block_in
 
 
 def block_in_fp8(key: str, run: Callable[[bool], torch.Tensor], block: nn.Module,
-                 inputs: Sequence[torch.Tensor]) -> bool:
+                 inputs: Sequence[torch.Tensor], fp16: HostFp16 | None = None) -> bool:
     """Whether a transformer block in FP8 mode runs its e4m3 GEMMs at the shapes `key` names; run(e4m3) is the
-    block's forward either way, `block` the module whose tensors are its weights, inputs its activations.
+    block's forward either way, `block` the module whose tensors are its weights, inputs its activations, fp16 its
+    fp16 weights where they may sit on the host (lent to the GPU while the fp16 forward is timed or run dry).
 
     A whole block is the unit: which of its norms write e4m3, which GEMMs read it and whether the GEGLU kernel
     runs inside the GEMM all change together. The first time a key is met in cuDNN's benchmark mode (the engine's
@@ -81,20 +92,24 @@ def block_in_fp8(key: str, run: Callable[[bool], torch.Tensor], block: nn.Module
         return choices[key] == BLOCK_FP8
     if not inputs[0].is_cuda or torch.cuda.is_current_stream_capturing():
         return True
+    lent = fp16.lent() if fp16 is not None else contextlib.nullcontext([])
     if is_recording():
-        run(False)
+        with lent:
+            run(False)
         return True
     if not torch.backends.cudnn.benchmark:
         return True
-    weights = [*block.parameters(), *block.buffers()]
     timings = {}
-    for name, e4m3 in ((BLOCK_FP16, False), (BLOCK_FP8, True)):
-        try:
-            if not torch.isfinite(run(e4m3).sum(dtype=torch.float32)):
+    with lent as fp16_weights:
+        # What L2 is emptied around: the block's tensors on the GPU (not its fp16 weights on the host).
+        weights = [t for t in (*block.parameters(), *block.buffers(), *fp16_weights) if t.device == inputs[0].device]
+        for name, e4m3 in ((BLOCK_FP16, False), (BLOCK_FP8, True)):
+            try:
+                if not torch.isfinite(run(e4m3).sum(dtype=torch.float32)):
+                    continue
+                timings[name] = cuda_time_ms(lambda e4m3=e4m3: run(e4m3), weights=weights, inputs=inputs)
+            except RuntimeError:  # e.g. out of memory under the warm-up's allocator cap: that forward is out
                 continue
-            timings[name] = cuda_time_ms(lambda e4m3=e4m3: run(e4m3), weights=weights, inputs=inputs)
-        except RuntimeError:  # e.g. out of memory under the warm-up's allocator cap: that forward is out
-            continue
     if not timings:
         return True
     choices[key] = min(timings, key=timings.get)
@@ -159,20 +174,124 @@ class Fp8Scales(nn.Module):
 
 class Fp8Weight(nn.Module):
     """A (N, K) weight in e4m3 with its per-tensor scale, requantized in place by refresh (its address, which
-    captured CUDA graphs read, stays)."""
+    captured CUDA graphs read, stays). lazy: made by the first `make` (a ResNet convolution's, when a shape may run
+    it in e4m3), so that one no shape runs in e4m3 holds none: SD1.5's 8x8-level convolutions, which the kernel
+    cannot tile, are 240 MB of e4m3."""
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, lazy: bool = False):
         super().__init__()
-        self.register_buffer("data", torch.empty(weight.shape, dtype=E4M3, device=weight.device), persistent=False)
+        self.register_buffer("data", torch.empty(0, dtype=E4M3, device=weight.device), persistent=False)
         self.register_buffer("scale", torch.ones(1, dtype=torch.float32, device=weight.device), persistent=False)
+        self.made = False
+        if not lazy:
+            self.make(weight)
+
+    def make(self, weight: torch.Tensor) -> None:
+        """Quantize `weight` if this copy was not made yet (its fp16 weight may sit on the host: HostFp16)."""
+        if self.made:
+            return
+        if self.data.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("an e4m3 weight first asked for under CUDA graph capture: the shape's warm-up makes it")
+        self.data = torch.empty(weight.shape, dtype=E4M3, device=self.data.device)
+        self.made = True
         self.refresh(weight)
 
     @torch.no_grad()
     def refresh(self, weight: torch.Tensor) -> None:
-        w = weight.detach().float()
+        """Requantize from `weight` in place; a lazy copy not made yet stays unmade (make takes the weight then)."""
+        if not self.made:
+            return
+        w = weight.detach().to(self.data.device).float()  # the fp16 weight may sit on the host (HostFp16)
         amax = w.abs().amax() if w.numel() else torch.zeros((), device=w.device)
         self.scale.copy_(torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax)).reshape(1))
         self.data.copy_(quantize_e4m3_reference(w, self.scale))
+
+
+def offloads(device: torch.device) -> bool:
+    """Whether FP8 sites on `device` keep their fp16 weights on the host (a GPU: its memory is what is short)."""
+    return device.type == "cuda"
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` in host memory, same strides (a channels_last weight stays so), pinned where CUDA is, so that
+    bringing it back is one DMA."""
+    pin = torch.cuda.is_available()
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu", pin_memory=pin).copy_(t)
+
+
+class HostFp16:
+    """The fp16 weights of one FP8 site (a transformer block's four GEMMs, one ResNet convolution), which only its
+    fp16 path reads (module doc: Memory). `sources`: (module, attribute) of each, a parameter or a buffer.
+
+    `offload` moves them to the host; from then on `get` hands the fp16 forward copies on the device: kept for
+    good where the shape's pick is fp16 (keep=True, before that shape's graph is captured, which then reads them),
+    or made for one call where nothing is picked yet (the warm-up's first, heuristic run). `lent` puts them on the
+    device for a pick's timing or dry run and drops them after, unless a pick kept them meanwhile. Before offload
+    (off the GPU, or with the engine's fp8_host_weights off) `get` returns the site's own tensors."""
+
+    def __init__(self, sources: list[tuple[nn.Module, str]], device: torch.device):
+        self.sources = sources
+        self.device = device
+        self.offloaded = False
+        self.copies: list[torch.Tensor] | None = None  # on the device: kept, or lent
+        self.kept = False
+
+    def _tensors(self) -> list[torch.Tensor]:
+        return [getattr(module, name).detach() for module, name in self.sources]
+
+    def offload(self) -> None:
+        """Rebind each weight to a copy in host memory (its device memory goes with the last reference). A
+        buffer's module that has views of it (FusedAttention's packed Q/K/V) re-makes them (view_packed)."""
+        for module, name in self.sources:
+            t = getattr(module, name)
+            host = to_host(t.detach())
+            if isinstance(t, nn.Parameter):
+                t.data = host
+            else:
+                setattr(module, name, host)
+                if hasattr(module, "view_packed"):
+                    module.view_packed()
+        self.offloaded = True
+
+    def host_bytes(self) -> int:
+        return sum(t.nbytes for t in self._tensors()) if self.offloaded else 0
+
+    def _to_device(self) -> list[torch.Tensor]:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("an FP8 site's fp16 weights are on the host under CUDA graph capture: the shape's "
+                               "warm-up should have brought them (fp8.HostFp16.get)")
+        return [t.to(self.device, non_blocking=True) for t in self._tensors()]
+
+    def get(self, keep: bool) -> list[torch.Tensor]:
+        """The weights on the device, for an fp16 forward; keep: this shape's pick is fp16, so they stay there."""
+        if self.copies is not None:
+            self.kept = self.kept or keep
+            return self.copies
+        if not self.offloaded:
+            return self._tensors()
+        copies = self._to_device()
+        if keep:
+            self.copies, self.kept = copies, True
+        return copies
+
+    @contextlib.contextmanager
+    def lent(self) -> Iterator[list[torch.Tensor]]:
+        """The weights on the device while inside (what a pick times the fp16 forward with)."""
+        lend = self.offloaded and self.copies is None
+        if lend:
+            self.copies = self._to_device()
+        try:
+            yield self.copies if self.copies is not None else self._tensors()
+        finally:
+            if lend and not self.kept:
+                self.copies = None
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """New weights (refresh_weights): kept copies take them in place (captured graphs read their addresses)."""
+        if self.copies is not None:
+            for copy, t in zip(self.copies, self._tensors()):
+                copy.copy_(t)
 
 
 def conv_rows(conv: nn.Conv2d) -> torch.Tensor:
@@ -191,12 +310,23 @@ def conv_refusal(shape: tuple, device: torch.device, conv: nn.Conv2d) -> str | N
 
 
 def conv_config(shape: tuple, device: torch.device, conv: nn.Conv2d, weight: Fp8Weight,
-                dtype: torch.dtype) -> tuple | None:
+                dtype: torch.dtype, fp16: HostFp16 | None = None) -> tuple | None:
     """The Gluon kernel's config to run `conv` in e4m3 on an input of `shape`, or None for fp16: asked before the
-    norm that writes the input decides between e4m3 and fp16."""
+    norm that writes the input decides between e4m3 and fp16. fp16: the convolution's fp16 weight where it may sit
+    on the host (lent to the GPU for the pick's timing)."""
     if conv_refusal(shape, device, conv) is not None:
         return None
-    return fp8_path(shape, conv.weight, weight.data, weight.scale, dtype)
+    if not weight.made:
+        weight.make(conv_rows(conv))  # what the pick times, and the e4m3 path reads
+    if fp16 is None or fp8_decided(shape, conv.weight, dtype):
+        return fp8_path(shape, conv.weight, weight.data, weight.scale, dtype)
+    return fp8_path(shape, conv.weight, weight.data, weight.scale, dtype, lend=lambda: fp16.lent())
+
+
+def conv_decided(shape: tuple, device: torch.device, conv: nn.Conv2d, dtype: torch.dtype) -> bool:
+    """Whether conv_config's answer for this shape is final (a refusal or a kept pick), so that an fp16 answer
+    may bring the fp16 weight back to the GPU for good."""
+    return conv_refusal(shape, device, conv) is not None or fp8_decided(shape, conv.weight, dtype)
 
 
 def fp8_conv2d(x8: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight, ksize: int, bias: torch.Tensor | None,

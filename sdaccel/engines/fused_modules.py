@@ -23,7 +23,7 @@ from .attention import attention
 from .convolution import add_bias_residual, conv2d
 from . import fp8 as fp8_mode
 from .feed_forward import linear_geglu, linear_geglu_fp8
-from .fp8 import SITES_PER_BLOCK, SITES_PER_RESNET, Fp8Scales, Fp8Weight, conv_rows, fp8_linear
+from .fp8 import SITES_PER_BLOCK, SITES_PER_RESNET, Fp8Scales, Fp8Weight, HostFp16, conv_rows, fp8_linear
 
 
 def _silu(module: nn.Module) -> bool:
@@ -48,12 +48,17 @@ def _pack_weights(layers: list[nn.Module], packed: torch.Tensor | None = None) -
     with torch.no_grad():
         stacked = torch.cat([layer.weight for layer in layers], 0)
         packed = stacked if packed is None else packed.copy_(stacked)
+    _view_rows(layers, packed)
+    return packed
+
+
+def _view_rows(layers: list[nn.Module], packed: torch.Tensor) -> None:
+    """Each layer's weight made a view of its rows of `packed`, in order."""
     start = 0
     for layer in layers:
         rows = layer.weight.shape[0]
         layer.weight.data = packed[start:start + rows]
         start += rows
-    return packed
 
 
 def scaled_bias(bias: torch.Tensor | None, scale: float) -> torch.Tensor | None:
@@ -73,14 +78,16 @@ def _conv_without_bias(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
 
 
 def _conv_bias_add(conv: nn.Conv2d, x: torch.Tensor, bias: torch.Tensor | None,
-                   residual: torch.Tensor | None = None) -> torch.Tensor:
+                   residual: torch.Tensor | None = None, weight: torch.Tensor | None = None) -> torch.Tensor:
     """conv(x) without its own bias, + bias (per channel) + residual: inside the Gluon convolution's epilogue where
-    the pick took that kernel for the shape, else one bias_add pass after the convolution (convolution.py)."""
+    the pick took that kernel for the shape, else one bias_add pass after the convolution (convolution.py).
+    weight: instead of conv's own (an FP8 site's copy on the GPU: fp8.HostFp16)."""
+    weight = conv.weight if weight is None else weight
     square = (conv.groups == 1 and conv.dilation == (1, 1) and isinstance(conv.padding, tuple)
               and len(set(conv.padding)) == 1 and len(set(conv.stride)) == 1)
     if square:  # cuDNN, or one GEMM or the Gluon kernel where that is faster for the shape (convolution.py)
-        return conv2d(x, conv.weight, conv.stride[0], conv.padding[0], bias=bias, residual=residual)
-    out = F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
+        return conv2d(x, weight, conv.stride[0], conv.padding[0], bias=bias, residual=residual)
+    out = F.conv2d(x, weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
     return add_bias_residual(out, bias, residual)
 
 
@@ -109,7 +116,7 @@ class FusedResnetBlock(nn.Module):
     the block computes); conv2's and the shortcut conv's biases join the residual add, one kernel. When the
     UNet's blocks share a TimeEmbeddingProjections, every block's time projection comes from one GEMM.
     FP8 mode (enable_fp8, engines/fp8.py): each norm writes e4m3 for its convolution, where that convolution can
-    run in e4m3 at the call's shape.
+    run in e4m3 at the call's shape; the convolutions' fp16 weights may wait on the host until a shape needs them.
     """
 
     def __init__(self, block: nn.Module):
@@ -122,6 +129,8 @@ class FusedResnetBlock(nn.Module):
         self.stream_scale = 1.0  # activations kept times this (vae_scaling.py): 1 but in a rescaled VAE decoder
         self.conv1_fp8: Fp8Weight | None = None  # enable_fp8: both convolutions' weights in e4m3
         self.conv2_fp8: Fp8Weight | None = None
+        self.conv1_fp16: HostFp16 | None = None  # enable_fp8: where their fp16 weights are
+        self.conv2_fp16: HostFp16 | None = None
         self.fp8_scales: Fp8Scales | None = None  # a reference to the model's scales (not a submodule)
         self.fp8_site = 0  # this block's first slot in them
         if self.split_biases:
@@ -159,40 +168,53 @@ class FusedResnetBlock(nn.Module):
                 return f"{conv} (an odd square filter)"
         return None
 
-    def enable_fp8(self, scales: Fp8Scales, first_site: int) -> None:
+    def enable_fp8(self, scales: Fp8Scales, first_site: int, host_weights: bool = False) -> None:
         """Run conv1 and conv2 in e4m3 where their shapes allow, with activation scales in slots first_site and
-        first_site + 1 of `scales` (engines/fp8.py). Check fp8_refusal first."""
-        self.conv1_fp8 = Fp8Weight(conv_rows(self.block.conv1))
-        self.conv2_fp8 = Fp8Weight(conv_rows(self.block.conv2))
+        first_site + 1 of `scales` (engines/fp8.py); host_weights: their fp16 weights wait in host memory until a
+        shape runs them (fp8.HostFp16; on a GPU). Check fp8_refusal first."""
+        b = self.block
+        self.conv1_fp8 = Fp8Weight(conv_rows(b.conv1), lazy=True)  # made when a shape may take e4m3
+        self.conv2_fp8 = Fp8Weight(conv_rows(b.conv2), lazy=True)
+        self.conv1_fp16 = HostFp16([(b.conv1, "weight")], b.conv1.weight.device)
+        self.conv2_fp16 = HostFp16([(b.conv2, "weight")], b.conv2.weight.device)
+        if host_weights and fp8_mode.offloads(b.conv1.weight.device):
+            self.conv1_fp16.offload()
+            self.conv2_fp16.offload()
         object.__setattr__(self, "fp8_scales", scales)
         self.fp8_site = first_site
 
     def refresh(self) -> None:
-        """Rebuild the combined bias and the e4m3 weights in place (captured CUDA graphs read their addresses)."""
+        """Rebuild the combined bias and the e4m3 weights (and fp16 copies kept on the GPU) in place: captured CUDA
+        graphs read their addresses."""
         if self.split_biases:
             with torch.no_grad():
                 self.out_bias.copy_(self._out_bias())
         if self.conv1_fp8 is not None:
             self.conv1_fp8.refresh(conv_rows(self.block.conv1))
             self.conv2_fp8.refresh(conv_rows(self.block.conv2))
+            self.conv1_fp16.refresh()
+            self.conv2_fp16.refresh()
 
     def _fp8_slot(self, index: int, shape: tuple, device: torch.device, conv: nn.Conv2d, weight: Fp8Weight | None,
-                  dtype: torch.dtype) -> tuple:
+                  fp16: HostFp16 | None, dtype: torch.dtype) -> tuple:
         """(scale, amax, kernel config) of a convolution's e4m3 input when it runs in e4m3 at this shape, else
-        (None, None, None)."""
+        (None, None, whether that fp16 answer is final: the fp16 weight then stays on the GPU)."""
         if self.fp8_scales is None:
-            return None, None, None
-        config = fp8_mode.conv_config(shape, device, conv, weight, dtype)
+            return None, None, False
+        config = fp8_mode.conv_config(shape, device, conv, weight, dtype, fp16)
         if config is None:
-            return None, None, None
+            return None, None, fp8_mode.conv_decided(shape, device, conv, dtype)
         return (*self.fp8_scales.slot(self.fp8_site + index), config)
 
-    def _conv(self, conv: nn.Conv2d, h: torch.Tensor, slot: tuple, weight: Fp8Weight | None,
+    def _conv(self, conv: nn.Conv2d, h: torch.Tensor, slot: tuple, weight: Fp8Weight | None, fp16: HostFp16 | None,
               bias: torch.Tensor | None, residual: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         """conv(h) + bias + residual: in e4m3 when the norm wrote h so (slot given), else as _conv_bias_add."""
+        if slot[0] is None:  # fp16; slot[2]: whether that is this shape's final answer
+            w16 = fp16.get(keep=slot[2])[0] if fp16 is not None else None
+            return _conv_bias_add(conv, h, bias, residual, weight=w16)
         scale, _, config = slot
-        if scale is None:
-            return _conv_bias_add(conv, h, bias, residual)
+        if not weight.made:  # conv_config made it, unless a stand-in answered for it (tests)
+            weight.make(conv_rows(conv))
         return fp8_mode.fp8_conv2d(h, scale, weight, conv.kernel_size[0], bias, residual, dtype, config)
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor | None = None, *args,
@@ -202,7 +224,7 @@ class FusedResnetBlock(nn.Module):
         b, s = self.block, self.stream_scale
         dtype = x.dtype
         shape = (x.shape[0], x.shape[1] + (0 if concat is None else concat.shape[1]), *x.shape[2:])
-        fp8_in1 = self._fp8_slot(0, shape, x.device, b.conv1, self.conv1_fp8, dtype)
+        fp8_in1 = self._fp8_slot(0, shape, x.device, b.conv1, self.conv1_fp8, self.conv1_fp16, dtype)
         # Scaled activations (s != 1): the norms see x and conv1's output times s (eps times s^2 keeps them
         # exact) and hand the convolutions inputs times s, so that their outputs come out times s.
         if concat is None:
@@ -219,7 +241,7 @@ class FusedResnetBlock(nn.Module):
             h = b.conv1(h)
             add = b.time_emb_proj(F.silu(temb)) if has_temb else None
         else:
-            h = self._conv(b.conv1, h, fp8_in1, self.conv1_fp8, None, None, dtype)
+            h = self._conv(b.conv1, h, fp8_in1, self.conv1_fp8, self.conv1_fp16, None, None, dtype)
             if has_temb and self.time_projections is not None:
                 add = self.time_projections(temb, self, batch)  # conv1's bias already added
             elif has_temb:
@@ -229,7 +251,7 @@ class FusedResnetBlock(nn.Module):
                 add = scaled_bias(b.conv1.bias, s)
         if add is not None and add.dim() == 2 and add.shape[0] not in (1, batch):
             add = repeat_batch(add, batch)  # a time embedding of the latents once, h of both CFG halves
-        fp8_in2 = self._fp8_slot(1, h.shape, h.device, b.conv2, self.conv2_fp8, dtype)
+        fp8_in2 = self._fp8_slot(1, h.shape, h.device, b.conv2, self.conv2_fp8, self.conv2_fp16, dtype)
         h = group_norm(h, b.norm2.num_groups, b.norm2.weight, b.norm2.bias, b.norm2.eps * s * s, silu=True, add=add,
                        scale=s, out_scale=fp8_in2[0], out_amax=fp8_in2[1])
         if not self.split_biases:
@@ -239,7 +261,7 @@ class FusedResnetBlock(nn.Module):
         shortcut = _conv_without_bias(b.conv_shortcut, x) if b.conv_shortcut is not None else x
         # conv2's epilogue adds the biases and the shortcut where it can; else bias_add, which matches the shortcut
         # to h's layout.
-        return self._conv(b.conv2, h, fp8_in2, self.conv2_fp8, self.out_bias, shortcut, dtype)
+        return self._conv(b.conv2, h, fp8_in2, self.conv2_fp8, self.conv2_fp16, self.out_bias, shortcut, dtype)
 
 
 class TimeEmbeddingProjections(nn.Module):
@@ -395,6 +417,10 @@ class FusedAttention(nn.Module):
         """Project x in e4m3 from now on when it arrives in e4m3 (forward's x_scale): FP8 mode (engines/fp8.py)."""
         self.fp8_weight = Fp8Weight(self._fp8_source())
 
+    def view_packed(self) -> None:
+        """Make the projections' weights views of packed_weight again, after it moved (fp8.HostFp16.offload)."""
+        _view_rows(self._projections(), self.packed_weight)
+
     def refresh(self) -> None:
         """Copy the current q/k/v weights into the packed weight, in place (its address, which captured CUDA
         graphs read, stays), and make them views of it again. For weights changed after fusion (LoRA fuse)."""
@@ -417,13 +443,16 @@ class FusedAttention(nn.Module):
             return fp8_linear(x, x_scale, self.fp8_weight, weight.dtype)
         return F.linear(x, weight)
 
-    def project(self, x: torch.Tensor, context: torch.Tensor | None, x_scale: torch.Tensor | None = None):
+    def project(self, x: torch.Tensor, context: torch.Tensor | None, x_scale: torch.Tensor | None = None,
+                weight: torch.Tensor | None = None):
         """(B, L, C) tokens -> q, k, v as (B, heads, L, head_dim) views of the packed projections. x in e4m3
-        (FP8 mode): x_scale is its scale, and the Q (cross) or Q/K/V (self) GEMM runs in e4m3."""
+        (FP8 mode): x_scale is its scale, and the Q (cross) or Q/K/V (self) GEMM runs in e4m3. weight: the Q
+        (cross) or packed Q/K/V (self) weight instead of the module's (an FP8 site's copy on the GPU)."""
         batch, length, _ = x.shape
         heads = self.heads
         if self.is_cross:
-            q = self._project_x(x, self.attn.to_q.weight, x_scale).view(batch, length, heads, -1).transpose(1, 2)
+            weight = self.attn.to_q.weight if weight is None else weight
+            q = self._project_x(x, weight, x_scale).view(batch, length, heads, -1).transpose(1, 2)
             if self.context_projections is not None:
                 kv = self.context_projections(context, self)  # a column slice of the one K/V GEMM
             else:
@@ -431,14 +460,15 @@ class FusedAttention(nn.Module):
             kv = kv.view(batch, context.shape[1], 2, heads, -1)
             k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
         else:
-            qkv = self._project_x(x, self.packed_weight, x_scale).view(batch, length, 3, heads, -1)
+            weight = self.packed_weight if weight is None else weight
+            qkv = self._project_x(x, weight, x_scale).view(batch, length, 3, heads, -1)
             q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
         return q, k, v
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
-                x_scale: torch.Tensor | None = None) -> torch.Tensor:
-        """Attention output before the output projection, as (B, L, heads * head_dim)."""
-        q, k, v = self.project(x, context, x_scale)
+                x_scale: torch.Tensor | None = None, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention output before the output projection, as (B, L, heads * head_dim); weight as project's."""
+        q, k, v = self.project(x, context, x_scale, weight)
         if self.fp32:
             out = attention(q.float(), k.float(), v.float()).to(q.dtype)
         else:
@@ -453,7 +483,7 @@ class FusedTransformerBlock(nn.Module):
     feed-forward's bias and GELU gate as one BiasSplitGelu kernel after its GEMM, or inside it (feed_forward.py,
     per shape); its output GEMM adds onto the residual in place.
     FP8 mode (enable_fp8, engines/fp8.py): the norms and the GEGLU kernel write e4m3 for four e4m3 GEMMs, at the
-    shapes where that timed faster than fp16.
+    shapes where that timed faster than fp16; those GEMMs' fp16 weights may wait on the host until a shape needs them.
     """
 
     def __init__(self, block: nn.Module, fp32_attention: bool = False):
@@ -463,6 +493,7 @@ class FusedTransformerBlock(nn.Module):
         self.attn2 = FusedAttention(block.attn2, fp32_attention)
         self.ff_in: Fp8Weight | None = None  # enable_fp8: the feed-forward's two weights in e4m3
         self.ff_out: Fp8Weight | None = None
+        self.fp16: HostFp16 | None = None  # enable_fp8: where the four GEMMs' fp16 weights are
         self.fp8_scales: Fp8Scales | None = None  # a reference to the model's scales (not a submodule)
         self.fp8_site = 0  # this block's first slot in them
 
@@ -475,22 +506,31 @@ class FusedTransformerBlock(nn.Module):
                 return f"{name} weight {tuple(w.shape)} (both sides multiples of 16)"
         return None
 
-    def enable_fp8(self, scales: Fp8Scales, first_site: int) -> None:
+    def enable_fp8(self, scales: Fp8Scales, first_site: int, host_weights: bool = False) -> None:
         """Run the Q/K/V, cross Q and feed-forward GEMMs in e4m3, with activation scales in slots first_site ..
-        first_site + 3 of `scales` (engines/fp8.py). Check fp8_refusal first."""
+        first_site + 3 of `scales` (engines/fp8.py); host_weights: their fp16 weights wait in host memory until a
+        shape runs the block in fp16 (fp8.HostFp16; on a GPU). Check fp8_refusal first."""
         b = self.block
         self.attn1.enable_fp8()
         self.attn2.enable_fp8()
         self.ff_in = Fp8Weight(b.ff.net[0].proj.weight)
         self.ff_out = Fp8Weight(b.ff.net[2].weight)
+        # In _forward's order: packed Q/K/V, cross Q, feed-forward in, out.
+        self.fp16 = HostFp16([(self.attn1, "packed_weight"), (b.attn2.to_q, "weight"), (b.ff.net[0].proj, "weight"),
+                              (b.ff.net[2], "weight")], b.ff.net[2].weight.device)
+        if host_weights and fp8_mode.offloads(b.ff.net[2].weight.device):
+            self.fp16.offload()
         object.__setattr__(self, "fp8_scales", scales)
         self.fp8_site = first_site
 
     def refresh(self) -> None:
-        """Requantize the feed-forward's e4m3 weights from the current ones (attn1/attn2 refresh their own)."""
+        """Requantize the feed-forward's e4m3 weights from the current ones (attn1/attn2 refresh their own), and
+        the fp16 copies kept on the GPU, in place."""
         if self.ff_in is not None:
             self.ff_in.refresh(self.block.ff.net[0].proj.weight)
             self.ff_out.refresh(self.block.ff.net[2].weight)
+            self.attn1.refresh()  # first: the packed Q/K/V the copy is taken from
+            self.fp16.refresh()
 
     @staticmethod
     def supports(block: nn.Module) -> bool:
@@ -517,32 +557,39 @@ class FusedTransformerBlock(nn.Module):
         key = (f"block x{list(h.shape)} ctx{ctx} ff{list(self.ff_in.data.shape)} "
                f"{str(h.dtype).removeprefix('torch.')}")
         inputs = [h] if context is None else [h, context]
-        return fp8_mode.block_in_fp8(key, lambda e4m3: self._forward(h, context, e4m3), self, inputs)
+        return fp8_mode.block_in_fp8(key, lambda e4m3: self._forward(h, context, e4m3, keep=False), self, inputs,
+                                     self.fp16)
 
     def forward(self, h: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         return self._forward(h, context, self._in_fp8(h, context))
 
-    def _forward(self, h: torch.Tensor, context: torch.Tensor, e4m3: bool) -> torch.Tensor:
-        """The block; e4m3: its four GEMMs in e4m3 (FP8 mode only). h itself is not written."""
+    def _forward(self, h: torch.Tensor, context: torch.Tensor, e4m3: bool, keep: bool = True) -> torch.Tensor:
+        """The block; e4m3: its four GEMMs in e4m3 (FP8 mode only). h itself is not written. keep: an fp16 run
+        is this shape's pick, so that weights waiting on the host come to the GPU for good (a pick's own timing
+        runs with them lent)."""
         b = self.block
         qkv, cross_q, ff_in, ff_out = self._fp8_slots(e4m3)
+        proj_in, proj_out = b.ff.net[0].proj, b.ff.net[2]
+        w_qkv = w_cross_q = None  # the modules' own
+        w_in, w_out = proj_in.weight, proj_out.weight
+        if self.fp16 is not None and not e4m3:
+            w_qkv, w_cross_q, w_in, w_out = self.fp16.get(keep)
         n = layer_norm(h, b.norm1.weight, b.norm1.bias, b.norm1.eps, out_scale=qkv[0], out_amax=qkv[1])
-        a = F.linear(self.attn1(n, x_scale=qkv[0]), b.attn1.to_out[0].weight)
+        a = F.linear(self.attn1(n, x_scale=qkv[0], weight=w_qkv), b.attn1.to_out[0].weight)
         n, h = layer_norm(a, b.norm2.weight, b.norm2.bias, b.norm2.eps, skip=h, input_bias=b.attn1.to_out[0].bias,
                           return_sum=True, out_scale=cross_q[0], out_amax=cross_q[1])
         if context is not None and context.shape[0] != h.shape[0]:
             # The latents came once for both CFG halves (repeat_batch): up to here they were the same, the
             # cross-attention with the two contexts is where they part.
             n, h = repeat_batch(n, context.shape[0]), repeat_batch(h, context.shape[0])
-        proj_in, proj_out = b.ff.net[0].proj, b.ff.net[2]
-        a = F.linear(self.attn2(n, context, x_scale=cross_q[0]), b.attn2.to_out[0].weight)
+        a = F.linear(self.attn2(n, context, x_scale=cross_q[0], weight=w_cross_q), b.attn2.to_out[0].weight)
         # The residual stream h comes back with the feed-forward's output bias already in it, so the last GEMM
         # accumulates onto h in place (cuBLAS's beta = 1): no separate bias + residual kernel.
         n, h = layer_norm(a, b.norm3.weight, b.norm3.bias, b.norm3.eps, skip=h, input_bias=b.attn2.to_out[0].bias,
                           return_sum=True, sum_bias=proj_out.bias, out_scale=ff_in[0], out_amax=ff_in[1])
         if not e4m3:
-            f = linear_geglu(n, proj_in.weight, proj_in.bias)  # cuBLAS + GEGLU kernel, or one fused kernel
-            h.view(-1, h.shape[-1]).addmm_(f.view(-1, f.shape[-1]), proj_out.weight.t())
+            f = linear_geglu(n, w_in, proj_in.bias)  # cuBLAS + GEGLU kernel, or one fused kernel
+            h.view(-1, h.shape[-1]).addmm_(f.view(-1, f.shape[-1]), w_out.t())
             return h
         # FP8: GEGLU's output comes in e4m3 for the second GEMM, whose fp16 result is added onto h (cuBLASLt's
         # e4m3 GEMM does not accumulate onto it).
@@ -589,14 +636,15 @@ class FusedTransformer2D(nn.Module):
 
 
 def fuse_modules(root: nn.Module, fp32_attention: bool = False, fp8: bool = False,
-                 fp8_convs: bool = True) -> dict[str, int]:
+                 fp8_convs: bool = True, fp8_host_weights: bool = False) -> dict[str, int]:
     """Swap every supported block under `root` for its fused version, in place. Returns counts per kind.
 
     fp32_attention: run attention (q, k, v, softmax) in fp32 inside fp16/bf16 models, the seeds'
     `--force_fp32_ops unet:MultiHeadAttention`; the fused SDPA kernels already keep the softmax in fp32.
     fp8: the transformer blocks' Q/K/V, cross Q and feed-forward GEMMs and, unless fp8_convs is False, the ResNet
     blocks' convolutions in e4m3 (engines/fp8.py), with the scales' update hooked after `root`'s last layer
-    (conv_out)."""
+    (conv_out); fp8_host_weights: their fp16 weights wait in host memory until a shape runs them in fp16 (on a
+    GPU: fp8.HostFp16)."""
     counts = _fuse_children(root, fp32_attention)
     # One packed time-embedding projection for all of the model's fused ResNet blocks (they share temb).
     blocks = [m for m in root.modules() if isinstance(m, FusedResnetBlock) and m.block.time_emb_proj is not None]
@@ -630,7 +678,8 @@ def fuse_modules(root: nn.Module, fp32_attention: bool = False, fp8: bool = Fals
         first.register_forward_pre_hook(_clear_per_call)
         last.register_forward_hook(_clear_per_call)
     if fp8:
-        counts["fp8_blocks"], counts["fp8_resnets"] = _enable_fp8(root, last, fp8_convs)
+        counts["fp8_blocks"], counts["fp8_resnets"], host = _enable_fp8(root, last, fp8_convs, fp8_host_weights)
+        counts["fp8_host_weights_MB"] = host >> 20
     return counts
 
 
@@ -639,24 +688,28 @@ def _clear_per_call(module: nn.Module, *args) -> None:
         shared.clear()
 
 
-def _enable_fp8(root: nn.Module, last: nn.Module | None, convs: bool) -> tuple[int, int]:
+def _enable_fp8(root: nn.Module, last: nn.Module | None, convs: bool, host_weights: bool) -> tuple[int, int, int]:
     """FP8 mode for every transformer block under root that takes it and is at least fp8_mode.MIN_WIDTH wide, and
-    (convs) every fused ResNet block that may take it; the scales' update after `last`. Returns the two counts."""
+    (convs) every fused ResNet block that may take it; the scales' update after `last`. Block by block, so that at
+    most one block's e4m3 copy is on the GPU beside all fp16 weights (host_weights). Returns the two counts and
+    the bytes of fp16 weights moved to the host."""
     blocks = [m for m in root.modules() if isinstance(m, FusedTransformerBlock) and m.fp8_refusal() is None
               and m.attn1.packed_weight.shape[1] >= fp8_mode.MIN_WIDTH]
     resnets = [m for m in root.modules() if convs and isinstance(m, FusedResnetBlock) and m.fp8_refusal() is None]
     if not (blocks or resnets) or not isinstance(last, nn.Module):
-        return 0, 0
+        return 0, 0, 0
     device = next(root.parameters()).device
     scales = Fp8Scales(SITES_PER_BLOCK * len(blocks) + SITES_PER_RESNET * len(resnets), device)
     root.sdaccel_fp8_scales = scales  # registered once, so .to() and buffers() see it
     for i, block in enumerate(blocks):
-        block.enable_fp8(scales, SITES_PER_BLOCK * i)
+        block.enable_fp8(scales, SITES_PER_BLOCK * i, host_weights)
     for i, block in enumerate(resnets):
-        block.enable_fp8(scales, SITES_PER_BLOCK * len(blocks) + SITES_PER_RESNET * i)
+        block.enable_fp8(scales, SITES_PER_BLOCK * len(blocks) + SITES_PER_RESNET * i, host_weights)
     object.__setattr__(last, "sdaccel_fp8_scales", scales)
     last.register_forward_hook(_update_fp8_scales)
-    return len(blocks), len(resnets)
+    host = sum(b.fp16.host_bytes() for b in blocks) + sum(
+        r.conv1_fp16.host_bytes() + r.conv2_fp16.host_bytes() for r in resnets)
+    return len(blocks), len(resnets), host
 
 
 def _update_fp8_scales(module: nn.Module, *args) -> None:

@@ -53,6 +53,12 @@ def test_weight_quantization_and_refresh_in_place():
     q.refresh(w * 10)
     assert q.data.data_ptr() == ptr and q.scale.item() == pytest.approx(10 * w.abs().max().item() / 448)
     assert Fp8Weight(torch.zeros(16, 16)).scale.item() == 1.0  # all zeros: a finite scale
+    lazy = Fp8Weight(w, lazy=True)  # a convolution's: nothing held until a shape may run it in e4m3
+    lazy.refresh(w)
+    assert not lazy.made and lazy.data.numel() == 0 and lazy.scale.item() == 1.0
+    lazy.make(w * 10)
+    lazy.make(w)  # made once: later weights come through refresh
+    assert lazy.made and torch.equal(lazy.data.view(torch.uint8), q.data.view(torch.uint8))
 
 
 def test_fp8_linear_is_the_dequantized_product():
@@ -163,7 +169,7 @@ def _reference_fp8_convolutions(monkeypatch):
     """Off sm_90, the e4m3 convolution's fp32 reference stands in for the Gluon kernel, at every shape."""
     from sdaccel.kernels.conv_sm90 import conv2d_fp8_reference
 
-    monkeypatch.setattr(fp8_module, "conv_config", lambda shape, device, conv, weight, dtype: "any config")
+    monkeypatch.setattr(fp8_module, "conv_config", lambda shape, device, conv, weight, dtype, fp16=None: "any config")
     monkeypatch.setattr(fp8_module, "_conv2d_sm90_fp8",
                         lambda x8, x_scale, w8, w_scale, k, bias=None, residual=None, out_dtype=torch.float16,
                         config=None: conv2d_fp8_reference(x8, x_scale, w8, w_scale, k, bias, residual, out_dtype))
@@ -239,7 +245,7 @@ def _block_keys(monkeypatch, unet, *args) -> list[str]:
     """The block-pick keys a UNet call asks for (each block's shapes), the call run with every block in e4m3."""
     keys = []
 
-    def record(key, run, block, inputs):
+    def record(key, run, block, inputs, fp16=None):
         keys.append(key)
         return True
 
@@ -328,6 +334,92 @@ def test_the_block_pick_times_both_forwards_once_and_keeps_the_faster(monkeypatc
     assert timed == [False, True, False, True, False, False]  # k1, k2, then k3's and k4's fp16 forward alone
 
 
+def _sites(unet):
+    """Every FP8 site's HostFp16: the transformer blocks' and both convolutions of each ResNet block."""
+    blocks = [m.fp16 for m in unet.modules() if isinstance(m, FusedTransformerBlock) and m.fp16 is not None]
+    convs = [c for m in unet.modules() if isinstance(m, FusedResnetBlock) and m.conv1_fp16 is not None
+             for c in (m.conv1_fp16, m.conv2_fp16)]
+    return blocks, convs
+
+
+def test_host_weights_wait_until_a_shape_runs_fp16(monkeypatch):
+    """With fp8_host_weights (here on the CPU, standing in for the GPU): each site's fp16 weights are re-bound to
+    host copies with the same values, the packed Q/K/V's projections stay views of it; a call whose shapes run in
+    e4m3 brings none back; a pick of fp16 keeps them on the device, and the call is the plain model's to the bit;
+    an fp16 run before any pick (the warm-up's first) borrows them for the call only."""
+    monkeypatch.setattr(fp8_module, "offloads", lambda device: True)
+    spec = get_spec("sd15-tiny")
+    plain, fp8 = build_synthetic(spec).unet, build_synthetic(spec).unet
+    fuse_modules(plain)
+    conv1 = next(m for m in fp8.modules() if type(m).__name__ == "ResnetBlock2D").conv1
+    before = conv1.weight.detach().clone(), conv1.weight.data_ptr()
+    counts = fuse_modules(fp8, fp8=True, fp8_host_weights=True)
+    blocks, convs = _sites(fp8)
+    assert len(blocks) == counts["fp8_blocks"] > 0 and len(convs) == 2 * counts["fp8_resnets"] > 0
+    assert all(site.offloaded and site.copies is None and site.host_bytes() > 0 for site in blocks + convs)
+    assert conv1.weight.data_ptr() != before[1] and torch.equal(conv1.weight, before[0])  # moved, same values
+    block = next(m for m in fp8.modules() if isinstance(m, FusedTransformerBlock))
+    packed = block.attn1.packed_weight
+    assert block.attn1.attn.to_k.weight.untyped_storage().data_ptr() == packed.untyped_storage().data_ptr()
+    assert block.fp16.sources[0] == (block.attn1, "packed_weight")
+
+    x, t, ctx = _unet_inputs(spec, torch.Generator().manual_seed(8))
+    args = (torch.cat([x, x]), t, ctx)
+    with monkeypatch.context() as m:  # every convolution in e4m3 too (the reference standing in for the kernel)
+        _reference_fp8_convolutions(m)
+        keys = _block_keys(m, fp8, *args)
+        fp8_module.restore_blocks({key: "fp8" for key in keys})
+        with torch.inference_mode():
+            fp8(*args)
+    assert all(site.copies is None and not site.kept for site in blocks + convs)
+
+    # Before any pick (the warm-up's heuristic run): the fp16 convolutions borrow their weights for the call.
+    with monkeypatch.context() as m:
+        m.setattr(fp8_module, "conv_decided", lambda *a: False)
+        with torch.inference_mode():
+            fp8(*args)
+    assert all(site.copies is None and not site.kept for site in blocks + convs)
+
+    fp8_module.restore_blocks({key: "fp16" for key in keys})  # and off sm_90 every convolution's answer is fp16
+    with torch.inference_mode():
+        got, want = fp8(*args).sample, plain(*args).sample
+    assert all(site.kept and site.copies is not None for site in blocks + convs)
+    assert torch.equal(got, want)
+
+
+def test_host_fp16_lends_keeps_and_refuses_capture(monkeypatch):
+    """HostFp16 on its own: lent copies go after the timing unless an fp16 pick kept them meanwhile; under CUDA
+    graph capture weights still on the host raise (a graph would read memory freed after the capture)."""
+    layer = torch.nn.Linear(32, 16, bias=False)
+    site = fp8_module.HostFp16([(layer, "weight")], torch.device("cpu"))
+    assert site.get(keep=True)[0].data_ptr() == layer.weight.data_ptr() and site.copies is None  # not offloaded
+    site.offload()
+    with site.lent() as (lent,):
+        assert site.copies == [lent] and torch.equal(lent, layer.weight)
+    assert site.copies is None and not site.kept
+    with site.lent():
+        site.get(keep=True)  # the pick's own forward of fp16 ran inside the timing
+    assert site.kept and site.copies is not None
+    other = fp8_module.HostFp16([(torch.nn.Linear(32, 16), "weight")], torch.device("cpu"))
+    other.offload()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="on the host under CUDA graph capture"):
+        other.get(keep=True)
+    assert site.get(keep=False) is site.copies  # kept copies need no copy
+
+
+def test_host_weights_option():
+    with pytest.raises(UsageError, match="fp8_host_weights must be True or False"):
+        FastEngine(fp8=True, fp8_host_weights="no")
+    assert FastEngine(fp8=True).options()["fp8_host_weights"] is True
+    assert "fp8_host_weights" not in FastEngine(fp8=True)._output_options()  # not the engine cache's key
+    unet = build_synthetic(get_spec("sd15-tiny")).unet
+    fuse_modules(unet, fp8=True, fp8_host_weights=True)  # on the CPU nothing moves: it is the device
+    blocks, convs = _sites(unet)
+    assert blocks and convs and not any(site.offloaded for site in blocks + convs)
+
+
 def test_blocks_whose_gemms_cublaslt_cannot_take_stay_fp16():
     unet = build_synthetic(get_spec("sd15-tiny")).unet
     fuse_modules(unet)
@@ -351,7 +443,9 @@ def test_refresh_requantizes_changed_weights():
         block.block.ff.net[2].weight.mul_(3)
         block.block.attn1.to_k.weight.add_(1)
     resnet = next(m for m in comps.unet.modules() if isinstance(m, FusedResnetBlock))
-    conv1 = resnet.conv1_fp8
+    conv1, conv2 = resnet.conv1_fp8, resnet.conv2_fp8
+    assert not conv1.made and not conv2.made  # no shape asked for them in e4m3 (off sm_90 none may)
+    conv1.make(fp8_module.conv_rows(resnet.block.conv1))  # as conv_config does where the kernel takes a shape
     conv1_ptr = conv1.data.data_ptr()
     with torch.no_grad():
         resnet.block.conv1.weight.mul_(5)
@@ -361,6 +455,7 @@ def test_refresh_requantizes_changed_weights():
     assert not torch.equal(qkv.data.float(), before[1])
     assert conv1.data.data_ptr() == conv1_ptr  # the ResNet blocks' e4m3 convolution weights too
     torch.testing.assert_close(conv1.scale, resnet.block.conv1.weight.abs().amax().reshape(1) / 448)
+    assert not conv2.made
 
 
 def test_engine_option_is_checked_and_keys_the_cache():
@@ -547,3 +642,46 @@ def test_the_engine_stores_the_block_picks(tmp_path, monkeypatch):
     second = FastEngine(fp8=True)
     sdaccel.Pipeline(build_synthetic(get_spec("sd15-tiny")), engine=second, dtype="fp16")
     assert fp8_module.chosen_blocks() == picks and second.report()["fp8_blocks"] == picks
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+def test_host_weights_on_the_gpu(monkeypatch):
+    """FastEngine(fp8=True) on the GPU: the sites that run in e4m3 keep their fp16 weights in pinned host memory,
+    those that run fp16 (the tiny model's convolutions, too narrow for the e4m3 kernel) get copies on the GPU; the
+    graphed call gives what it gives with every weight on the GPU (fp8_host_weights=False), and a weight changed
+    in place afterwards reaches the copy on the GPU through refresh_weights."""
+    from sdaccel.engines.fp8 import fp8_available
+
+    reason = fp8_available(torch.device("cuda"))
+    if reason:
+        pytest.skip(reason)
+    monkeypatch.setattr(fp8_module, "block_in_fp8", lambda *args: True)  # every transformer block in e4m3
+    spec = get_spec("sd15-tiny")
+    x, t, ctx = (v.cuda() for v in _unet_inputs(spec, torch.Generator().manual_seed(9)))
+    outs = {}
+    for host in (True, False):
+        comps = build_synthetic(spec)
+        engine = FastEngine(fp8=True, fp8_host_weights=host)
+        stages = engine.prepare(comps, torch.float16, torch.device("cuda"))
+        once = x if stages.unet_takes_cfg_once else torch.cat([x, x])
+        blocks, convs = _sites(comps.unet)
+        with torch.inference_mode():
+            first = stages.unet(once.half(), t, ctx.half()).float().clone()
+            resnet = next(m for m in comps.unet.modules() if isinstance(m, FusedResnetBlock))
+            resnet.block.conv1.weight.mul_(1.5)  # in place, wherever it is
+            engine.refresh_weights(comps)
+            outs[host] = first, stages.unet(once.half(), t, ctx.half()).float().clone()
+        if host:
+            assert engine.fusion_counts["fp8_blocks"] > 0
+            for site in blocks:
+                assert site.offloaded and site.copies is None
+                assert all(not w.is_cuda and w.is_pinned() for w in site._tensors())
+            assert all(site.kept and site.copies[0].is_cuda and not site._tensors()[0].is_cuda for site in convs)
+            resnets = [m for m in comps.unet.modules() if isinstance(m, FusedResnetBlock)]
+            assert not any(r.conv1_fp8.made or r.conv2_fp8.made for r in resnets)  # no e4m3 copy of those either
+        else:
+            assert not any(site.offloaded for site in blocks + convs)
+    for with_host, without in zip(outs[True], outs[False]):
+        torch.testing.assert_close(with_host, without, rtol=1e-3, atol=1e-3)
+    assert relative_error(outs[True][1], outs[True][0]) > 1e-3  # the changed weight counted
