@@ -23,7 +23,7 @@ from .attention import attention
 from .convolution import add_bias_residual, conv2d
 from . import fp8 as fp8_mode
 from .feed_forward import linear_geglu, linear_geglu_fp8
-from .fp8 import SITES_PER_BLOCK, SITES_PER_RESNET, Fp8Scales, Fp8Weight, HostFp16, conv_rows, fp8_linear
+from .fp8 import SITES_PER_BLOCK, SITES_PER_RESNET, Fp8Scales, Fp8Weight, HostArena, HostFp16, conv_rows, fp8_linear
 
 
 def _silu(module: nn.Module) -> bool:
@@ -168,18 +168,23 @@ class FusedResnetBlock(nn.Module):
                 return f"{conv} (an odd square filter)"
         return None
 
-    def enable_fp8(self, scales: Fp8Scales, first_site: int, host_weights: bool = False) -> None:
+    def fp16_sources(self) -> list[tuple[nn.Module, str]]:
+        """The fp16 weights enable_fp8 gives an e4m3 copy: conv1's and conv2's."""
+        return [(self.block.conv1, "weight"), (self.block.conv2, "weight")]
+
+    def enable_fp8(self, scales: Fp8Scales, first_site: int, host: HostArena | None = None) -> None:
         """Run conv1 and conv2 in e4m3 where their shapes allow, with activation scales in slots first_site and
-        first_site + 1 of `scales` (engines/fp8.py); host_weights: their fp16 weights wait in host memory until a
-        shape runs them (fp8.HostFp16; on a GPU). Check fp8_refusal first."""
+        first_site + 1 of `scales` (engines/fp8.py); host: their fp16 weights wait there until a shape runs them
+        (fp8.HostFp16). Check fp8_refusal first."""
         b = self.block
         self.conv1_fp8 = Fp8Weight(conv_rows(b.conv1), lazy=True)  # made when a shape may take e4m3
         self.conv2_fp8 = Fp8Weight(conv_rows(b.conv2), lazy=True)
-        self.conv1_fp16 = HostFp16([(b.conv1, "weight")], b.conv1.weight.device)
-        self.conv2_fp16 = HostFp16([(b.conv2, "weight")], b.conv2.weight.device)
-        if host_weights and fp8_mode.offloads(b.conv1.weight.device):
-            self.conv1_fp16.offload()
-            self.conv2_fp16.offload()
+        conv1, conv2 = self.fp16_sources()
+        self.conv1_fp16 = HostFp16([conv1], b.conv1.weight.device)
+        self.conv2_fp16 = HostFp16([conv2], b.conv2.weight.device)
+        if host is not None:
+            self.conv1_fp16.offload(host)
+            self.conv2_fp16.offload(host)
         object.__setattr__(self, "fp8_scales", scales)
         self.fp8_site = first_site
 
@@ -506,20 +511,25 @@ class FusedTransformerBlock(nn.Module):
                 return f"{name} weight {tuple(w.shape)} (both sides multiples of 16)"
         return None
 
-    def enable_fp8(self, scales: Fp8Scales, first_site: int, host_weights: bool = False) -> None:
+    def fp16_sources(self) -> list[tuple[nn.Module, str]]:
+        """The fp16 weights enable_fp8 gives an e4m3 copy, in _forward's order: packed Q/K/V, cross Q,
+        feed-forward in, out."""
+        b = self.block
+        return [(self.attn1, "packed_weight"), (b.attn2.to_q, "weight"), (b.ff.net[0].proj, "weight"),
+                (b.ff.net[2], "weight")]
+
+    def enable_fp8(self, scales: Fp8Scales, first_site: int, host: HostArena | None = None) -> None:
         """Run the Q/K/V, cross Q and feed-forward GEMMs in e4m3, with activation scales in slots first_site ..
-        first_site + 3 of `scales` (engines/fp8.py); host_weights: their fp16 weights wait in host memory until a
-        shape runs the block in fp16 (fp8.HostFp16; on a GPU). Check fp8_refusal first."""
+        first_site + 3 of `scales` (engines/fp8.py); host: their fp16 weights wait there until a shape runs the
+        block in fp16 (fp8.HostFp16). Check fp8_refusal first."""
         b = self.block
         self.attn1.enable_fp8()
         self.attn2.enable_fp8()
         self.ff_in = Fp8Weight(b.ff.net[0].proj.weight)
         self.ff_out = Fp8Weight(b.ff.net[2].weight)
-        # In _forward's order: packed Q/K/V, cross Q, feed-forward in, out.
-        self.fp16 = HostFp16([(self.attn1, "packed_weight"), (b.attn2.to_q, "weight"), (b.ff.net[0].proj, "weight"),
-                              (b.ff.net[2], "weight")], b.ff.net[2].weight.device)
-        if host_weights and fp8_mode.offloads(b.ff.net[2].weight.device):
-            self.fp16.offload()
+        self.fp16 = HostFp16(self.fp16_sources(), b.ff.net[2].weight.device)
+        if host is not None:
+            self.fp16.offload(host)
         object.__setattr__(self, "fp8_scales", scales)
         self.fp8_site = first_site
 
@@ -701,10 +711,13 @@ def _enable_fp8(root: nn.Module, last: nn.Module | None, convs: bool, host_weigh
     device = next(root.parameters()).device
     scales = Fp8Scales(SITES_PER_BLOCK * len(blocks) + SITES_PER_RESNET * len(resnets), device)
     root.sdaccel_fp8_scales = scales  # registered once, so .to() and buffers() see it
+    host = None
+    if host_weights and fp8_mode.offloads(device):
+        host = HostArena([getattr(m, name) for b in (*blocks, *resnets) for m, name in b.fp16_sources()])
     for i, block in enumerate(blocks):
-        block.enable_fp8(scales, SITES_PER_BLOCK * i, host_weights)
+        block.enable_fp8(scales, SITES_PER_BLOCK * i, host)
     for i, block in enumerate(resnets):
-        block.enable_fp8(scales, SITES_PER_BLOCK * len(blocks) + SITES_PER_RESNET * i, host_weights)
+        block.enable_fp8(scales, SITES_PER_BLOCK * len(blocks) + SITES_PER_RESNET * i, host)
     object.__setattr__(last, "sdaccel_fp8_scales", scales)
     last.register_forward_hook(_update_fp8_scales)
     host = sum(b.fp16.host_bytes() for b in blocks) + sum(

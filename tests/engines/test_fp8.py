@@ -362,6 +362,8 @@ def test_host_weights_wait_until_a_shape_runs_fp16(monkeypatch):
     packed = block.attn1.packed_weight
     assert block.attn1.attn.to_k.weight.untyped_storage().data_ptr() == packed.untyped_storage().data_ptr()
     assert block.fp16.sources[0] == (block.attn1, "packed_weight")
+    storages = {t.untyped_storage().data_ptr() for site in blocks + convs for t in site._tensors()}
+    assert len(storages) == 1  # all in one host buffer (HostArena)
 
     x, t, ctx = _unet_inputs(spec, torch.Generator().manual_seed(8))
     args = (torch.cat([x, x]), t, ctx)
@@ -393,7 +395,7 @@ def test_host_fp16_lends_keeps_and_refuses_capture(monkeypatch):
     layer = torch.nn.Linear(32, 16, bias=False)
     site = fp8_module.HostFp16([(layer, "weight")], torch.device("cpu"))
     assert site.get(keep=True)[0].data_ptr() == layer.weight.data_ptr() and site.copies is None  # not offloaded
-    site.offload()
+    site.offload(fp8_module.HostArena([layer.weight]))
     with site.lent() as (lent,):
         assert site.copies == [lent] and torch.equal(lent, layer.weight)
     assert site.copies is None and not site.kept
@@ -401,12 +403,26 @@ def test_host_fp16_lends_keeps_and_refuses_capture(monkeypatch):
         site.get(keep=True)  # the pick's own forward of fp16 ran inside the timing
     assert site.kept and site.copies is not None
     other = fp8_module.HostFp16([(torch.nn.Linear(32, 16), "weight")], torch.device("cpu"))
-    other.offload()
+    other.offload(fp8_module.HostArena(other._tensors()))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(RuntimeError, match="on the host under CUDA graph capture"):
         other.get(keep=True)
     assert site.get(keep=False) is site.copies  # kept copies need no copy
+
+
+def test_host_arena_keeps_shapes_strides_and_its_size():
+    """One buffer for every site's weights, each at a 4096-byte boundary, strides kept (a channels_last
+    convolution weight stays channels_last); a tensor it was not sized for is refused."""
+    conv = torch.randn(8, 6, 3, 3).to(memory_format=torch.channels_last).half()
+    linear = torch.randn(5, 7).half()
+    arena = fp8_module.HostArena([conv, linear])
+    assert arena.buffer.numel() == 2 * 4096
+    a, b = arena.take(conv), arena.take(linear)
+    assert torch.equal(a, conv) and a.stride() == conv.stride() and torch.equal(b, linear)
+    assert b.data_ptr() - a.data_ptr() == 4096 and a.untyped_storage().data_ptr() == arena.buffer.data_ptr()
+    with pytest.raises(RuntimeError, match="HostArena is full"):
+        arena.take(linear)
 
 
 def test_host_weights_option():
