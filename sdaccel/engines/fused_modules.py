@@ -688,8 +688,8 @@ def fuse_modules(root: nn.Module, fp32_attention: bool = False, fp8: bool = Fals
         first.register_forward_pre_hook(_clear_per_call)
         last.register_forward_hook(_clear_per_call)
     if fp8:
-        counts["fp8_blocks"], counts["fp8_resnets"], host = _enable_fp8(root, last, fp8_convs, fp8_host_weights)
-        counts["fp8_host_weights_MB"] = host >> 20
+        counts["fp8_blocks"], counts["fp8_resnets"], on_host = _enable_fp8(root, last, fp8_convs, fp8_host_weights)
+        counts["fp8_host_weights_MB"] = on_host >> 20
     return counts
 
 
@@ -720,9 +720,9 @@ def _enable_fp8(root: nn.Module, last: nn.Module | None, convs: bool, host_weigh
         block.enable_fp8(scales, SITES_PER_BLOCK * len(blocks) + SITES_PER_RESNET * i, host)
     object.__setattr__(last, "sdaccel_fp8_scales", scales)
     last.register_forward_hook(_update_fp8_scales)
-    host = sum(b.fp16.host_bytes() for b in blocks) + sum(
+    on_host = sum(b.fp16.host_bytes() for b in blocks) + sum(
         r.conv1_fp16.host_bytes() + r.conv2_fp16.host_bytes() for r in resnets)
-    return len(blocks), len(resnets), host
+    return len(blocks), len(resnets), on_host
 
 
 def _update_fp8_scales(module: nn.Module, *args) -> None:
