@@ -610,6 +610,43 @@ def test_the_e4m3_convolution_pick_times_once_and_is_stored(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+def test_the_e4m3_convolution_pick_with_its_fp16_weight_on_the_host(monkeypatch):
+    """fp8_host_weights: conv_config makes the lazy e4m3 weight, and the pick's fp16 timing runs on a copy of the
+    host weight lent to the GPU, which goes after. (The device comes from the e4m3 weight: taken from the fp16 one,
+    every convolution would have stayed fp16 unasked.) The timer is a stand-in that runs each candidate once."""
+    from sdaccel.engines import convolution
+    from sdaccel.kernels import conv_sm90
+
+    if not conv_sm90.available():
+        pytest.skip("the e4m3 convolution needs an sm_90 GPU")
+    monkeypatch.setattr(convolution._FP8_PICKS, "choices", {})  # none from other tests
+    monkeypatch.setattr(convolution._PICKS, "enabled", False)  # the fp16 convolution straight to cuDNN, untimed
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    conv = torch.nn.Conv2d(640, 640, 3, padding=1).cuda().half().to(memory_format=torch.channels_last)
+    weight8 = Fp8Weight(fp8_module.conv_rows(conv), lazy=True)
+    site = fp8_module.HostFp16([(conv, "weight")], torch.device("cuda"))
+    site.offload(fp8_module.HostArena([conv.weight]))
+    assert not conv.weight.is_cuda and not weight8.made
+    timed = []
+
+    def fake_time(fn, weights=(), inputs=()):
+        fn()
+        fp16 = weights[0] is not weight8.data
+        timed.append((fp16, weights[0].is_cuda, site.copies is not None))
+        return 2.0 if fp16 else 1.0  # e4m3 faster
+
+    monkeypatch.setattr(convolution, "cuda_time_ms", fake_time)
+    monkeypatch.setattr(convolution, "pick_fastest", lambda args, kernels, default, time: next(iter(kernels)))
+    shape = (16, 640, 32, 32)
+    config = fp8_module.conv_config(shape, torch.device("cuda"), conv, weight8, torch.float16, site)
+    assert config in conv_sm90.FP8_CONFIGS and weight8.made
+    assert timed == [(False, True, False), (True, True, True)]  # e4m3, then fp16 on the lent copy
+    assert site.copies is None and not site.kept and not conv.weight.is_cuda
+    assert fp8_module.conv_decided(shape, torch.device("cuda"), conv, torch.float16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
 def test_the_block_pick_on_the_gpu(monkeypatch):
     """A 640-wide block (10 heads of 64) at 1024 tokens and CFG batch 2: in benchmark mode its first call times the
     fp16 and e4m3 forwards inside CUDA graphs and keeps one, the second call takes it untimed, and either way the
