@@ -13,7 +13,8 @@ first where the pick takes the Gluon e4m3 GEMM + GEGLU kernel for its shape (fee
 Whether a block runs so is decided per input shape (block_in_fp8), so that the mode is never slower where a block's
 GEMMs are too small to gain: when the e4m3-writing norms still cost more than fp16 ones, SD1.5's 640-wide blocks at
 CFG batch 2 (2048 rows) and its 64-token ones timed slower in e4m3 and stayed fp16; since then every SD1.5 and SDXL
-block shape measured picks e4m3 (H200, twentieth session).
+block shape measured picks e4m3 (H200, twentieth session), but for near-ties that flip between runs (those two at
+CFG batch 2 picked fp16 in one of four runs, twenty-second session).
 
 And, unless the engine's fp8_convs is False, in every fused ResNet block, on sm_90, both 3x3 convolutions, whose
 inputs GroupNorm + SiLU writes:
