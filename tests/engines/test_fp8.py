@@ -389,6 +389,26 @@ def test_host_weights_wait_until_a_shape_runs_fp16(monkeypatch):
     assert torch.equal(got, want)
 
 
+def test_a_weight_replaced_after_prepare_goes_back_into_the_host_buffer(monkeypatch):
+    """A LoRA fuse that replaces a weight (`param.data = merged`) with host weights on (the CPU standing in for the
+    GPU): refresh_weights copies it into the host buffer the parameter held, points the parameter there again and
+    requantizes the e4m3 copy from it."""
+    monkeypatch.setattr(fp8_module, "offloads", lambda device: True)
+    comps = build_synthetic(get_spec("sd15-tiny"))
+    engine = FastEngine(allow_cpu=True, fp8=True)
+    engine.prepare(comps, torch.float32, torch.device("cpu"))
+    block = next(m for m in comps.unet.modules() if isinstance(m, FusedTransformerBlock))
+    ff_out = block.block.ff.net[2].weight
+    buffer = ff_out.untyped_storage().data_ptr()
+    assert block.fp16.offloaded and engine.fusion_counts["fp8_blocks"] > 0
+    merged = ff_out.detach() * 3
+    ff_out.data = merged.clone()  # a new tensor, as a LoRA fuse writes
+    assert ff_out.untyped_storage().data_ptr() != buffer
+    engine.refresh_weights(comps)
+    assert ff_out.untyped_storage().data_ptr() == buffer and torch.equal(ff_out, merged)
+    torch.testing.assert_close(block.ff_out.scale, merged.abs().amax().reshape(1) / 448)
+
+
 def test_host_fp16_lends_keeps_and_refuses_capture(monkeypatch):
     """HostFp16 on its own: lent copies go after the timing unless an fp16 pick kept them meanwhile; under CUDA
     graph capture weights still on the host raise (a graph would read memory freed after the capture)."""
