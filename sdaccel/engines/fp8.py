@@ -339,9 +339,8 @@ def conv_config(shape: tuple, device: torch.device, conv: nn.Conv2d, weight: Fp8
         return None
     if not weight.made:
         weight.make(conv_rows(conv))  # what the pick times, and the e4m3 path reads
-    if fp16 is None or fp8_decided(shape, conv.weight, dtype):
-        return fp8_path(shape, conv.weight, weight.data, weight.scale, dtype)
-    return fp8_path(shape, conv.weight, weight.data, weight.scale, dtype, lend=lambda: fp16.lent())
+    # The fp16 weight is lent only if the pick times this shape.
+    return fp8_path(shape, conv.weight, weight.data, weight.scale, dtype, lend=None if fp16 is None else fp16.lent)
 
 
 def conv_decided(shape: tuple, device: torch.device, conv: nn.Conv2d, dtype: torch.dtype) -> bool:
