@@ -274,6 +274,11 @@ class HostFp16:
                     module.view_packed()
         self.offloaded = True
 
+    @property
+    def waiting(self) -> bool:
+        """On the host with nothing kept on the device: only then does get's `keep` change anything."""
+        return self.offloaded and not self.kept
+
     def host_bytes(self) -> int:
         return sum(t.nbytes for t in self._tensors()) if self.offloaded else 0
 

@@ -203,12 +203,13 @@ class FusedResnetBlock(nn.Module):
     def _fp8_slot(self, index: int, shape: tuple, device: torch.device, conv: nn.Conv2d, weight: Fp8Weight | None,
                   fp16: HostFp16 | None, dtype: torch.dtype) -> tuple:
         """(scale, amax, kernel config) of a convolution's e4m3 input when it runs in e4m3 at this shape, else
-        (None, None, whether that fp16 answer is final: the fp16 weight then stays on the GPU)."""
+        (None, None, whether that fp16 answer is final for a weight still waiting on the host, which then comes to
+        the GPU for good)."""
         if self.fp8_scales is None:
             return None, None, False
         config = fp8_mode.conv_config(shape, device, conv, weight, dtype, fp16)
-        if config is None:
-            return None, None, fp8_mode.conv_decided(shape, device, conv, dtype)
+        if config is None:  # asked only where the answer can move the weight (not again on every eager call)
+            return None, None, fp16 is not None and fp16.waiting and fp8_mode.conv_decided(shape, device, conv, dtype)
         return (*self.fp8_scales.slot(self.fp8_site + index), config)
 
     def _conv(self, conv: nn.Conv2d, h: torch.Tensor, slot: tuple, weight: Fp8Weight | None, fp16: HostFp16 | None,
