@@ -57,9 +57,10 @@ from torch import nn
 
 from ..kernels import conv_sm90
 from ..kernels.fp8 import E4M3, E4M3_MAX, quantize_e4m3_reference
+from ..kernels.fp8_scales import update_scales_
 from ..kernels.precompile import is_recording
 from .convolution import add_bias_residual, fp8_decided, fp8_path
-from .kernel_pick import ShapePicks, cuda_time_ms
+from .kernel_pick import ShapePicks, cuda_time_ms, fastest
 
 SITES_PER_BLOCK = 4  # qkv, cross_q, ff_in, ff_out (FusedTransformerBlock's order)
 SITES_PER_RESNET = 2  # conv1, conv2 (FusedResnetBlock's)
@@ -85,8 +86,9 @@ def block_in_fp8(key: str, run: Callable[[bool], torch.Tensor], block: nn.Module
     A whole block is the unit: which of its norms write e4m3, which GEMMs read it and whether the GEGLU kernel
     runs inside the GEMM all change together. The first time a key is met in cuDNN's benchmark mode (the engine's
     graph warm-up), both forwards are timed from graph replays with the weights out of L2 (kernel_pick.cuda_time_ms)
-    and the faster is kept. Before that, under capture and off the GPU the answer is e4m3 and nothing is kept; in a
-    dry run recording Triton kernels both run once. A timed forward also records this block's amaxes, of the same
+    and the faster is kept, e4m3 unless fp16 is faster by more than kernel_pick.PREFER_MARGIN. Before that, under
+    capture and off the GPU the answer is e4m3 and nothing is kept; in a dry run recording Triton kernels both run
+    once. A timed forward also records this block's amaxes, of the same
     inputs the call's own forward then sees: the scales come out as without the pick."""
     choices = _BLOCK_PICKS.choices
     if key in choices:
@@ -113,7 +115,7 @@ def block_in_fp8(key: str, run: Callable[[bool], torch.Tensor], block: nn.Module
                 continue
     if not timings:
         return True
-    choices[key] = min(timings, key=timings.get)
+    choices[key] = fastest(timings, prefer=BLOCK_FP8)  # near-ties in e4m3: its fp16 weights can stay on the host
     return choices[key] == BLOCK_FP8
 
 
@@ -168,9 +170,7 @@ class Fp8Scales(nn.Module):
     @torch.no_grad()
     def update_(self) -> None:
         """Each site's next scale from this call's amax (sites that saw no finite, non-zero value keep theirs)."""
-        seen = torch.isfinite(self.amaxes) & (self.amaxes > 0)
-        self.scales.copy_(torch.where(seen, self.amaxes / E4M3_MAX, self.scales))
-        self.amaxes.zero_()
+        update_scales_(self.scales, self.amaxes)  # one kernel on the GPU (kernels/fp8_scales.py)
 
 
 class Fp8Weight(nn.Module):

@@ -10,6 +10,7 @@ from sdaccel.engines import fp8 as fp8_module
 from sdaccel.engines.fast import FastEngine
 from sdaccel.engines.fp8 import Fp8Scales, Fp8Weight, fp8_linear
 from sdaccel.engines.fused_modules import FusedResnetBlock, FusedTransformerBlock, fuse_modules
+from sdaccel.engines.kernel_pick import PREFER_MARGIN
 from sdaccel.errors import UsageError
 from sdaccel.kernels.fp8 import E4M3
 from sdaccel.models import build_synthetic, get_spec
@@ -317,6 +318,8 @@ def test_the_block_pick_times_both_forwards_once_and_keeps_the_faster(monkeypatc
     times[False] = 0.5
     assert fp8_module.block_in_fp8("k2", run, no_weights, [on_gpu]) is False
     assert fp8_module.chosen_blocks() == {"k1": "fp8", "k2": "fp16"}
+    times[False] = 1.0 / (1 + PREFER_MARGIN / 2)  # fp16 faster, within the margin: e4m3 (its fp16 weights can wait)
+    assert fp8_module.block_in_fp8("k2b", run, no_weights, [on_gpu]) is True
 
     times[False] = 2.0
     assert fp8_module.block_in_fp8("k3", forward(None), no_weights, [on_gpu]) is False
@@ -331,7 +334,7 @@ def test_the_block_pick_times_both_forwards_once_and_keeps_the_faster(monkeypatc
     assert ran == [False] and "k5" not in fp8_module.chosen_blocks() and "k6" not in fp8_module.chosen_blocks()
     # Off the GPU nothing runs.
     assert fp8_module.block_in_fp8("k7", run, no_weights, [torch.ones(1)]) is True and ran == [False]
-    assert timed == [False, True, False, True, False, False]  # k1, k2, then k3's and k4's fp16 forward alone
+    assert timed == [False, True] * 3 + [False, False]  # k1, k2, k2b, then k3's and k4's fp16 forward alone
 
 
 def _sites(unet):

@@ -101,3 +101,18 @@ def test_the_difference_is_taken_in_place_only_in_the_candidates_own_memory():
     broadcast = torch.tensor([2.0]).expand(3)
     assert kernel_pick._max_abs_difference(broadcast, reference, args) == 1.0
     assert torch.equal(broadcast, torch.tensor([2.0, 2.0, 2.0]))
+
+
+def test_the_preferred_candidate_wins_near_ties_only():
+    """kernel_pick.fastest: the lowest time, unless the preferred name is within the margin of it."""
+    from sdaccel.engines.kernel_pick import PREFER_MARGIN, fastest
+
+    assert fastest({"a": 1.0, "b": 0.9}) == "b"
+    near = 1.0 / (1 + PREFER_MARGIN / 2)  # b faster by half the margin
+    far = 1.0 / (1 + 2 * PREFER_MARGIN)  # b faster by twice the margin
+    assert fastest({"a": 1.0, "b": near}, prefer="a") == "a"
+    assert fastest({"a": 1.0, "b": far}, prefer="a") == "b"
+    assert fastest({"a": 1.0, "b": far}, prefer="a", margin=3 * PREFER_MARGIN) == "a"
+    assert fastest({"a": 0.5, "b": 1.0}, prefer="b") == "a"
+    assert fastest({"a": 1.0, "b": near}, prefer="c") == "b"  # a preferred name that did not run is no candidate
+    assert fastest({"a": 1.0}, prefer="a") == "a"
