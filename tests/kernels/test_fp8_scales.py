@@ -6,6 +6,10 @@ import torch
 from sdaccel.kernels.fp8_scales import update_scales_, update_scales_reference
 from sdaccel.kernels.precompile import recording_kernels
 
+# The kernel divides correctly rounded; torch on CUDA divides by a Python number as a multiply by its reciprocal,
+# which is a unit in the last place off for a third of the values (H200, twenty-third session).
+ONE_ULP = 1.2e-7  # 2^-23 (a unit in the last place, relative to the value), rounded up
+
 
 def _buffers(sites, device, seed=0):
     g = torch.Generator().manual_seed(seed)
@@ -26,7 +30,7 @@ def test_update_matches_the_reference(sites, device):
     scale_ptr, amax_ptr = scales.data_ptr(), amaxes.data_ptr()
     update_scales_(scales, amaxes)
     assert scales.data_ptr() == scale_ptr and amaxes.data_ptr() == amax_ptr  # in place: graphs read them there
-    torch.testing.assert_close(scales, want_scales, rtol=0, atol=0)
+    torch.testing.assert_close(scales, want_scales, rtol=ONE_ULP, atol=0)
     assert amaxes.eq(0).all() and want_amaxes.eq(0).all()
     # The reference's own rule, spelled out: finite positive amaxes become amax / 448, the rest keep their scale.
     _, fresh = _buffers(sites, device)
@@ -41,7 +45,7 @@ def test_a_dry_run_moves_the_scales_as_the_call_would(device):
     update_scales_reference(want_scales, want_amaxes)
     with recording_kernels():  # the launch may be skipped; the scales must still come out the same
         update_scales_(scales, amaxes)
-    torch.testing.assert_close(scales, want_scales, rtol=0, atol=0)
+    torch.testing.assert_close(scales, want_scales, rtol=ONE_ULP, atol=0)
     assert amaxes.eq(0).all()
 
 
