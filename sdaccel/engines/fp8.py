@@ -88,8 +88,8 @@ def block_in_fp8(key: str, run: Callable[[bool], torch.Tensor], block: nn.Module
     graph warm-up), both forwards are timed from graph replays with the weights out of L2 (kernel_pick.cuda_time_ms)
     and the faster is kept, e4m3 unless fp16 is faster by more than kernel_pick.PREFER_MARGIN. Before that, under
     capture and off the GPU the answer is e4m3 and nothing is kept; in a dry run recording Triton kernels both run
-    once. A timed forward also records this block's amaxes, of the same
-    inputs the call's own forward then sees: the scales come out as without the pick."""
+    once. A timed forward also records this block's amaxes, of the same inputs the call's own forward then sees:
+    the scales come out as without the pick."""
     choices = _BLOCK_PICKS.choices
     if key in choices:
         return choices[key] == BLOCK_FP8
