@@ -5,8 +5,9 @@ memory and cold-start figures. Ratios between engines are only meaningful within
 same settings), which is what `run_id` marks in the appended CSV.
 
 While engines are measured, `bench-<run_id>.partial.json` in the output folder holds the rows of every engine done so
-far (rewritten after each one), so a run stopped from outside (a time limit) still leaves its finished measurements;
-the complete `bench-<run_id>.json` replaces it at the end.
+far (rewritten after each one), and `table-<run_id>.partial.md` their table, so a run stopped from outside (a time
+limit) still leaves its finished measurements; the complete `bench-<run_id>.json` and `table.md` replace them at the
+end.
 """
 
 from __future__ import annotations
@@ -61,6 +62,15 @@ def measure_in_process(cfg: BenchConfig, engine: str) -> dict:
     return measure_engine(cfg, engine)
 
 
+def _partial_table(rows: list[dict], cfg: BenchConfig, run_id: str) -> str:
+    """The table of the engines measured so far (copies of their rows: the final report adds its own columns)."""
+    rows = [dict(row) for row in rows]
+    add_speedups(rows, cfg.baseline)
+    return (f"Run {run_id}, stopped or still running: the engines measured so far "
+            f"({len({row['engine'] for row in rows})} of {len(cfg.engines)}).\n\n"
+            f"{markdown_table(rows, cfg.baseline)}\n")
+
+
 def _unique_path(folder: Path, stem: str, suffix: str) -> Path:
     path, n = folder / f"{stem}{suffix}", 2
     while path.exists():
@@ -87,6 +97,7 @@ def run_bench(config: BenchConfig, *, isolate: bool = True, log: Callable[[str],
     measure = measure_in_subprocess if isolate else measure_in_process
     results = []
     partial = out / f"bench-{run_id}.partial.json"
+    partial_table = out / f"table-{run_id}.partial.md"  # the same rows, readable, should the run be stopped
     for engine in cfg.engines:
         reason = availability.get(engine_kind(engine))
         if reason:
@@ -104,10 +115,12 @@ def run_bench(config: BenchConfig, *, isolate: bool = True, log: Callable[[str],
             for row in result["rows"]:
                 row["restart_start_s"] = again["cold_start_s"]
         results.append(result)
+        done = [row for r in results for row in r["rows"]]
         write_json(partial, {"run_id": run_id, "started": started.isoformat(timespec="seconds"), "partial": True,
                              "engines_done": [r["engine"] for r in results], "settings": cfg.to_dict(),
                              "engine_info": {r["engine"]: r.get("engine_info", {}) for r in results},
-                             "rows": [row for r in results for row in r["rows"]]})
+                             "rows": done})
+        write_text(partial_table, _partial_table(done, cfg, run_id))
 
     rows = [row for result in results for row in result["rows"]]
     commit = git_commit()
@@ -143,6 +156,7 @@ def run_bench(config: BenchConfig, *, isolate: bool = True, log: Callable[[str],
     })
     written.append(json_path)
     partial.unlink(missing_ok=True)
+    partial_table.unlink(missing_ok=True)
 
     log(f"\n{report}")
     for summary in (r["throughput"] for r in results if r.get("throughput")):

@@ -1,5 +1,7 @@
 """A failing engine or an out-of-memory batch is recorded in its row, and the benchmark goes on."""
 
+import json
+
 import pytest
 import torch
 
@@ -106,3 +108,33 @@ def test_throughput_stops_when_the_gain_is_under_3_percent(monkeypatch):
 ])
 def test_out_of_memory_is_recognised(exc, expected):
     assert is_out_of_memory(exc) is expected
+
+
+def test_a_run_stopped_from_outside_leaves_the_finished_engines_table(tmp_path, monkeypatch):
+    """A time limit or Ctrl-C between engines: the engines done so far stay on disk as JSON and as a table."""
+    real = runner.measure_in_process
+    done = []
+
+    def measure(cfg, engine):
+        if done:
+            raise KeyboardInterrupt  # stopped while the second engine is measured
+        done.append(engine)
+        return real(cfg, engine)
+
+    monkeypatch.setattr(runner, "measure_in_process", measure)
+    cfg = BenchConfig(engines=("eager", "eager@again"), out=str(tmp_path), **dict(TINY, runs=1, warmup=0))
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(cfg, isolate=False, log=lambda line: None)
+    (table,) = tmp_path.glob("table-*.partial.md")
+    (partial,) = tmp_path.glob("bench-*.partial.json")
+    text = table.read_text()
+    assert "the engines measured so far (1 of 2)" in text and "| eager | 1 | ok |" in text
+    assert "eager@again" not in text and "speed-up vs eager" in text  # the baseline had run: its column is there
+    assert [row["engine"] for row in json.loads(partial.read_text())["rows"]] == ["eager"]
+    assert not (tmp_path / "table.md").exists()  # the complete report comes only at the end
+
+
+def test_a_finished_run_leaves_no_partial_files(tmp_path):
+    cfg = BenchConfig(engines=("eager",), out=str(tmp_path), **dict(TINY, runs=1, warmup=0))
+    run_bench(cfg, isolate=False, log=lambda line: None)
+    assert (tmp_path / "table.md").exists() and not list(tmp_path.glob("*.partial.*"))
