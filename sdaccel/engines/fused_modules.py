@@ -218,9 +218,7 @@ class FusedResnetBlock(nn.Module):
         if slot[0] is None:  # fp16; slot[2]: whether that is this shape's final answer
             w16 = fp16.get(keep=slot[2])[0] if fp16 is not None else None
             return _conv_bias_add(conv, h, bias, residual, weight=w16)
-        scale, _, config = slot
-        if not weight.made:  # conv_config made it, unless a stand-in answered for it (tests)
-            weight.make(conv_rows(conv))
+        scale, _, config = slot  # conv_config made the e4m3 weight before answering with a config
         return fp8_mode.fp8_conv2d(h, scale, weight, conv.kernel_size[0], bias, residual, dtype, config)
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor | None = None, *args,
@@ -712,17 +710,17 @@ def _enable_fp8(root: nn.Module, last: nn.Module | None, convs: bool, host_weigh
     device = next(root.parameters()).device
     scales = Fp8Scales(SITES_PER_BLOCK * len(blocks) + SITES_PER_RESNET * len(resnets), device)
     root.sdaccel_fp8_scales = scales  # registered once, so .to() and buffers() see it
-    host = None
+    host, on_host = None, 0
     if host_weights and fp8_mode.offloads(device):
-        host = HostArena([getattr(m, name) for b in (*blocks, *resnets) for m, name in b.fp16_sources()])
+        fp16 = [getattr(m, name) for b in (*blocks, *resnets) for m, name in b.fp16_sources()]
+        host, on_host = HostArena(fp16), sum(t.nbytes for t in fp16)
+        del fp16  # each weight's device memory goes as enable_fp8 moves it to the host, block by block
     for i, block in enumerate(blocks):
         block.enable_fp8(scales, SITES_PER_BLOCK * i, host)
     for i, block in enumerate(resnets):
         block.enable_fp8(scales, SITES_PER_BLOCK * len(blocks) + SITES_PER_RESNET * i, host)
     object.__setattr__(last, "sdaccel_fp8_scales", scales)
     last.register_forward_hook(_update_fp8_scales)
-    on_host = sum(b.fp16.host_bytes() for b in blocks) + sum(
-        r.conv1_fp16.host_bytes() + r.conv2_fp16.host_bytes() for r in resnets)
     return len(blocks), len(resnets), on_host
 
 

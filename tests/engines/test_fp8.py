@@ -166,11 +166,20 @@ def test_blocks_narrower_than_min_width_stay_fp16(monkeypatch):
     assert counts["fp8_blocks"] == 0 and other.sdaccel_fp8_scales.scale.shape == (2 * counts["fp8_resnets"],)
 
 
+def _answering(config):
+    """A stand-in for fp8.conv_config that answers `config` at every shape, making the lazy e4m3 weight first as
+    the real one does."""
+    def conv_config(shape, device, conv, weight, dtype, fp16=None):
+        weight.make(fp8_module.conv_rows(conv))
+        return config
+    return conv_config
+
+
 def _reference_fp8_convolutions(monkeypatch):
     """Off sm_90, the e4m3 convolution's fp32 reference stands in for the Gluon kernel, at every shape."""
     from sdaccel.kernels.conv_sm90 import conv2d_fp8_reference
 
-    monkeypatch.setattr(fp8_module, "conv_config", lambda shape, device, conv, weight, dtype, fp16=None: "any config")
+    monkeypatch.setattr(fp8_module, "conv_config", _answering("any config"))
     monkeypatch.setattr(fp8_module, "_conv2d_sm90_fp8",
                         lambda x8, x_scale, w8, w_scale, k, bias=None, residual=None, out_dtype=torch.float16,
                         config=None: conv2d_fp8_reference(x8, x_scale, w8, w_scale, k, bias, residual, out_dtype))
@@ -589,7 +598,7 @@ def test_resnet_block_on_the_gluon_e4m3_convolutions(monkeypatch, width, concat,
     skip = (torch.randn(2, concat, size, size, device="cuda", dtype=torch.float16)
             .contiguous(memory_format=torch.channels_last) if concat else None)
     temb = torch.randn(2, 1280, device="cuda", dtype=torch.float16)
-    monkeypatch.setattr(fp8_module, "conv_config", lambda *args: conv_sm90.FP8_CONFIGS[0])  # whatever is faster
+    monkeypatch.setattr(fp8_module, "conv_config", _answering(conv_sm90.FP8_CONFIGS[0]))  # whatever is faster
     with torch.inference_mode():
         want = fused(x, temb, concat=skip).float()
         fused.enable_fp8(scales, 0)
