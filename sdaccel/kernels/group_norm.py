@@ -47,7 +47,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import compiling, launchable, next_pow2, parallel_target, register_triton_op, use_triton
+from . import compiling, launchable, next_pow2, parallel_target, register_triton_op, sm_count, use_triton
+from . import group_norm_cluster as cluster
 from .fp8 import E4M3, check_fp8_output, quantize_e4m3_reference
 
 try:
@@ -497,6 +498,23 @@ def looped_fits(hw: int) -> bool:
     return hw <= LOOPED_MAX_ROWS
 
 
+# Where the looped kernel would run, a Hopper GPU can take the cluster kernel (kernels/group_norm_cluster.py: each
+# group over a cluster of 8 CTAs, read once, one launch) while the launch has at most this many CTAs per SM. Its probe
+# on an H200, graphed, GroupNorm + SiLU, us (benchmarks/README.md, twenty-fourth session): CFG batch 2 (64 clusters,
+# 512 CTAs, 3.9 an SM) 2 x 640 x 32 x 32 11.8 -> 6.9, 2 x 1280 x 32 x 32 18.1 -> 13.1, 2 x 2560 x 16 x 16 11.1 -> 5.9;
+# but CFG batch 16 (31 an SM) 16 x 640 x 32 x 32 27.9 -> 40.3. So 4 where it is on; 0, off, is the default until the
+# packaged kernel has run on a GPU (it compiles for sm_90 with the GPU machine's Triton 3.6, but has not run there).
+CLUSTER_TAKES_CTAS_PER_SM = 4
+CLUSTER_CTAS_PER_SM = 0
+
+
+def cluster_takes(x: torch.Tensor, num_groups: int, hw: int, group_size: int) -> bool:
+    """Whether the launcher's default sends a group the looped kernel would take to the cluster kernel."""
+    n_ctas = x.shape[0] * num_groups * cluster.CTAS
+    return (x.dtype in cluster.DTYPES and n_ctas <= CLUSTER_CTAS_PER_SM * sm_count(x)
+            and cluster.refusal(x, hw, group_size) is None)
+
+
 def _hw_stride(x: torch.Tensor) -> Optional[int]:
     """Stride of the merged H*W axis, or None when H and W don't merge."""
     _, _, H, W = x.shape
@@ -548,9 +566,11 @@ def launch_group_norm(
 
     ``path``: "single" (one program per sample and group holding the group in
     registers), "looped" (one program per sample and group, two sweeps over
-    its rows), "split" (statistics and normalize kernels over chunks of rows);
+    its rows), "split" (statistics and normalize kernels over chunks of rows),
+    "cluster" (sm_90: each group held by a cluster of CTAs; no skip, no e4m3);
     None picks by size: single where the group fits (``single_pass_fits``),
-    else looped for few rows (``looped_fits``), else split.
+    else looped for few rows (``looped_fits``; the cluster kernel instead
+    where ``cluster_takes``), else split.
     ``tile_elems`` (elements per loop iteration), ``num_warps`` and
     ``loop_stages`` (tiles of the row loop in flight; None: LOOP_STAGES) tune
     the looped and split kernels, ``rows_per_chunk`` and ``channel_block``
@@ -610,8 +630,17 @@ def launch_group_norm(
 
     if path is None:
         path = "single" if single_pass_fits(HW, group_size) else "looped" if looped_fits(HW) else "split"
-    if path not in ("single", "looped", "split"):
+        if (path == "looped" and skip is None and not fp8 and not traceable
+                and cluster_takes(x, num_groups, HW, group_size)):
+            path = "cluster"
+    if path not in ("single", "looped", "split", "cluster"):
         raise ValueError(f"unknown group_norm path {path!r}")
+    if path == "cluster":
+        if skip is not None or fp8:
+            raise ValueError("the cluster GroupNorm takes no skip and writes no e4m3")
+        cluster.launch_group_norm_cluster(x, concat, add, s, weight, bias, out, num_groups, eps, silu, out_scale,
+                                          strides, add_strides)
+        return out, s
     if path != "split":  # the single-pass and looped kernels (grid: groups x samples) take the same arguments
         group_args = (*inputs, *affine, out, *e4m3, HW, C, C1, C2, eps, out_scale, *strides, *add_strides)
         group_flags = dict(GROUP_SIZE=group_size, WRITE_SUM=write_sum, HAS_WEIGHT=weight is not None,

@@ -47,13 +47,19 @@ CASES = [
 ]
 
 
-@pytest.fixture(params=["single-pass", "split", "looped"])
-def kernel_path(request, monkeypatch):
+@pytest.fixture(params=["single-pass", "split", "looped", pytest.param("cluster", marks=pytest.mark.gpu)])
+def kernel_path(request, monkeypatch, device):
     """Run a test through each kernel path: these shapes are small enough for the single-pass kernel, so the
-    others are forced by making no tile fit, then by sending every launch to the looped kernel or none."""
+    others are forced by making no tile fit, then by sending every launch to the looped kernel or none. The
+    looped kernel's launches go to the cluster kernel (a Hopper GPU) for "cluster" only; what it does not take
+    (skip, e4m3 output, rows that do not split evenly over its CTAs) stays on the looped kernel."""
+    refusal = gn_module.cluster.device_refusal(torch.device(device))
+    if request.param == "cluster" and refusal:
+        pytest.skip(f"the cluster kernel: {refusal}")
+    monkeypatch.setattr(gn_module, "CLUSTER_CTAS_PER_SM", 1 << 30 if request.param == "cluster" else 0)
     if request.param != "single-pass":
         monkeypatch.setattr(gn_module, "SINGLE_PASS_MAX_TILE", 0)
-        monkeypatch.setattr(gn_module, "LOOPED_MAX_ROWS", 1 << 30 if request.param == "looped" else 0)
+        monkeypatch.setattr(gn_module, "LOOPED_MAX_ROWS", 0 if request.param == "split" else 1 << 30)
     return request.param
 
 
@@ -263,6 +269,7 @@ def test_looped_kernel_takes_groups_of_few_rows(device, monkeypatch):
 
     monkeypatch.setattr(gn_module, "_group_norm_looped_kernel", Spy())
     monkeypatch.setattr(gn_module, "LOOPED_MAX_ROWS", 6 * 6)
+    monkeypatch.setattr(gn_module, "CLUSTER_CTAS_PER_SM", 0)  # on a Hopper GPU it would take these
     monkeypatch.setattr(gn_module, "SINGLE_PASS_MAX_TILE", 0)
     for hw in (6, 7):
         x, w, b, add, _ = _inputs((2, 64, hw, hw), 2, torch.float32, device)

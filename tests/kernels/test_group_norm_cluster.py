@@ -1,0 +1,143 @@
+"""The cluster GroupNorm (kernels/group_norm_cluster.py): its sizing on any machine; on a Hopper GPU, the kernel
+against the reference at SD's shapes, and where the launcher's default takes it. The other GroupNorm tests run it
+too, through their "cluster" kernel path (test_group_norm.py)."""
+
+import importlib
+
+import pytest
+import torch
+
+cluster = importlib.import_module("sdaccel.kernels.group_norm_cluster")
+gn_module = importlib.import_module("sdaccel.kernels.group_norm")
+
+CL = torch.channels_last
+
+
+def test_sizing():
+    # 8 CTAs a group, each a power of two of rows: SD1.5's 32x32 level (1024 rows) 128 each, 16x16 32; 24x24 (576,
+    # 72 each) and 7x9 are not taken.
+    assert cluster.rows_per_cta(1024) == 128 and cluster.rows_per_cta(256) == 32
+    assert cluster.fits(1024, 20) and cluster.fits(256, 80) and cluster.fits(32, 3)
+    assert not cluster.fits(576, 20) and not cluster.fits(63, 3)
+    # At most 128 fp32 values a thread: 128 rows x 128 lanes fit (SDXL's 2560 channels at 32x32), 256 lanes do not.
+    assert cluster.fits(1024, 80) and not cluster.fits(1024, 160)
+
+
+def test_layouts():
+    """The tile's layout per group width: pairs of channels a thread (4 at 128 lanes: a warp spans a row), whole
+    rows a warp, 8 CTAs along the first axis; partials held whole by every CTA."""
+    if cluster.gluon is None:
+        pytest.skip("Triton without Gluon")
+    for block_c, per_thread, threads in ((32, 2, [1, 2, 16]), (128, 4, [1, 1, 32]), (4, 2, [1, 16, 2]),
+                                         (1, 1, [1, 32, 1])):
+        tile = cluster._tile_layout(block_c, 4)
+        assert tile.size_per_thread == [1, 1, per_thread] and tile.threads_per_warp == threads, block_c
+        assert tile.warps_per_cta == [1, 4, 1] and tile.cga_layout == [[1, 0, 0], [2, 0, 0], [4, 0, 0]]
+    assert cluster._everywhere_layout(4).cga_layout == [[0], [0], [0]]
+
+
+def test_not_taken_without_a_hopper_gpu(monkeypatch):
+    monkeypatch.setattr(gn_module, "CLUSTER_CTAS_PER_SM", gn_module.CLUSTER_TAKES_CTAS_PER_SM)
+    x = torch.zeros(2, 640, 32, 32).contiguous(memory_format=CL)
+    assert cluster.refusal(x, 1024, 20) is not None
+    assert not gn_module.cluster_takes(x, 32, 1024, 20)
+
+
+def _inputs(shape, dtype, seed=0):
+    N, C, H, W = shape
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=g) * 1.5 + 0.3).to("cuda", dtype).contiguous(memory_format=CL)
+    w = (1 + 0.5 * torch.randn(C, generator=g)).to("cuda", dtype)
+    b = (0.5 * torch.randn(C, generator=g)).to("cuda", dtype)
+    add = torch.randn(N, C, generator=g).to("cuda", dtype)
+    return x, w, b, add
+
+
+def _check(y, x, groups, w, b, check_against_reference, what, **kw):
+    ref = gn_module.group_norm_reference(x, groups, w, b, **kw)
+    up = {k: (v.float() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    ref32 = gn_module.group_norm_reference(x.float(), groups, w.float(), b.float(), **up)
+    check_against_reference(y, ref, ref32, what=what)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", [(2, 640, 32, 32), (2, 2560, 16, 16), (1, 320, 16, 16), (2, 96, 8, 4)], ids=str)
+def test_matches_the_reference(shape, dtype, check_against_reference):
+    if cluster.device_refusal(torch.device("cuda")):
+        pytest.skip(cluster.device_refusal(torch.device("cuda")))
+    x, w, b, add = _inputs(shape, dtype)
+    launch = gn_module.launch_group_norm
+    y = launch(x, 32, w, b, 1e-5, True, add, None, False, path="cluster")[0]
+    _check(y, x, 32, w, b, check_against_reference, f"{shape} silu+add", silu=True, add=add)
+    y = launch(x, 32, None, None, 1e-6, False, None, None, False, path="cluster", out_scale=0.5)[0]
+    ref = gn_module.group_norm_reference(x, 32, eps=1e-6, scale=0.5)
+    check_against_reference(y, ref, gn_module.group_norm_reference(x.float(), 32, eps=1e-6, scale=0.5),
+                            what=f"{shape} no affine, scaled")
+    assert y.stride() == x.stride()
+    if shape == (2, 96, 8, 4):  # 24x24: 72 rows a CTA, not a power of two
+        x24 = _inputs((1, 96, 24, 24), dtype)[0]
+        with pytest.raises(ValueError, match="does not split"):
+            launch(x24, 32, None, None, 1e-5, False, None, None, False, path="cluster")
+
+
+@pytest.mark.gpu
+def test_concatenation_and_its_sum(check_against_reference):
+    """An up block's first norm: GroupNorm of [x, skip] read in place from both, the concatenation written back."""
+    if cluster.device_refusal(torch.device("cuda")):
+        pytest.skip(cluster.device_refusal(torch.device("cuda")))
+    x, _, _, _ = _inputs((2, 1280, 16, 16), torch.float16, seed=1)
+    skip, w, b, add = _inputs((2, 2560, 16, 16), torch.float16, seed=2)
+    skip = skip[:, :1280].contiguous(memory_format=CL)
+    y, s = gn_module.launch_group_norm(x, 32, w, b, 1e-5, True, add, None, True, concat=skip, path="cluster")
+    y_ref, s_ref = gn_module.group_norm_reference(x, 32, w, b, silu=True, add=add, concat=skip, return_sum=True)
+    torch.testing.assert_close(s, s_ref, rtol=0, atol=0)
+    ref32 = gn_module.group_norm_reference(s.float(), 32, w.float(), b.float(), silu=True)
+    check_against_reference(y, y_ref, ref32, what="concat")
+
+
+@pytest.mark.gpu
+def test_the_rule_takes_it_at_cfg_batch_2_only(monkeypatch):
+    """Switched on (CLUSTER_TAKES_CTAS_PER_SM): CFG batch 2 at the 32x32 level, 64 clusters of 8 CTAs, under 4 an SM
+    on an H100 / H200, so the cluster kernel; CFG batch 16 at the same level (8x the CTAs), or with a skip: the
+    looped kernel."""
+    if cluster.device_refusal(torch.device("cuda")):
+        pytest.skip(cluster.device_refusal(torch.device("cuda")))
+    monkeypatch.setattr(gn_module, "CLUSTER_CTAS_PER_SM", gn_module.CLUSTER_TAKES_CTAS_PER_SM)
+    launched = []
+    real = cluster.launch_group_norm_cluster
+    def spy(*args, **kwargs):
+        launched.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cluster, "launch_group_norm_cluster", spy)
+    for n in (2, 16):
+        x, w, b, add = _inputs((n, 640, 32, 32), torch.float16)
+        gn_module.group_norm(x, 32, w, b, silu=True, add=add)
+        gn_module.group_norm(x, 32, w, b, skip=x)
+    assert launched == [torch.Size([2, 640, 32, 32])]
+
+
+@pytest.mark.gpu
+def test_in_a_cuda_graph():
+    """Captured once and replayed on new values (the engine's graphs): the same as a launch outside the graph."""
+    if cluster.device_refusal(torch.device("cuda")):
+        pytest.skip(cluster.device_refusal(torch.device("cuda")))
+    x, w, b, add = _inputs((2, 640, 32, 32), torch.float16)
+
+    def run():
+        return gn_module.launch_group_norm(x, 32, w, b, 1e-5, True, add, None, False, path="cluster")[0]
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    for seed in (3, 4):
+        x.copy_(_inputs((2, 640, 32, 32), torch.float16, seed=seed)[0])
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, run(), rtol=0, atol=0)
