@@ -106,6 +106,7 @@ def test_the_rule_takes_it_at_cfg_batch_2_only(monkeypatch):
     monkeypatch.setattr(gn_module, "CLUSTER_CTAS_PER_SM", gn_module.CLUSTER_TAKES_CTAS_PER_SM)
     launched = []
     real = cluster.launch_group_norm_cluster
+
     def spy(*args, **kwargs):
         launched.append(args[0].shape)
         return real(*args, **kwargs)
