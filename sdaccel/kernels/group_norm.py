@@ -511,8 +511,7 @@ CLUSTER_CTAS_PER_SM = 0
 def cluster_takes(x: torch.Tensor, num_groups: int, hw: int, group_size: int) -> bool:
     """Whether the launcher's default sends a group the looped kernel would take to the cluster kernel."""
     n_ctas = x.shape[0] * num_groups * cluster.CTAS
-    return (x.dtype in cluster.DTYPES and n_ctas <= CLUSTER_CTAS_PER_SM * sm_count(x)
-            and cluster.refusal(x, hw, group_size) is None)
+    return n_ctas <= CLUSTER_CTAS_PER_SM * sm_count(x) and cluster.refusal(x, hw, group_size) is None
 
 
 def _hw_stride(x: torch.Tensor) -> Optional[int]:

@@ -53,9 +53,8 @@ def kernel_path(request, monkeypatch, device):
     others are forced by making no tile fit, then by sending every launch to the looped kernel or none. The
     looped kernel's launches go to the cluster kernel (a Hopper GPU) for "cluster" only; what it does not take
     (skip, e4m3 output, rows that do not split evenly over its CTAs) stays on the looped kernel."""
-    refusal = gn_module.cluster.device_refusal(torch.device(device))
-    if request.param == "cluster" and refusal:
-        pytest.skip(f"the cluster kernel: {refusal}")
+    if request.param == "cluster" and gn_module.cluster.device_refusal(torch.device(device)):
+        pytest.skip(f"the cluster kernel: {gn_module.cluster.device_refusal(torch.device(device))}")
     monkeypatch.setattr(gn_module, "CLUSTER_CTAS_PER_SM", 1 << 30 if request.param == "cluster" else 0)
     if request.param != "single-pass":
         monkeypatch.setattr(gn_module, "SINGLE_PASS_MAX_TILE", 0)

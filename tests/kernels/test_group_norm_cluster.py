@@ -43,6 +43,14 @@ def test_not_taken_without_a_hopper_gpu(monkeypatch):
     assert not gn_module.cluster_takes(x, 32, 1024, 20)
 
 
+@pytest.fixture
+def hopper():
+    """Skips unless the cluster kernel can run on this GPU (Gluon and an sm_90 device)."""
+    reason = cluster.device_refusal(torch.device("cuda"))
+    if reason:
+        pytest.skip(reason)
+
+
 def _inputs(shape, dtype, seed=0):
     N, C, H, W = shape
     g = torch.Generator().manual_seed(seed)
@@ -63,9 +71,7 @@ def _check(y, x, groups, w, b, check_against_reference, what, **kw):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("shape", [(2, 640, 32, 32), (2, 2560, 16, 16), (1, 320, 16, 16), (2, 96, 8, 4)], ids=str)
-def test_matches_the_reference(shape, dtype, check_against_reference):
-    if cluster.device_refusal(torch.device("cuda")):
-        pytest.skip(cluster.device_refusal(torch.device("cuda")))
+def test_matches_the_reference(shape, dtype, check_against_reference, hopper):
     x, w, b, add = _inputs(shape, dtype)
     launch = gn_module.launch_group_norm
     y = launch(x, 32, w, b, 1e-5, True, add, None, False, path="cluster")[0]
@@ -82,10 +88,8 @@ def test_matches_the_reference(shape, dtype, check_against_reference):
 
 
 @pytest.mark.gpu
-def test_concatenation_and_its_sum(check_against_reference):
+def test_concatenation_and_its_sum(check_against_reference, hopper):
     """An up block's first norm: GroupNorm of [x, skip] read in place from both, the concatenation written back."""
-    if cluster.device_refusal(torch.device("cuda")):
-        pytest.skip(cluster.device_refusal(torch.device("cuda")))
     x, _, _, _ = _inputs((2, 1280, 16, 16), torch.float16, seed=1)
     skip, w, b, add = _inputs((2, 2560, 16, 16), torch.float16, seed=2)
     skip = skip[:, :1280].contiguous(memory_format=CL)
@@ -97,12 +101,10 @@ def test_concatenation_and_its_sum(check_against_reference):
 
 
 @pytest.mark.gpu
-def test_the_rule_takes_it_at_cfg_batch_2_only(monkeypatch):
+def test_the_rule_takes_it_at_cfg_batch_2_only(monkeypatch, hopper):
     """Switched on (CLUSTER_TAKES_CTAS_PER_SM): CFG batch 2 at the 32x32 level, 64 clusters of 8 CTAs, under 4 an SM
     on an H100 / H200, so the cluster kernel; CFG batch 16 at the same level (8x the CTAs), or with a skip: the
     looped kernel."""
-    if cluster.device_refusal(torch.device("cuda")):
-        pytest.skip(cluster.device_refusal(torch.device("cuda")))
     monkeypatch.setattr(gn_module, "CLUSTER_CTAS_PER_SM", gn_module.CLUSTER_TAKES_CTAS_PER_SM)
     launched = []
     real = cluster.launch_group_norm_cluster
@@ -120,10 +122,8 @@ def test_the_rule_takes_it_at_cfg_batch_2_only(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_in_a_cuda_graph():
+def test_in_a_cuda_graph(hopper):
     """Captured once and replayed on new values (the engine's graphs): the same as a launch outside the graph."""
-    if cluster.device_refusal(torch.device("cuda")):
-        pytest.skip(cluster.device_refusal(torch.device("cuda")))
     x, w, b, add = _inputs((2, 640, 32, 32), torch.float16)
 
     def run():
