@@ -26,8 +26,8 @@ Variants (the ablation ladder):
                  cross-attention once)
   fast-gnsplit   fast with every GroupNorm too large for the single-pass kernel on the split statistics + normalize
                  kernels (none on the looped kernel: one program per sample and group, one launch)
-  fast-cluster   fast with the cluster GroupNorm on (kernels/group_norm_cluster.py, Hopper; off by default until it
-                 has run on a GPU): the looped kernel's groups at small batches go to it
+  fast-nocluster fast with the cluster GroupNorm off (kernels/group_norm_cluster.py, Hopper): the groups it takes at
+                 small batches go to the looped kernel
   fast-fp8       fast with fp8=True: the transformer blocks' Q/K/V, cross Q and feed-forward GEMMs and the ResNet
                  blocks' convolutions in e4m3, their inputs written in e4m3 by the norm and GEGLU kernels
                  (engines/fp8.py; opt-in, outside the numerics rule)
@@ -134,7 +134,7 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
         "fast-cudnn": lambda: get_engine("fast", conv="cudnn"),
         "fast-convgemm": lambda: get_engine("fast", conv="gemm"),
         "fast-gnsplit": lambda: get_engine("fast"),
-        "fast-cluster": lambda: get_engine("fast"),
+        "fast-nocluster": lambda: get_engine("fast"),
         "fast-fp8": lambda: get_engine("fast", fp8=True),
         "fast-fp8-noconv": lambda: get_engine("fast", fp8=True, fp8_convs=False),
         "compile-ro": lambda: get_engine("compile", mode="reduce-overhead"),
@@ -152,7 +152,7 @@ def kernel_knobs(name: str):
     gn = importlib.import_module("sdaccel.kernels.group_norm")  # the package re-exports the function by this name
 
     knobs = {"fast-gnsplit": [(gn, "LOOPED_MAX_ROWS", 0)],
-             "fast-cluster": [(gn, "CLUSTER_CTAS_PER_SM", gn.CLUSTER_TAKES_CTAS_PER_SM)]}.get(name, [])
+             "fast-nocluster": [(gn, "CLUSTER_CTAS_PER_SM", 0)]}.get(name, [])
     saved = [(module, attr, getattr(module, attr)) for module, attr, _ in knobs]
     try:
         for module, attr, value in knobs:

@@ -498,14 +498,13 @@ def looped_fits(hw: int) -> bool:
     return hw <= LOOPED_MAX_ROWS
 
 
-# Where the looped kernel would run, a Hopper GPU can take the cluster kernel (kernels/group_norm_cluster.py: each
-# group over a cluster of 8 CTAs, read once, one launch) while the launch has at most this many CTAs per SM. Its probe
-# on an H200, graphed, GroupNorm + SiLU, us (benchmarks/README.md, twenty-fourth session): CFG batch 2 (64 clusters,
-# 512 CTAs, 3.9 an SM) 2 x 640 x 32 x 32 11.8 -> 6.9, 2 x 1280 x 32 x 32 18.1 -> 13.1, 2 x 2560 x 16 x 16 11.1 -> 5.9;
-# but CFG batch 16 (31 an SM) 16 x 640 x 32 x 32 27.9 -> 40.3. So 4 where it is on; 0, off, is the default until the
-# packaged kernel has run on a GPU (it compiles for sm_90 with the GPU machine's Triton 3.6, but has not run there).
-CLUSTER_TAKES_CTAS_PER_SM = 4
-CLUSTER_CTAS_PER_SM = 0
+# Where the looped kernel would run, a Hopper GPU takes the cluster kernel (kernels/group_norm_cluster.py: each
+# group over a cluster of 8 CTAs, read once, one launch) while the launch has at most this many CTAs per SM (0: off).
+# On an H200, graphed, us (benchmarks/README.md, twenty-fourth and twenty-fifth sessions): CFG batch 2 (64 clusters,
+# 512 CTAs, 3.9 an SM) at the UNet's own calls 2 x 640 x 32 x 32 + time embedding + SiLU 11.0 -> 7.6, the up block's
+# [1280, 1280] x 16 x 16 concatenation 11.8 -> 6.4, 59 us less over SD1.5's 16 such calls, one UNet call 5.28 -> 5.18
+# ms; but in its probe CFG batch 16 (31 an SM) 16 x 640 x 32 x 32 27.9 -> 40.3.
+CLUSTER_CTAS_PER_SM = 4
 
 
 def cluster_takes(x: torch.Tensor, num_groups: int, hw: int, group_size: int) -> bool:
@@ -638,7 +637,7 @@ def launch_group_norm(
         if skip is not None or fp8:
             raise ValueError("the cluster GroupNorm takes no skip and writes no e4m3")
         cluster.launch_group_norm_cluster(x, concat, add, s, weight, bias, out, num_groups, eps, silu, out_scale,
-                                          strides, add_strides)
+                                          strides, add_strides, num_warps)
         return out, s
     if path != "split":  # the single-pass and looped kernels (grid: groups x samples) take the same arguments
         group_args = (*inputs, *affine, out, *e4m3, HW, C, C1, C2, eps, out_scale, *strides, *add_strides)

@@ -18,9 +18,8 @@ read once, y written once, in one launch:
 The reductions are per CTA, by hand: on the GPU machine's Triton 3.6 a gl.sum across the cluster aborts the compiler
 and Triton's own num_ctas path cannot plan any reduction (benchmarks/README.md, twenty-fourth session).
 
-Only for sm_90. group_norm.py's launcher takes it only where its CLUSTER_CTAS_PER_SM allows, 0 (off) until this
-kernel has run on a GPU: the probe it follows ran on an H200 (twenty-fourth session); this form compiles for sm_90
-with the GPU machine's Triton 3.6 but came after that session's device time.
+Only for sm_90. group_norm.py's launcher takes it where its CLUSTER_CTAS_PER_SM allows: small batches, where its
+one cluster a group does not outnumber the SMs by much.
 """
 
 from __future__ import annotations
@@ -31,8 +30,13 @@ from . import next_pow2
 from .gluon_hopper import device_refusal, gl, gluon
 
 CTAS = 8  # a cluster: the portable maximum. With 4 warps the best of 2, 4, 8 CTAs x 4, 8 warps wherever it won.
-NUM_WARPS = 4
-MAX_VALUES_PER_THREAD = 128  # registers: a CTA holds ROWS x BLOCK_C values in fp32
+# Warps a CTA: enough that each thread holds at most VALUES_PER_THREAD of the CTA's ROWS x BLOCK_C values (fp32),
+# at least MIN_WARPS. With 4 warps throughout, on an H200 (benchmarks/kernels/bench_group_norm_cluster.py,
+# twenty-fifth session) every UNet call of 32 values a thread won (2 x 640 x 32 x 32: 11.0 -> 7.8 us), those of 64
+# split (SDXL's 2 x 1280 x 32 x 32 + time embedding: 17.4 -> 18.4).
+MIN_WARPS = 4
+MAX_WARPS = 16
+VALUES_PER_THREAD = 32
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -45,7 +49,13 @@ def fits(hw: int, group_size: int) -> bool:
     into a power of two each (SD's 32x32 and 16x16 levels: 128 and 32), and fit its registers."""
     rows = rows_per_cta(hw)
     return (hw % CTAS == 0 and rows >= 1 and rows & (rows - 1) == 0
-            and rows * next_pow2(group_size) <= MAX_VALUES_PER_THREAD * 32 * NUM_WARPS)
+            and rows * next_pow2(group_size) <= VALUES_PER_THREAD * 32 * MAX_WARPS)
+
+
+def warps_for(hw: int, group_size: int) -> int:
+    """The kernel's warps a CTA for a group that ``fits``."""
+    threads = rows_per_cta(hw) * next_pow2(group_size) // VALUES_PER_THREAD
+    return min(MAX_WARPS, max(MIN_WARPS, next_pow2(threads) // 32))
 
 
 def refusal(x: torch.Tensor, hw: int, group_size: int) -> str | None:
@@ -158,10 +168,12 @@ if gluon is not None:
 
 
 def launch_group_norm_cluster(x, x2, add, s, weight, bias, out, num_groups: int, eps: float, silu: bool,
-                              out_scale: float, strides: tuple, add_strides: tuple) -> None:
+                              out_scale: float, strides: tuple, add_strides: tuple, num_warps: int | None = None
+                              ) -> None:
     """Run the kernel for group_norm.py's launcher, which has checked and laid out the tensors: x (N, C1, H, W)
     and x2 (N, C2, H, W) or None, both dense channels_last when x2 is given; add (N, C) or None; s (the sum, or
-    None), out: y's buffer; strides: out's (n, c, merged h*w); add_strides: add's (n, c)."""
+    None), out: y's buffer; strides: out's (n, c, merged h*w); add_strides: add's (n, c); num_warps: a CTA's
+    (None: ``warps_for``)."""
     N, C1, H, W = x.shape
     C2 = 0 if x2 is None else x2.shape[1]
     hw, group_size = H * W, (C1 + C2) // num_groups
@@ -177,5 +189,5 @@ def launch_group_norm_cluster(x, x2, add, s, weight, bias, out, num_groups: int,
         hw, C1, C2, eps, out_scale, *strides, *add_strides,
         GROUP_SIZE=group_size, ROWS=rows_per_cta(hw), BLOCK_C=block_c,
         HAS_X2=x2 is not None, HAS_ADD=add is not None, WRITE_SUM=s is not None, HAS_WEIGHT=weight is not None,
-        HAS_BIAS=bias is not None, APPLY_SILU=silu, num_warps=NUM_WARPS, num_ctas=CTAS,
+        HAS_BIAS=bias is not None, APPLY_SILU=silu, num_warps=num_warps or warps_for(hw, group_size), num_ctas=CTAS,
     )

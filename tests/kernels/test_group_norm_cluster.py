@@ -19,8 +19,11 @@ def test_sizing():
     assert cluster.rows_per_cta(1024) == 128 and cluster.rows_per_cta(256) == 32
     assert cluster.fits(1024, 20) and cluster.fits(256, 80) and cluster.fits(32, 3)
     assert not cluster.fits(576, 20) and not cluster.fits(63, 3)
-    # At most 128 fp32 values a thread: 128 rows x 128 lanes fit (SDXL's 2560 channels at 32x32), 256 lanes do not.
+    # At most 32 fp32 values a thread of 16 warps: 128 rows x 128 lanes fit (SDXL's 2560 channels at 32x32), 256
+    # lanes do not. Warps: as many as keep a thread's share at 32 values, at least 4.
     assert cluster.fits(1024, 80) and not cluster.fits(1024, 160)
+    assert [cluster.warps_for(1024, gs) for gs in (10, 20, 40, 60, 80)] == [4, 4, 8, 8, 16]
+    assert cluster.warps_for(256, 80) == 4 and cluster.warps_for(32, 3) == 4
 
 
 def test_layouts():
@@ -36,8 +39,7 @@ def test_layouts():
     assert cluster._everywhere_layout(4).cga_layout == [[0], [0], [0]]
 
 
-def test_not_taken_without_a_hopper_gpu(monkeypatch):
-    monkeypatch.setattr(gn_module, "CLUSTER_CTAS_PER_SM", gn_module.CLUSTER_TAKES_CTAS_PER_SM)
+def test_not_taken_without_a_hopper_gpu():
     x = torch.zeros(2, 640, 32, 32).contiguous(memory_format=CL)
     assert cluster.refusal(x, 1024, 20) is not None
     assert not gn_module.cluster_takes(x, 32, 1024, 20)
@@ -70,7 +72,8 @@ def _check(y, x, groups, w, b, check_against_reference, what, **kw):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
-@pytest.mark.parametrize("shape", [(2, 640, 32, 32), (2, 2560, 16, 16), (1, 320, 16, 16), (2, 96, 8, 4)], ids=str)
+@pytest.mark.parametrize("shape", [(2, 640, 32, 32), (2, 2560, 16, 16), (1, 320, 16, 16), (2, 96, 8, 4),
+                                   (2, 1280, 32, 32), (1, 2560, 32, 32)], ids=str)  # the last two: 8, 16 warps
 def test_matches_the_reference(shape, dtype, check_against_reference, hopper):
     x, w, b, add = _inputs(shape, dtype)
     launch = gn_module.launch_group_norm
@@ -102,10 +105,8 @@ def test_concatenation_and_its_sum(check_against_reference, hopper):
 
 @pytest.mark.gpu
 def test_the_rule_takes_it_at_cfg_batch_2_only(monkeypatch, hopper):
-    """Switched on (CLUSTER_TAKES_CTAS_PER_SM): CFG batch 2 at the 32x32 level, 64 clusters of 8 CTAs, under 4 an SM
-    on an H100 / H200, so the cluster kernel; CFG batch 16 at the same level (8x the CTAs), or with a skip: the
-    looped kernel."""
-    monkeypatch.setattr(gn_module, "CLUSTER_CTAS_PER_SM", gn_module.CLUSTER_TAKES_CTAS_PER_SM)
+    """The default: CFG batch 2 at the 32x32 level, 64 clusters of 8 CTAs, under 4 an SM on an H100 / H200, so the
+    cluster kernel; CFG batch 16 at the same level (8x the CTAs), or with a skip: the looped kernel."""
     launched = []
     real = cluster.launch_group_norm_cluster
 

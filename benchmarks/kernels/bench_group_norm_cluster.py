@@ -1,0 +1,93 @@
+"""The cluster GroupNorm (kernels/group_norm_cluster.py) against the looped kernel it replaces, at the UNet's own
+calls: the shapes and forms where the launcher would take it, timed inside a CUDA graph (the way the engine runs
+them; microseconds per call, median of replays of --calls back-to-back calls on one L2-resident input).
+
+Forms, as engines/fused_modules.py calls them: "norm2" (ResNet norm2: + time embedding, SiLU), "norm1" (ResNet
+norm1: SiLU), "concat" (an up block's norm1 reading [x, skip] in place and writing the sum), "plain" (a
+transformer's input norm: no SiLU). ``count`` is how many such calls one UNet call makes at CFG batch 2, so that the
+printed total is the saving per UNet call.
+
+    python benchmarks/kernels/bench_group_norm_cluster.py [--json out.json] [--cluster-warps 4,8,16]
+"""
+
+import argparse
+import json
+
+import torch
+
+from _timing import graph_time_us
+from sdaccel.kernels import group_norm_cluster as cluster
+from sdaccel.kernels.group_norm import group_norm_reference, launch_group_norm
+
+GROUPS = 32
+# (arch, N, C1, C2, H, W, form, count per UNet call at CFG batch 2)
+CALLS = [
+    ("sd15", 2, 640, 0, 32, 32, "norm2", 5),
+    ("sd15", 2, 640, 0, 32, 32, "norm1", 1),
+    ("sd15", 2, 640, 0, 32, 32, "plain", 5),
+    ("sd15", 2, 1280, 640, 32, 32, "concat", 1),
+    ("sd15", 2, 640, 640, 32, 32, "concat", 1),
+    ("sd15", 2, 640, 320, 32, 32, "concat", 1),
+    ("sd15", 2, 1280, 1280, 16, 16, "concat", 2),
+    ("sdxl", 2, 1280, 0, 32, 32, "norm2", 7),
+    ("sdxl", 2, 1280, 0, 32, 32, "norm1", 3),
+    ("sdxl", 2, 640, 0, 32, 32, "norm1", 1),
+    ("sdxl", 2, 1280, 0, 32, 32, "plain", 6),
+    ("sdxl", 2, 1280, 1280, 32, 32, "concat", 2),
+    ("sdxl", 2, 1280, 640, 32, 32, "concat", 1),
+]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json")
+    p.add_argument("--calls", type=int, default=20)
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--cluster-warps", type=lambda t: [int(v) for v in t.split(",")], default=[4, 8, 16],
+                   help="also time the cluster kernel at these warps a CTA")
+    args = p.parse_args()
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    rows, saved = [], {}
+    for arch, N, C1, C2, H, W, form, count in CALLS:
+        g = torch.Generator(device="cuda").manual_seed(0)
+
+        def randn(*shape):
+            return torch.randn(*shape, device="cuda", generator=g)
+
+        x = (randn(N, C1, H, W) * 1.5 + 0.3).half().contiguous(memory_format=torch.channels_last)
+        x2 = (randn(N, C2, H, W) - 0.2).half().contiguous(memory_format=torch.channels_last) if C2 else None
+        C = C1 + C2
+        w, b = (1 + 0.1 * randn(C)).half(), (0.1 * randn(C)).half()
+        add = randn(N, C).half() if form == "norm2" else None
+        silu, write_sum = form != "plain", form == "concat"
+        ref = group_norm_reference(x, GROUPS, w, b, silu=silu, add=add, concat=x2)
+
+        def run(path, num_warps=None):
+            return launch_group_norm(x, GROUPS, w, b, 1e-5, silu, add, None, write_sum, path=path, concat=x2,
+                                     num_warps=num_warps)[0]
+
+        row = {"arch": arch, "shape": [N, C1, C2, H, W], "form": form, "count": count, "us": {}, "max_err": {},
+               "cluster_warps": cluster.warps_for(H * W, C // GROUPS)}
+        # "looped" and "cluster" as the launcher would run them; then the cluster kernel at each warp count.
+        variants = {"looped": ("looped", None), "cluster": ("cluster", None)}
+        variants.update({f"cluster w{nw}": ("cluster", nw) for nw in args.cluster_warps})
+        for name, (path, nw) in variants.items():
+            row["max_err"][name] = (run(path, nw).float() - ref.float()).abs().max().item()
+            row["us"][name] = graph_time_us(lambda: run(path, nw), args.calls, args.iters)
+        gain = row["us"]["looped"] - row["us"]["cluster"]
+        saved[arch] = saved.get(arch, 0.0) + count * gain
+        by_warps = " ".join(f"w{nw} {row['us'][f'cluster w{nw}']:.1f}" for nw in args.cluster_warps)
+        print(f"{arch} {N}x{C1}{'+' + str(C2) if C2 else ''}x{H}x{W} {form:6s} x{count}: looped "
+              f"{row['us']['looped']:.1f} cluster {row['us']['cluster']:.1f} (w{row['cluster_warps']}) us; "
+              f"{by_warps} (max err {max(row['max_err'].values()):.1e})", flush=True)
+        rows.append(row)
+    for arch, us in saved.items():
+        print(f"{arch}: the cluster kernel saves {us:.1f} us per UNet call at CFG batch 2 over these calls")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
+                       "saved_us_per_call": saved}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
