@@ -1,6 +1,7 @@
-"""The cluster GroupNorm (kernels/group_norm_cluster.py) against the looped kernel it replaces, at the UNet's own
-calls: the shapes and forms where the launcher would take it, timed inside a CUDA graph (the way the engine runs
-them; microseconds per call, median of replays of --calls back-to-back calls on one L2-resident input).
+"""The cluster GroupNorm (kernels/group_norm_cluster.py) against the launcher's other kernels at the UNet's own
+calls at CFG batch 2: where the launcher takes it (the looped kernel's calls) and the 64x64 level's, which go to the
+split kernels. Timed inside a CUDA graph (the way the engine runs them; microseconds per call, median of replays of
+--calls back-to-back calls on one L2-resident input). "default": the launcher's pick with the cluster kernel off.
 
 Forms, as engines/fused_modules.py calls them: "norm2" (ResNet norm2: + time embedding, SiLU), "norm1" (ResNet
 norm1: SiLU), "concat" (an up block's norm1 reading [x, skip] in place and writing the sum), "plain" (a
@@ -16,12 +17,25 @@ import json
 import torch
 
 from _timing import graph_time_us
+import importlib
+
 from sdaccel.kernels import group_norm_cluster as cluster
 from sdaccel.kernels.group_norm import group_norm_reference, launch_group_norm
 
+gn = importlib.import_module("sdaccel.kernels.group_norm")  # the package re-exports the function by this name
+
 GROUPS = 32
-# (arch, N, C1, C2, H, W, form, count per UNet call at CFG batch 2)
+# (arch, N, C1, C2, H, W, form, count per UNet call at CFG batch 2; N 1: SD1.x's first blocks, which the engine
+# runs once for both CFG halves)
 CALLS = [
+    ("sd15", 1, 320, 0, 64, 64, "norm1", 1),
+    ("sd15", 1, 320, 0, 64, 64, "norm2", 1),
+    ("sd15", 1, 320, 0, 64, 64, "plain", 1),
+    ("sd15", 2, 320, 0, 64, 64, "norm1", 2),
+    ("sd15", 2, 320, 0, 64, 64, "norm2", 4),
+    ("sd15", 2, 320, 0, 64, 64, "plain", 4),
+    ("sd15", 2, 640, 320, 64, 64, "concat", 1),
+    ("sd15", 2, 320, 320, 64, 64, "concat", 2),
     ("sd15", 2, 640, 0, 32, 32, "norm2", 5),
     ("sd15", 2, 640, 0, 32, 32, "norm1", 1),
     ("sd15", 2, 640, 0, 32, 32, "plain", 5),
@@ -29,6 +43,11 @@ CALLS = [
     ("sd15", 2, 640, 640, 32, 32, "concat", 1),
     ("sd15", 2, 640, 320, 32, 32, "concat", 1),
     ("sd15", 2, 1280, 1280, 16, 16, "concat", 2),
+    ("sdxl", 2, 320, 0, 64, 64, "norm1", 1),
+    ("sdxl", 2, 640, 0, 64, 64, "norm2", 5),
+    ("sdxl", 2, 640, 0, 64, 64, "norm1", 1),
+    ("sdxl", 2, 640, 0, 64, 64, "plain", 5),
+    ("sdxl", 2, 640, 320, 64, 64, "concat", 1),
     ("sdxl", 2, 1280, 0, 32, 32, "norm2", 7),
     ("sdxl", 2, 1280, 0, 32, 32, "norm1", 3),
     ("sdxl", 2, 640, 0, 32, 32, "norm1", 1),
@@ -48,6 +67,7 @@ def main():
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     rows, saved = [], {}
+    cluster_ctas_per_sm = gn.CLUSTER_CTAS_PER_SM
     for arch, N, C1, C2, H, W, form, count in CALLS:
         g = torch.Generator(device="cuda").manual_seed(0)
 
@@ -68,21 +88,25 @@ def main():
 
         row = {"arch": arch, "shape": [N, C1, C2, H, W], "form": form, "count": count, "us": {}, "max_err": {},
                "cluster_warps": cluster.warps_for(H * W, C // GROUPS)}
-        # "looped" and "cluster" as the launcher would run them; then the cluster kernel at each warp count.
-        variants = {"looped": ("looped", None), "cluster": ("cluster", None)}
+        # "default" (the launcher's pick without the cluster kernel) and "cluster" (its warps_for); then the cluster
+        # kernel at each warp count.
+        variants = {"default": (None, None), "cluster": ("cluster", None)}
         variants.update({f"cluster w{nw}": ("cluster", nw) for nw in args.cluster_warps})
         for name, (path, nw) in variants.items():
+            gn.CLUSTER_CTAS_PER_SM = 0 if path is None else cluster_ctas_per_sm
             row["max_err"][name] = (run(path, nw).float() - ref.float()).abs().max().item()
             row["us"][name] = graph_time_us(lambda: run(path, nw), args.calls, args.iters)
-        gain = row["us"]["looped"] - row["us"]["cluster"]
+        gn.CLUSTER_CTAS_PER_SM = cluster_ctas_per_sm
+        row["taken"] = gn.cluster_takes(x, GROUPS, H * W, C // GROUPS) and H * W <= gn.LOOPED_MAX_ROWS
+        gain = row["us"]["default"] - row["us"]["cluster"]
         saved[arch] = saved.get(arch, 0.0) + count * gain
         by_warps = " ".join(f"w{nw} {row['us'][f'cluster w{nw}']:.1f}" for nw in args.cluster_warps)
-        print(f"{arch} {N}x{C1}{'+' + str(C2) if C2 else ''}x{H}x{W} {form:6s} x{count}: looped "
-              f"{row['us']['looped']:.1f} cluster {row['us']['cluster']:.1f} (w{row['cluster_warps']}) us; "
-              f"{by_warps} (max err {max(row['max_err'].values()):.1e})", flush=True)
+        print(f"{arch} {N}x{C1}{'+' + str(C2) if C2 else ''}x{H}x{W} {form:6s} x{count}: default "
+              f"{row['us']['default']:.1f} cluster {row['us']['cluster']:.1f} (w{row['cluster_warps']}) us; "
+              f"{by_warps} (max err {max(row['max_err'].values()):.1e}){' taken' if row['taken'] else ''}", flush=True)
         rows.append(row)
     for arch, us in saved.items():
-        print(f"{arch}: the cluster kernel saves {us:.1f} us per UNet call at CFG batch 2 over these calls")
+        print(f"{arch}: the cluster kernel would save {us:.1f} us per UNet call at CFG batch 2 over all these calls")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
