@@ -503,7 +503,9 @@ def looped_fits(hw: int) -> bool:
 # On an H200, graphed, us (benchmarks/README.md, twenty-fourth and twenty-fifth sessions): CFG batch 2 (64 clusters,
 # 512 CTAs, 3.9 an SM) at the UNet's own calls 2 x 640 x 32 x 32 + time embedding + SiLU 11.0 -> 7.6, the up block's
 # [1280, 1280] x 16 x 16 concatenation 11.8 -> 6.4, 59 us less over SD1.5's 16 such calls, one UNet call 5.28 -> 5.18
-# ms; but in its probe CFG batch 16 (31 an SM) 16 x 640 x 32 x 32 27.9 -> 40.3.
+# ms; but in its probe CFG batch 16 (31 an SM) 16 x 640 x 32 x 32 27.9 -> 40.3. Not offered the split kernels'
+# groups: at the 64x64 level it lost at CFG batch 2 (2 x 320 x 64 x 64 13.2 -> 15.3 without SiLU, SDXL's 2 x 640 x
+# 64 x 64 + time embedding 21.1 -> 31.9 at its best warps).
 CLUSTER_CTAS_PER_SM = 4
 
 
