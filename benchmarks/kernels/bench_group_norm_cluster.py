@@ -96,7 +96,8 @@ def main():
             row["max_err"][name] = (run(path, nw).float() - ref.float()).abs().max().item()
             row["us"][name] = graph_time_us(lambda: run(path, nw), args.calls, args.iters)
         gn.CLUSTER_CTAS_PER_SM = cluster_ctas_per_sm
-        row["taken"] = gn.cluster_takes(x, GROUPS, H * W, C // GROUPS) and H * W <= gn.LOOPED_MAX_ROWS
+        row["taken"] = (not gn.single_pass_fits(H * W, C // GROUPS) and gn.looped_fits(H * W)
+                        and gn.cluster_takes(x, GROUPS, H * W, C // GROUPS))
         gain = row["us"]["default"] - row["us"]["cluster"]
         saved[arch] = saved.get(arch, 0.0) + count * gain
         by_warps = " ".join(f"w{nw} {row['us'][f'cluster w{nw}']:.1f}" for nw in args.cluster_warps)

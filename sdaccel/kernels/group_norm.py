@@ -575,7 +575,8 @@ def launch_group_norm(
     ``loop_stages`` (tiles of the row loop in flight; None: LOOP_STAGES) tune
     the looped and split kernels, ``rows_per_chunk`` and ``channel_block``
     ((BLOCK_C, groups per program); None: pick_channel_block) the split ones;
-    the defaults pick them from the shape. ``traceable``: called from the
+    the defaults pick them from the shape (``num_warps`` also sets the cluster
+    kernel's warps a CTA). ``traceable``: called from the
     registered op (see ``launchable``).
     """
     if x.dim() != 4:

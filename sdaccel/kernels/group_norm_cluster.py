@@ -31,9 +31,11 @@ from .gluon_hopper import device_refusal, gl, gluon
 
 CTAS = 8  # a cluster: the portable maximum. With 4 warps the best of 2, 4, 8 CTAs x 4, 8 warps wherever it won.
 # Warps a CTA: enough that each thread holds at most VALUES_PER_THREAD of the CTA's ROWS x BLOCK_C values (fp32),
-# at least MIN_WARPS. With 4 warps throughout, on an H200 (benchmarks/kernels/bench_group_norm_cluster.py,
-# twenty-fifth session) every UNet call of 32 values a thread won (2 x 640 x 32 x 32: 11.0 -> 7.8 us), those of 64
-# split (SDXL's 2 x 1280 x 32 x 32 + time embedding: 17.4 -> 18.4).
+# at least MIN_WARPS. On an H200 (benchmarks/kernels/bench_group_norm_cluster.py, twenty-fifth session), against the
+# looped kernel, us: with 4 warps every UNet call of 32 values a thread won (2 x 640 x 32 x 32: 11.0 -> 7.6), those
+# of 64 split (SDXL's 2 x 1280 x 32 x 32 + time embedding: 17.4 -> 18.5); at 8 warps the 64-value concatenations
+# won (2 x [1280, 640] x 32 x 32: 22.7 -> 16.6), at 16 the 128-value ones (2 x [1280, 1280]: 35.3 -> 26.6). Left:
+# SDXL's 64-value groups without a concatenation were fastest at 16 warps (17.4 -> 14.9), not the rule's 8 (18.4).
 MIN_WARPS = 4
 MAX_WARPS = 16
 VALUES_PER_THREAD = 32
