@@ -32,6 +32,8 @@ Variants (the ablation ladder):
                  blocks' convolutions in e4m3, their inputs written in e4m3 by the norm and GEGLU kernels
                  (engines/fp8.py; opt-in, outside the numerics rule)
   fast-fp8-noconv   fast-fp8 with the ResNet blocks' convolutions left in fp16 (fp8_convs=False)
+  fast-fp8-gncluster  fast-fp8 with the cluster GroupNorm also taking the norms that write e4m3
+                 (group_norm.CLUSTER_TAKES_E4M3)
   compile-ro     torch.compile(mode="reduce-overhead"), compile time reported separately
   onnxruntime    ONNX Runtime CUDA EP over an `sdaccel optimize --provider cuda --fp16` folder (--onnx-folder; without
                  it the engine builds one in its cache first), IO binding, CUDA graph per shape
@@ -137,6 +139,7 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
         "fast-nocluster": lambda: get_engine("fast"),
         "fast-fp8": lambda: get_engine("fast", fp8=True),
         "fast-fp8-noconv": lambda: get_engine("fast", fp8=True, fp8_convs=False),
+        "fast-fp8-gncluster": lambda: get_engine("fast", fp8=True),
         "compile-ro": lambda: get_engine("compile", mode="reduce-overhead"),
         "onnxruntime": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=True),
         "onnxruntime-nograph": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=False),
@@ -152,7 +155,8 @@ def kernel_knobs(name: str):
     gn = importlib.import_module("sdaccel.kernels.group_norm")  # the package re-exports the function by this name
 
     knobs = {"fast-gnsplit": [(gn, "LOOPED_MAX_ROWS", 0)],
-             "fast-nocluster": [(gn, "CLUSTER_CTAS_PER_SM", 0)]}.get(name, [])
+             "fast-nocluster": [(gn, "CLUSTER_CTAS_PER_SM", 0)],
+             "fast-fp8-gncluster": [(gn, "CLUSTER_TAKES_E4M3", True)]}.get(name, [])
     saved = [(module, attr, getattr(module, attr)) for module, attr, _ in knobs]
     try:
         for module, attr, value in knobs:

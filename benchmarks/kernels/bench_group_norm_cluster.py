@@ -8,7 +8,10 @@ norm1: SiLU), "concat" (an up block's norm1 reading [x, skip] in place and writi
 transformer's input norm: no SiLU). ``count`` is how many such calls one UNet call makes at CFG batch 2, so that the
 printed total is the saving per UNet call.
 
-    python benchmarks/kernels/bench_group_norm_cluster.py [--json out.json] [--cluster-warps 4,8,16]
+    python benchmarks/kernels/bench_group_norm_cluster.py [--json out.json] [--cluster-warps 4,8,16] [--e4m3]
+
+--e4m3: the ResNet norms (every form but "plain") write e4m3 as the FP8 mode's do, max |y| recorded; the error is
+then that of y rebuilt from e4m3 (e4m3's rounding: up to 1/16 of |y|).
 """
 
 import argparse
@@ -63,6 +66,7 @@ def main():
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--cluster-warps", type=lambda t: [int(v) for v in t.split(",")], default=[4, 8, 16],
                    help="also time the cluster kernel at these warps a CTA")
+    p.add_argument("--e4m3", action="store_true", help="the ResNet norms write e4m3 (the FP8 mode)")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     rows, saved = [], {}
@@ -80,12 +84,17 @@ def main():
         add = randn(N, C).half() if form == "norm2" else None
         silu, write_sum = form != "plain", form == "concat"
         ref = group_norm_reference(x, GROUPS, w, b, silu=silu, add=add, concat=x2)
+        e4m3 = args.e4m3 and form != "plain"
+        scale, amax = torch.tensor([0.02], device="cuda"), torch.zeros(1, device="cuda")
 
         def run(path, num_warps=None):
-            return launch_group_norm(x, GROUPS, w, b, 1e-5, silu, add, None, write_sum, path=path, concat=x2,
-                                     num_warps=num_warps)[0]
+            y = launch_group_norm(x, GROUPS, w, b, 1e-5, silu, add, None, write_sum, path=path, concat=x2,
+                                  num_warps=num_warps, e4m3_scale=scale if e4m3 else None,
+                                  e4m3_amax=amax if e4m3 else None)[0]
+            return y.float() * scale if e4m3 else y
 
-        row = {"arch": arch, "shape": [N, C1, C2, H, W], "form": form, "count": count, "us": {}, "max_err": {},
+        row = {"arch": arch, "shape": [N, C1, C2, H, W], "form": form, "e4m3": e4m3, "count": count, "us": {},
+               "max_err": {},
                "cluster_warps": cluster.warps_for(H * W, C // GROUPS)}
         # "default" (the launcher's pick without the cluster kernel) and "cluster" (its warps_for); then the cluster
         # kernel at each warp count.
@@ -94,14 +103,19 @@ def main():
         for name, (path, nw) in variants.items():
             gn.CLUSTER_CTAS_PER_SM = 0 if path is None else cluster_ctas_per_sm
             row["max_err"][name] = (run(path, nw).float() - ref.float()).abs().max().item()
-            row["us"][name] = graph_time_us(lambda: run(path, nw), args.calls, args.iters)
+            # Timed without run's dequantization: the kernel alone.
+            row["us"][name] = graph_time_us(
+                lambda: launch_group_norm(x, GROUPS, w, b, 1e-5, silu, add, None, write_sum, path=path, concat=x2,
+                                          num_warps=nw, e4m3_scale=scale if e4m3 else None,
+                                          e4m3_amax=amax if e4m3 else None), args.calls, args.iters)
         gn.CLUSTER_CTAS_PER_SM = cluster_ctas_per_sm
         row["taken"] = (not gn.single_pass_fits(H * W, C // GROUPS) and gn.looped_fits(H * W)
-                        and gn.cluster_takes(x, GROUPS, H * W, C // GROUPS))
+                        and (gn.CLUSTER_TAKES_E4M3 or not e4m3) and gn.cluster_takes(x, GROUPS, H * W, C // GROUPS))
         gain = row["us"]["default"] - row["us"]["cluster"]
         saved[arch] = saved.get(arch, 0.0) + count * gain
         by_warps = " ".join(f"w{nw} {row['us'][f'cluster w{nw}']:.1f}" for nw in args.cluster_warps)
-        print(f"{arch} {N}x{C1}{'+' + str(C2) if C2 else ''}x{H}x{W} {form:6s} x{count}: default "
+        what = f"{arch} {N}x{C1}{'+' + str(C2) if C2 else ''}x{H}x{W} {form:6s}{' e4m3' if e4m3 else ''}"
+        print(f"{what} x{count}: default "
               f"{row['us']['default']:.1f} cluster {row['us']['cluster']:.1f} (w{row['cluster_warps']}) us; "
               f"{by_warps} (max err {max(row['max_err'].values()):.1e}){' taken' if row['taken'] else ''}", flush=True)
         rows.append(row)

@@ -507,6 +507,10 @@ def looped_fits(hw: int) -> bool:
 # groups: at the 64x64 level it lost at CFG batch 2 (2 x 320 x 64 x 64 13.2 -> 15.3 without SiLU, SDXL's 2 x 640 x
 # 64 x 64 + time embedding 21.1 -> 31.9 at its best warps).
 CLUSTER_CTAS_PER_SM = 4
+# Whether the default also sends it the calls that write e4m3 (the FP8 mode's ResNet norms at the 32x32 level). The
+# kernel writes e4m3 since the twenty-fifth session; off until that has run on a GPU (it compiles for sm_90 with the
+# GPU machine's Triton 3.6): benchmarks/results/H200-2026-11-29/twentyfifth-session/prepared-next/run.sh.
+CLUSTER_TAKES_E4M3 = False
 
 
 def cluster_takes(x: torch.Tensor, num_groups: int, hw: int, group_size: int) -> bool:
@@ -567,7 +571,7 @@ def launch_group_norm(
     ``path``: "single" (one program per sample and group holding the group in
     registers), "looped" (one program per sample and group, two sweeps over
     its rows), "split" (statistics and normalize kernels over chunks of rows),
-    "cluster" (sm_90: each group held by a cluster of CTAs; no skip, no e4m3);
+    "cluster" (sm_90: each group held by a cluster of CTAs; no skip);
     None picks by size: single where the group fits (``single_pass_fits``),
     else looped for few rows (``looped_fits``; the cluster kernel instead
     where ``cluster_takes``), else split.
@@ -631,16 +635,16 @@ def launch_group_norm(
 
     if path is None:
         path = "single" if single_pass_fits(HW, group_size) else "looped" if looped_fits(HW) else "split"
-        if (path == "looped" and skip is None and not fp8 and not traceable
+        if (path == "looped" and skip is None and (CLUSTER_TAKES_E4M3 or not fp8) and not traceable
                 and cluster_takes(x, num_groups, HW, group_size)):
             path = "cluster"
     if path not in ("single", "looped", "split", "cluster"):
         raise ValueError(f"unknown group_norm path {path!r}")
     if path == "cluster":
-        if skip is not None or fp8:
-            raise ValueError("the cluster GroupNorm takes no skip and writes no e4m3")
+        if skip is not None:
+            raise ValueError("the cluster GroupNorm takes no skip")
         cluster.launch_group_norm_cluster(x, concat, add, s, weight, bias, out, num_groups, eps, silu, out_scale,
-                                          strides, add_strides, num_warps)
+                                          strides, add_strides, num_warps, e4m3=e4m3 if fp8 else None)
         return out, s
     if path != "split":  # the single-pass and looped kernels (grid: groups x samples) take the same arguments
         group_args = (*inputs, *affine, out, *e4m3, HW, C, C1, C2, eps, out_scale, *strides, *add_strides)

@@ -2,6 +2,7 @@
 
     s = x + add[n, c]                             (add optional; x may be the channel concatenation [x, x2])
     y = act((s - mean[n, g]) * rstd[n, g] * weight[c] + bias[c]) * scale
+                                                  (optionally written in e4m3 as y / e4m3_scale, max |y| recorded)
 
 the same function as kernels/group_norm.py (whose reference the tests use), for the shapes where that module's
 looped kernel is slow: groups of up to LOOPED_MAX_ROWS rows at a small batch. At CFG batch 2 a UNet GroupNorm has
@@ -100,12 +101,12 @@ if gluon is not None:
     # HW is not specialized on (kernels/__init__.py), its rows per CTA are: the group's tile is held in registers.
     @gluon.jit(do_not_specialize=["HW"])
     def _group_norm_cluster_kernel(
-        x_ptr, x2_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr, part_ptr,
+        x_ptr, x2_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr, part_ptr, e4m3_scale_ptr, amax_ptr,
         HW, C1, C2, eps, out_scale,
         stride_n, stride_c, stride_hw, stride_add_n, stride_add_c,
         GROUP_SIZE: gl.constexpr, ROWS: gl.constexpr, BLOCK_C: gl.constexpr,
         HAS_X2: gl.constexpr, HAS_ADD: gl.constexpr, WRITE_SUM: gl.constexpr, HAS_WEIGHT: gl.constexpr,
-        HAS_BIAS: gl.constexpr, APPLY_SILU: gl.constexpr, num_warps: gl.constexpr,
+        HAS_BIAS: gl.constexpr, APPLY_SILU: gl.constexpr, FP8_OUT: gl.constexpr, num_warps: gl.constexpr,
     ):
         # tile: (CTA, row, channel), the first axis split over the cluster's CTAs; everywhere: the same values on
         # every CTA. Built in Python (Triton 3.6 takes no nested list of the kernel's for a cluster layout).
@@ -166,16 +167,25 @@ if gluon is not None:
         if APPLY_SILU:
             y = y / (1.0 + gl.exp(-y))
         y = y * out_scale
-        gl.store(out_ptr + offs, y.to(raw.dtype), mask=mask)
+        if FP8_OUT:  # as kernels/fp8.py's to_e4m3 and record_amax, which are plain Triton
+            q = gl.minimum(gl.maximum(y * (1.0 / gl.load(e4m3_scale_ptr)), -448.0), 448.0)
+            gl.store(out_ptr + offs, q.to(gl.float8e4nv), mask=mask)
+            # max |y| per CTA (a max across the cluster is the cross-CTA reduction Triton 3.6 cannot compile),
+            # one relaxed atomic each: only the value after the kernel is read.
+            peak = gl.max(gl.max(gl.where(mask, gl.abs(y), 0.0), axis=2), axis=1)
+            gl.atomic_max(amax_ptr + r * 0, peak, sem="relaxed")
+        else:
+            gl.store(out_ptr + offs, y.to(raw.dtype), mask=mask)
 
 
 def launch_group_norm_cluster(x, x2, add, s, weight, bias, out, num_groups: int, eps: float, silu: bool,
-                              out_scale: float, strides: tuple, add_strides: tuple, num_warps: int | None = None
-                              ) -> None:
+                              out_scale: float, strides: tuple, add_strides: tuple, num_warps: int | None = None,
+                              e4m3: tuple | None = None) -> None:
     """Run the kernel for group_norm.py's launcher, which has checked and laid out the tensors: x (N, C1, H, W)
     and x2 (N, C2, H, W) or None, both dense channels_last when x2 is given; add (N, C) or None; s (the sum, or
-    None), out: y's buffer; strides: out's (n, c, merged h*w); add_strides: add's (n, c); num_warps: a CTA's
-    (None: ``warps_for``)."""
+    None), out: y's buffer (e4m3 with ``e4m3``); strides: out's (n, c, merged h*w); add_strides: add's (n, c);
+    num_warps: a CTA's (None: ``warps_for``); e4m3: (scale, amax), checked 1-element float32 tensors: y written
+    as y / scale in e4m3, max |y| into amax."""
     N, C1, H, W = x.shape
     C2 = 0 if x2 is None else x2.shape[1]
     hw, group_size = H * W, (C1 + C2) // num_groups
@@ -188,8 +198,9 @@ def launch_group_norm_cluster(x, x2, add, s, weight, bias, out, num_groups: int,
     _group_norm_cluster_kernel[(num_groups, N)](
         x, dummy if x2 is None else x2, dummy if add is None else add, dummy if s is None else s,
         dummy if weight is None else weight, dummy if bias is None else bias, out, partials,
-        hw, C1, C2, eps, out_scale, *strides, *add_strides,
+        *(e4m3 or (partials, partials)), hw, C1, C2, eps, out_scale, *strides, *add_strides,
         GROUP_SIZE=group_size, ROWS=rows_per_cta(hw), BLOCK_C=block_c,
         HAS_X2=x2 is not None, HAS_ADD=add is not None, WRITE_SUM=s is not None, HAS_WEIGHT=weight is not None,
-        HAS_BIAS=bias is not None, APPLY_SILU=silu, num_warps=num_warps or warps_for(hw, group_size), num_ctas=CTAS,
+        HAS_BIAS=bias is not None, APPLY_SILU=silu, FP8_OUT=e4m3 is not None,
+        num_warps=num_warps or warps_for(hw, group_size), num_ctas=CTAS,
     )

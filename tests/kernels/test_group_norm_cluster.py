@@ -104,22 +104,58 @@ def test_concatenation_and_its_sum(check_against_reference, hopper):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 640, 32, 32), (2, 1280, 32, 32)], ids=str)  # 4 and 8 warps
+def test_e4m3_output(shape, check_e4m3, hopper):
+    """The FP8 mode's ResNet norms: y / scale written in e4m3, max |y| recorded across the cluster's CTAs; with a
+    concatenation, the sum written back unchanged."""
+    x, w, b, add = _inputs(shape, torch.float16, seed=5)
+    scale, amax = torch.tensor([0.02], device="cuda"), torch.zeros(1, device="cuda")
+    q = gn_module.launch_group_norm(x, 32, w, b, 1e-5, True, add, None, False, path="cluster", e4m3_scale=scale,
+                                    e4m3_amax=amax)[0]
+    ref32 = gn_module.group_norm_reference(x.float(), 32, w.float(), b.float(), silu=True, add=add.float())
+    ref_q = gn_module.group_norm_reference(x, 32, w, b, silu=True, add=add, out_scale=scale,
+                                           out_amax=torch.zeros(1, device="cuda"))
+    check_e4m3(q, ref_q, ref32, scale.item(), what=f"{shape}")
+    assert q.stride() == x.stride()
+    torch.testing.assert_close(amax, ref32.abs().amax().reshape(1), rtol=2e-3, atol=0)
+
+    half = shape[1] // 2
+    left, right = x[:, :half].contiguous(memory_format=CL), x[:, half:].contiguous(memory_format=CL)
+    amax.zero_()
+    q, s = gn_module.launch_group_norm(left, 32, w, b, 1e-5, True, None, None, True, concat=right, path="cluster",
+                                       e4m3_scale=scale, e4m3_amax=amax)
+    assert torch.equal(s, x)
+    ref32 = gn_module.group_norm_reference(x.float(), 32, w.float(), b.float(), silu=True)
+    check_e4m3(q, gn_module.group_norm_reference(x, 32, w, b, silu=True, out_scale=scale,
+                                                 out_amax=torch.zeros(1, device="cuda")), ref32, scale.item(),
+               what=f"{shape} concat")
+    torch.testing.assert_close(amax, ref32.abs().amax().reshape(1), rtol=2e-3, atol=0)
+
+
+@pytest.mark.gpu
 def test_the_rule_takes_it_at_cfg_batch_2_only(monkeypatch, hopper):
     """The default: CFG batch 2 at the 32x32 level, 64 clusters of 8 CTAs, under 4 an SM on an H100 / H200, so the
-    cluster kernel; CFG batch 16 at the same level (8x the CTAs), or with a skip: the looped kernel."""
+    cluster kernel; CFG batch 16 at the same level (8x the CTAs), or with a skip: the looped kernel. A call that
+    writes e4m3 only where CLUSTER_TAKES_E4M3 says so."""
     launched = []
     real = cluster.launch_group_norm_cluster
 
     def spy(*args, **kwargs):
-        launched.append(args[0].shape)
+        launched.append((args[0].shape, kwargs.get("e4m3") is not None))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(cluster, "launch_group_norm_cluster", spy)
-    for n in (2, 16):
-        x, w, b, add = _inputs((n, 640, 32, 32), torch.float16)
-        gn_module.group_norm(x, 32, w, b, silu=True, add=add)
-        gn_module.group_norm(x, 32, w, b, skip=x)
-    assert launched == [torch.Size([2, 640, 32, 32])]
+    scale, amax = torch.tensor([0.02], device="cuda"), torch.zeros(1, device="cuda")
+    for takes_e4m3 in (False, True):
+        monkeypatch.setattr(gn_module, "CLUSTER_TAKES_E4M3", takes_e4m3)
+        launched.clear()
+        for n in (2, 16):
+            x, w, b, add = _inputs((n, 640, 32, 32), torch.float16)
+            gn_module.group_norm(x, 32, w, b, silu=True, add=add)
+            gn_module.group_norm(x, 32, w, b, skip=x)
+            gn_module.group_norm(x, 32, w, b, silu=True, out_scale=scale, out_amax=amax)
+        assert launched == [(torch.Size([2, 640, 32, 32]), False)] + [(torch.Size([2, 640, 32, 32]), True)] * \
+            takes_e4m3
 
 
 @pytest.mark.gpu
