@@ -25,6 +25,8 @@ one cluster a group does not outnumber the SMs by much.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from . import next_pow2
@@ -41,6 +43,8 @@ MIN_WARPS = 4
 MAX_WARPS = 16
 VALUES_PER_THREAD = 32
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Layouts split over a cluster's CTAs (cga_layout) came with Triton 3.6; 3.5's Gluon describes CTA splits otherwise.
+HAS_CLUSTER_LAYOUTS = gl is not None and "cga_layout" in {f.name for f in dataclasses.fields(gl.BlockedLayout)}
 
 
 def rows_per_cta(hw: int) -> int:
@@ -61,9 +65,19 @@ def warps_for(hw: int, group_size: int) -> int:
     return min(MAX_WARPS, max(MIN_WARPS, next_pow2(threads) // 32))
 
 
+def machine_refusal(device: torch.device) -> str | None:
+    """Why the kernel cannot run on this device with this Triton at all (None: it can)."""
+    problem = device_refusal(device)
+    if problem:
+        return problem
+    if not HAS_CLUSTER_LAYOUTS:
+        return "this Triton's Gluon has no cluster layouts (cga_layout: Triton 3.6 or later)"
+    return None
+
+
 def refusal(x: torch.Tensor, hw: int, group_size: int) -> str | None:
     """Why the kernel cannot take x (None: it can)."""
-    problem = device_refusal(x.device)
+    problem = machine_refusal(x.device)
     if problem:
         return problem
     if x.dtype not in DTYPES:

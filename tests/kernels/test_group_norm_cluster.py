@@ -29,8 +29,8 @@ def test_sizing():
 def test_layouts():
     """The tile's layout per group width: pairs of channels a thread (4 at 128 lanes: a warp spans a row), whole
     rows a warp, 8 CTAs along the first axis; partials held whole by every CTA."""
-    if cluster.gluon is None:
-        pytest.skip("Triton without Gluon")
+    if not cluster.HAS_CLUSTER_LAYOUTS:
+        pytest.skip("Triton without Gluon's cluster layouts")
     for block_c, per_thread, threads in ((32, 2, [1, 2, 16]), (128, 4, [1, 1, 32]), (4, 2, [1, 16, 2]),
                                          (1, 1, [1, 32, 1])):
         tile = cluster._tile_layout(block_c, 4)
@@ -45,10 +45,23 @@ def test_not_taken_without_a_hopper_gpu():
     assert not gn_module.cluster_takes(x, 32, 1024, 20)
 
 
+def test_refusals_past_the_device(monkeypatch):
+    """With the device check passed: a Triton without cluster layouts (3.5) is refused, then the dtype, then a group
+    that does not fit; an SD group in fp16 is taken."""
+    monkeypatch.setattr(cluster, "device_refusal", lambda device: None)
+    x = torch.zeros(2, 640, 32, 32, dtype=torch.float16).contiguous(memory_format=CL)
+    monkeypatch.setattr(cluster, "HAS_CLUSTER_LAYOUTS", False)
+    assert "cga_layout" in cluster.refusal(x, 1024, 20)
+    monkeypatch.setattr(cluster, "HAS_CLUSTER_LAYOUTS", True)
+    assert cluster.refusal(x, 1024, 20) is None
+    assert "dtype" in cluster.refusal(x.to(torch.float64), 1024, 20)
+    assert "does not split" in cluster.refusal(x, 576, 20)
+
+
 @pytest.fixture
 def hopper():
-    """Skips unless the cluster kernel can run on this GPU (Gluon and an sm_90 device)."""
-    reason = cluster.device_refusal(torch.device("cuda"))
+    """Skips unless the cluster kernel can run on this GPU (Gluon with cluster layouts and an sm_90 device)."""
+    reason = cluster.machine_refusal(torch.device("cuda"))
     if reason:
         pytest.skip(reason)
 
