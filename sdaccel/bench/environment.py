@@ -6,6 +6,7 @@ memory, so GPU name and driver come from nvidia-smi (or from the workers' rows).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import shutil
@@ -37,6 +38,17 @@ def nvidia_smi_gpus() -> list[dict[str, str]]:
         if len(parts) == 3:
             gpus.append({"name": parts[0], "driver": parts[1], "memory": parts[2]})
     return gpus
+
+
+def source_digest(package: Path | None = None) -> str:
+    """sha256 (first 16 hex digits) of the sdaccel package's Python sources, paths and contents: the code that ran,
+    whatever .git says. A commit names it only for a clean checkout whose .git is current; a copy of a working
+    tree can carry an older .git (the lent GPU machine's did: twenty-fifth session) or edits not committed."""
+    root = package or Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def git_commit(start: Path | None = None) -> str | None:
@@ -98,6 +110,7 @@ def environment(worker_gpu_name: str | None = None) -> dict:
         "attention_packages": attention_packages(),
         "sdaccel": __version__,
         "git_commit": git_commit(),
+        "sdaccel_source_sha256": source_digest(),
         "python": sys.version.split()[0],
         "platform": platform.platform(terse=True),
         "machine": platform.machine(),

@@ -34,7 +34,7 @@ def test_json_has_environment_settings_and_rows(eager_run):
     data = json.loads(path.read_text())
     env = data["environment"]
     for key in ("gpu_name", "driver", "torch", "cuda", "diffusers", "transformers", "triton", "sdaccel",
-                "git_commit", "attention_packages"):
+                "git_commit", "sdaccel_source_sha256", "attention_packages"):
         assert key in env
     assert env["torch"] and env["sdaccel"] and "hostname" not in json.dumps(env).lower()
     assert data["settings"]["engines"] == ["eager"] and data["settings"]["batch_sizes"] == [1, 2]
@@ -128,3 +128,24 @@ def test_gpu_shaped_rows_plot_both_memory_panels(tmp_path):
     write_plots(rows, tmp_path, "test")
     with Image.open(tmp_path / "memory.png") as image:
         assert image.size[1] < height  # without device figures, one panel instead of two
+
+
+def test_source_digest_follows_the_code(tmp_path):
+    """The digest names the package's Python sources: the same files give the same digest, an edit or a renamed
+    file another; files that are not Python do not count."""
+    from sdaccel.bench.environment import source_digest
+
+    pkg = tmp_path / "pkg"
+    (pkg / "kernels").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("x = 1\n")
+    (pkg / "kernels" / "k.py").write_text("y = 2\n")
+    first = source_digest(pkg)
+    assert len(first) == 16 and source_digest(pkg) == first
+    (pkg / "notes.txt").write_text("not code")
+    assert source_digest(pkg) == first
+    (pkg / "kernels" / "k.py").write_text("y = 3\n")
+    edited = source_digest(pkg)
+    assert edited != first
+    (pkg / "kernels" / "k.py").rename(pkg / "kernels" / "k2.py")
+    assert source_digest(pkg) not in (first, edited)
+    assert len(source_digest()) == 16  # the installed package itself
