@@ -25,8 +25,6 @@ one cluster a group does not outnumber the SMs by much.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from . import next_pow2
@@ -44,7 +42,7 @@ MAX_WARPS = 16
 VALUES_PER_THREAD = 32
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Layouts split over a cluster's CTAs (cga_layout) came with Triton 3.6; 3.5's Gluon describes CTA splits otherwise.
-HAS_CLUSTER_LAYOUTS = gl is not None and "cga_layout" in {f.name for f in dataclasses.fields(gl.BlockedLayout)}
+HAS_CLUSTER_LAYOUTS = gl is not None and "cga_layout" in getattr(gl.BlockedLayout, "__dataclass_fields__", {})
 
 
 def rows_per_cta(hw: int) -> int:
