@@ -4,5 +4,5 @@
 HERE=benchmarks/results/H200-2026-11-29/twentyfifth-session/prepared-next
 ROOT=$OUT
 mkdir -p $ROOT/gn $ROOT/attn
-OUT=$ROOT/gn timeout 330 bash $HERE/run_gn_e4m3.sh
-OUT=$ROOT/attn timeout 250 bash $HERE/run.sh
+OUT=$ROOT/gn timeout 280 bash $HERE/run_gn_e4m3.sh
+OUT=$ROOT/attn timeout 280 bash $HERE/run.sh
