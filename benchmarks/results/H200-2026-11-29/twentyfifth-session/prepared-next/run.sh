@@ -4,8 +4,9 @@
 # 2^x as a cubic plus an exponent-bit add, 8 FMA/ALU instructions instead of one MUFU.EX2).
 # EXP_MODE (env SDACCEL_ATTN_EXP_MODE, read by the patched launcher): 0 MUFU (today), 1 no exponential at all
 # (timing only: how much of the kernel the exponentials are), 2 every block by the polynomial, 3 every other block,
-# 5 every fourth (not timed here: the script times 0-3). Offline (Triton 3.6, sass_counts.py): 80 registers, no spills in every mode; MUFU.EX2 136 -> 8
-# (modes 1, 2), the polynomial 8 instructions an exponential (3 FFMA, 3 FADD, FMNMX, LEA).
+# 5 every fourth (not timed here, to fit one call with run_gn_e4m3.sh). Offline (Triton 3.6, sass_counts.py): 80
+# registers, no spills in every mode; MUFU.EX2 136 -> 8 (modes 1, 2), the polynomial 8 instructions an exponential
+# (3 FFMA, 3 FADD, FMNMX, LEA).
 set -u
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/gpu.txt
