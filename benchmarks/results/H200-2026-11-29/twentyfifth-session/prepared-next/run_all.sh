@@ -1,8 +1,13 @@
 #!/bin/bash
-# Both prepared experiments in one device call (one machine start instead of two; about 7 minutes):
-# run_gn_e4m3.sh (the cluster GroupNorm writing e4m3), then run.sh (the attention's exponentials).
+# The prepared experiments in one device call (one machine start instead of three), in order of what they decide:
+# run_gn_e4m3.sh (the cluster GroupNorm writing e4m3: switch it on?), run.sh (the attention's exponentials), then,
+# with the time left, gn_cluster_stream_probe.py (a streaming cluster GroupNorm for the 64x64 level).
 HERE=benchmarks/results/H200-2026-11-29/twentyfifth-session/prepared-next
 ROOT=$OUT
-mkdir -p $ROOT/gn $ROOT/attn
-OUT=$ROOT/gn timeout 280 bash $HERE/run_gn_e4m3.sh
-OUT=$ROOT/attn timeout 280 bash $HERE/run.sh
+mkdir -p $ROOT/gn $ROOT/attn $ROOT/stream
+OUT=$ROOT/gn timeout 250 bash $HERE/run_gn_e4m3.sh
+OUT=$ROOT/attn timeout 250 bash $HERE/run.sh
+left=$((585 - SECONDS))
+[ $left -gt 40 ] && PYTHONPATH=/tmp/site:$PWD timeout $left python3 $HERE/gn_cluster_stream_probe.py 2>&1 \
+  | tee $ROOT/stream/probe.txt | cut -c1-400
+echo "elapsed ${SECONDS}s"
