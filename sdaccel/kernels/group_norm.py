@@ -636,8 +636,12 @@ def launch_group_norm(
     if path is None:
         path = "single" if single_pass_fits(HW, group_size) else "looped" if looped_fits(HW) else "split"
         if (path == "looped" and skip is None and (CLUSTER_TAKES_E4M3 or not fp8) and not traceable
-                and cluster_takes(x, num_groups, HW, group_size)):
+                and cluster_takes(x, num_groups, HW, group_size)):  # which asks cluster.refusal
             path = "cluster"
+    elif path == "cluster":  # asked for by name: checked here, once, as cluster_takes checks the default's choice
+        problem = cluster.refusal(x, HW, group_size)
+        if problem:
+            raise ValueError(f"group_norm (cluster): {problem}")
     if path not in ("single", "looped", "split", "cluster"):
         raise ValueError(f"unknown group_norm path {path!r}")
     if path == "cluster":
