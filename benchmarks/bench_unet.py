@@ -28,12 +28,16 @@ Variants (the ablation ladder):
                  kernels (none on the looped kernel: one program per sample and group, one launch)
   fast-nocluster fast with the cluster GroupNorm off (kernels/group_norm_cluster.py, Hopper): the groups it takes at
                  small batches go to the looped kernel
+  fast-gnw16     fast with the cluster GroupNorm at 16 values a thread at every call (twice the warps of its
+                 fp16 rule, at most 16), as its e4m3 rule does without a concatenation
   fast-fp8       fast with fp8=True: the transformer blocks' Q/K/V, cross Q and feed-forward GEMMs and the ResNet
                  blocks' convolutions in e4m3, their inputs written in e4m3 by the norm and GEGLU kernels
                  (engines/fp8.py; opt-in, outside the numerics rule)
   fast-fp8-noconv   fast-fp8 with the ResNet blocks' convolutions left in fp16 (fp8_convs=False)
-  fast-fp8-gncluster  fast-fp8 with the cluster GroupNorm also taking the norms that write e4m3
-                 (group_norm.CLUSTER_TAKES_E4M3)
+  fast-fp8-gnlooped  fast-fp8 with the norms that write e4m3 kept from the cluster GroupNorm (on the looped kernel
+                 at small batches; group_norm.CLUSTER_TAKES_E4M3 off)
+  fast-fp8-gnw32 fast-fp8 with the cluster GroupNorm's e4m3 calls at 32 values a thread, as its fp16 ones (the
+                 rule before the twenty-sixth session; group_norm_cluster.E4M3_VALUES_PER_THREAD)
   compile-ro     torch.compile(mode="reduce-overhead"), compile time reported separately
   onnxruntime    ONNX Runtime CUDA EP over an `sdaccel optimize --provider cuda --fp16` folder (--onnx-folder; without
                  it the engine builds one in its cache first), IO binding, CUDA graph per shape
@@ -139,7 +143,9 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
         "fast-nocluster": lambda: get_engine("fast"),
         "fast-fp8": lambda: get_engine("fast", fp8=True),
         "fast-fp8-noconv": lambda: get_engine("fast", fp8=True, fp8_convs=False),
-        "fast-fp8-gncluster": lambda: get_engine("fast", fp8=True),
+        "fast-gnw16": lambda: get_engine("fast"),
+        "fast-fp8-gnlooped": lambda: get_engine("fast", fp8=True),
+        "fast-fp8-gnw32": lambda: get_engine("fast", fp8=True),
         "compile-ro": lambda: get_engine("compile", mode="reduce-overhead"),
         "onnxruntime": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=True),
         "onnxruntime-nograph": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=False),
@@ -153,10 +159,18 @@ def kernel_knobs(name: str):
     """Module-level kernel switches a variant runs under, from its build through its graphs' capture to its timing
     (captured graphs keep the kernels they were captured with; later variants get the defaults back)."""
     gn = importlib.import_module("sdaccel.kernels.group_norm")  # the package re-exports the function by this name
+    gn_cluster = importlib.import_module("sdaccel.kernels.group_norm_cluster")
+
+    rule = gn_cluster.warps_for
+
+    def warps_at_16_values(hw, group_size, e4m3=False, concat=False):
+        return rule(hw, group_size, e4m3=True, concat=False)  # the e4m3 rule's 16 values a thread, for every call
 
     knobs = {"fast-gnsplit": [(gn, "LOOPED_MAX_ROWS", 0)],
+             "fast-gnw16": [(gn_cluster, "warps_for", warps_at_16_values)],
              "fast-nocluster": [(gn, "CLUSTER_CTAS_PER_SM", 0)],
-             "fast-fp8-gncluster": [(gn, "CLUSTER_TAKES_E4M3", True)]}.get(name, [])
+             "fast-fp8-gnlooped": [(gn, "CLUSTER_TAKES_E4M3", False)],
+             "fast-fp8-gnw32": [(gn_cluster, "E4M3_VALUES_PER_THREAD", gn_cluster.VALUES_PER_THREAD)]}.get(name, [])
     saved = [(module, attr, getattr(module, attr)) for module, attr, _ in knobs]
     try:
         for module, attr, value in knobs:

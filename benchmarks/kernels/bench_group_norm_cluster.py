@@ -95,7 +95,7 @@ def main():
 
         row = {"arch": arch, "shape": [N, C1, C2, H, W], "form": form, "e4m3": e4m3, "count": count, "us": {},
                "max_err": {},
-               "cluster_warps": cluster.warps_for(H * W, C // GROUPS)}
+               "cluster_warps": cluster.warps_for(H * W, C // GROUPS, e4m3, x2 is not None)}
         # "default" (the launcher's pick without the cluster kernel) and "cluster" (its warps_for); then the cluster
         # kernel at each warp count.
         variants = {"default": (None, None), "cluster": ("cluster", None)}
@@ -113,6 +113,7 @@ def main():
                         and (gn.CLUSTER_TAKES_E4M3 or not e4m3) and gn.cluster_takes(x, GROUPS, H * W, C // GROUPS))
         gain = row["us"]["default"] - row["us"]["cluster"]
         saved[arch] = saved.get(arch, 0.0) + count * gain
+        saved[arch + " taken"] = saved.get(arch + " taken", 0.0) + count * gain * row["taken"]
         by_warps = " ".join(f"w{nw} {row['us'][f'cluster w{nw}']:.1f}" for nw in args.cluster_warps)
         what = f"{arch} {N}x{C1}{'+' + str(C2) if C2 else ''}x{H}x{W} {form:6s}{' e4m3' if e4m3 else ''}"
         print(f"{what} x{count}: default "
@@ -120,7 +121,9 @@ def main():
               f"{by_warps} (max err {max(row['max_err'].values()):.1e}){' taken' if row['taken'] else ''}", flush=True)
         rows.append(row)
     for arch, us in saved.items():
-        print(f"{arch}: the cluster kernel would save {us:.1f} us per UNet call at CFG batch 2 over all these calls")
+        if not arch.endswith(" taken"):
+            print(f"{arch}: the cluster kernel would save {us:.1f} us per UNet call at CFG batch 2 over all these "
+                  f"calls, and saves {saved[arch + ' taken']:.1f} over those the default gives it")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,

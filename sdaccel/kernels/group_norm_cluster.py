@@ -37,9 +37,14 @@ CTAS = 8  # a cluster: the portable maximum. With 4 warps the best of 2, 4, 8 CT
 # of 64 split (SDXL's 2 x 1280 x 32 x 32 + time embedding: 17.4 -> 18.5); at 8 warps the 64-value concatenations
 # won (2 x [1280, 640] x 32 x 32: 22.7 -> 16.6), at 16 the 128-value ones (2 x [1280, 1280]: 35.3 -> 26.6). Left:
 # SDXL's 64-value groups without a concatenation were fastest at 16 warps (17.4 -> 14.9), not the rule's 8 (18.4).
+# Writing e4m3 (the FP8 mode's ResNet norms), groups without a concatenation ran fastest at half as many values a
+# thread (twenty-sixth session, us: 2 x 640 x 32 x 32 + time embedding 12.3 at 4 warps -> 9.8 at 8; SDXL's 2 x 1280
+# x 32 x 32 21.3 at 8 -> 18.1 at 16), the concatenations did not ([1280, 640]: 21.8 at 8, 24.7 at 16). Not for lack
+# of registers: offline, 2 x 640 takes 146 registers a thread in fp16 and 150 in e4m3 at 4 warps, neither spills.
 MIN_WARPS = 4
 MAX_WARPS = 16
 VALUES_PER_THREAD = 32
+E4M3_VALUES_PER_THREAD = 16
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Layouts split over a cluster's CTAs (cga_layout) came with Triton 3.6; 3.5's Gluon describes CTA splits otherwise.
 HAS_CLUSTER_LAYOUTS = gl is not None and "cga_layout" in getattr(gl.BlockedLayout, "__dataclass_fields__", {})
@@ -57,9 +62,10 @@ def fits(hw: int, group_size: int) -> bool:
             and rows * next_pow2(group_size) <= VALUES_PER_THREAD * 32 * MAX_WARPS)
 
 
-def warps_for(hw: int, group_size: int) -> int:
-    """The kernel's warps a CTA for a group that ``fits``."""
-    threads = rows_per_cta(hw) * next_pow2(group_size) // VALUES_PER_THREAD
+def warps_for(hw: int, group_size: int, e4m3: bool = False, concat: bool = False) -> int:
+    """The kernel's warps a CTA for a group that ``fits``; e4m3: y written in e4m3; concat: x is a concatenation."""
+    values = E4M3_VALUES_PER_THREAD if e4m3 and not concat else VALUES_PER_THREAD
+    threads = rows_per_cta(hw) * next_pow2(group_size) // values
     return min(MAX_WARPS, max(MIN_WARPS, next_pow2(threads) // 32))
 
 
@@ -212,5 +218,5 @@ def launch_group_norm_cluster(x, x2, add, s, weight, bias, out, num_groups: int,
         GROUP_SIZE=group_size, ROWS=rows_per_cta(hw), BLOCK_C=block_c,
         HAS_X2=x2 is not None, HAS_ADD=add is not None, WRITE_SUM=s is not None, HAS_WEIGHT=weight is not None,
         HAS_BIAS=bias is not None, APPLY_SILU=silu, FP8_OUT=e4m3 is not None,
-        num_warps=num_warps or warps_for(hw, group_size), num_ctas=CTAS,
+        num_warps=num_warps or warps_for(hw, group_size, e4m3 is not None, x2 is not None), num_ctas=CTAS,
     )

@@ -24,6 +24,11 @@ def test_sizing():
     assert cluster.fits(1024, 80) and not cluster.fits(1024, 160)
     assert [cluster.warps_for(1024, gs) for gs in (10, 20, 40, 60, 80)] == [4, 4, 8, 8, 16]
     assert cluster.warps_for(256, 80) == 4 and cluster.warps_for(32, 3) == 4
+    # Writing e4m3 without a concatenation: 16 values a thread (2 x 640 x 32 x 32: 8 warps, SDXL's 1280: 16); a
+    # concatenation keeps 32 either way.
+    assert [cluster.warps_for(1024, gs, e4m3=True) for gs in (10, 20, 40, 80)] == [4, 8, 16, 16]
+    assert cluster.warps_for(1024, 60, e4m3=True, concat=True) == cluster.warps_for(1024, 60) == 8
+    assert cluster.warps_for(1024, 40, concat=True) == 8
 
 
 def test_layouts():
