@@ -28,6 +28,8 @@ Variants (the ablation ladder):
                  kernels (none on the looped kernel: one program per sample and group, one launch)
   fast-nocluster fast with the cluster GroupNorm off (kernels/group_norm_cluster.py, Hopper): the groups it takes at
                  small batches go to the looped kernel
+  fast-convbare  fast with each convolution picked without its bias and residual (convolution.PICK_WITH_EPILOGUE
+                 off: the pick before the twenty-sixth session)
   fast-gnw16     fast with the cluster GroupNorm at 16 values a thread at every call (twice the warps of its
                  fp16 rule, at most 16), as its e4m3 rule does without a concatenation
   fast-fp8       fast with fp8=True: the transformer blocks' Q/K/V, cross Q and feed-forward GEMMs and the ResNet
@@ -144,6 +146,7 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
         "fast-fp8": lambda: get_engine("fast", fp8=True),
         "fast-fp8-noconv": lambda: get_engine("fast", fp8=True, fp8_convs=False),
         "fast-gnw16": lambda: get_engine("fast"),
+        "fast-convbare": lambda: get_engine("fast"),
         "fast-fp8-gnlooped": lambda: get_engine("fast", fp8=True),
         "fast-fp8-gnw32": lambda: get_engine("fast", fp8=True),
         "compile-ro": lambda: get_engine("compile", mode="reduce-overhead"),
@@ -160,6 +163,7 @@ def kernel_knobs(name: str):
     (captured graphs keep the kernels they were captured with; later variants get the defaults back)."""
     gn = importlib.import_module("sdaccel.kernels.group_norm")  # the package re-exports the function by this name
     gn_cluster = importlib.import_module("sdaccel.kernels.group_norm_cluster")
+    from sdaccel.engines import convolution
 
     rule = gn_cluster.warps_for
 
@@ -168,6 +172,7 @@ def kernel_knobs(name: str):
 
     knobs = {"fast-gnsplit": [(gn, "LOOPED_MAX_ROWS", 0)],
              "fast-gnw16": [(gn_cluster, "warps_for", warps_at_16_values)],
+             "fast-convbare": [(convolution, "PICK_WITH_EPILOGUE", False)],
              "fast-nocluster": [(gn, "CLUSTER_CTAS_PER_SM", 0)],
              "fast-fp8-gnlooped": [(gn, "CLUSTER_TAKES_E4M3", False)],
              "fast-fp8-gnw32": [(gn_cluster, "E4M3_VALUES_PER_THREAD", gn_cluster.VALUES_PER_THREAD)]}.get(name, [])

@@ -16,6 +16,10 @@ The GEMM is not tried where its output or im2col matrix would pass MAX_PICK_BYTE
 costs memory), the Gluon kernel not where its output would pass MAX_SM90_PICK_BYTES, nor without CUDA graphs (its
 host-side TMA descriptors cost more than it saves when launched from Python).
 
+A convolution with a bias or residual is timed with them, as it runs (PICK_WITH_EPILOGUE): the Gluon kernel adds
+them in its epilogue, cuDNN and the GEMM in one bias_add pass after. Timed without them, a shape where cuDNN led by
+less than that pass (SD1.5's ResNet conv2 at CFG batch 2: about 4 us of 37) went to cuDNN and paid the pass.
+
 Modes (set_mode; the fast engine's `conv`): "auto" times all three where they run, "gemm" cuDNN against the GEMM
 only, "cudnn" takes cuDNN everywhere.
 
@@ -46,7 +50,11 @@ MAX_PICK_BYTES = 16 * 2**20
 # The pick keeps the reference output and one candidate's alive inside the first image: SD1.5's largest 3x3 output
 # at CFG batch 16 is 42 MB (16 x 320 x 64 x 64), SDXL's at CFG batch 8 84 MB (8 x 320 x 128 x 128).
 MAX_SM90_PICK_BYTES = 128 * 2**20
-_PICKS = ShapePicks(CUDNN, enabled=True, weights=(1,))
+# The candidates' arguments: (x, weight, stride, padding, bias, residual); the weight and the bias are read out of L2.
+_PICKS = ShapePicks(CUDNN, enabled=True, weights=(1, 4))
+# Whether a convolution's bias and residual are part of what its pick times (and of its key). False: the shape is
+# timed bare, as before the twenty-sixth session (benchmarks/bench_unet.py's fast-convbare, for an A/B).
+PICK_WITH_EPILOGUE = True
 _MODE = "auto"
 _GRAPHED = True
 
@@ -121,24 +129,40 @@ def _sm90_offered(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: i
 def candidates(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int, mode: str | None = None,
                graphed: bool | None = None) -> dict:
     """The paths worth timing for this convolution in this mode (default: the one set): cuDNN, the GEMM for small
-    outputs, the Gluon kernel's configs that take the shape on an sm_90 GPU when the calls are graphed."""
+    outputs, the Gluon kernel's configs that take the shape on an sm_90 GPU when the calls are graphed. Each is
+    called as (x, weight, stride, padding[, bias, residual]) and runs the way conv2d would run it."""
     mode, graphed = mode or _MODE, _GRAPHED if graphed is None else graphed
     names = [CUDNN]
     if mode != "cudnn" and gemm_may_pay(x, weight, stride, padding):
         names.append(GEMM)
     if _sm90_offered(x, weight, stride, padding, mode, graphed):
         names += [name for name, c in _SM90.items() if conv_sm90.supports(x, weight, stride, padding, c) is None]
-    return {name: _KERNELS[name] for name in names}
+    return {name: functools.partial(_run, name) for name in names}
 
 
 def conv2d(x: torch.Tensor, weight: torch.Tensor, stride: int = 1, padding: int = 0,
            bias: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
     """A square, ungrouped, undilated convolution through the path picked for its shape, plus an optional bias and
     residual (the output's shape): in the Gluon kernel's epilogue where it was picked, else one bias_add pass."""
-    name = _path(x, weight, stride, padding)
+    return _run(_path(x, weight, stride, padding, bias, residual), x, weight, stride, padding, bias, residual)
+
+
+def _run(name: str, x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int,
+         bias: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """The convolution on the path called `name`, with its bias and residual: what conv2d runs and a pick times."""
     if name in _SM90 and conv_sm90.epilogue_refusal(x, weight, bias, residual) is None:
         return conv_sm90.conv2d_sm90(x, weight, stride, padding, config=_SM90[name], bias=bias, residual=residual)
     return add_bias_residual(_KERNELS[name](x, weight, stride, padding), bias, residual)
+
+
+def pick_key(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int, bias: torch.Tensor | None = None,
+             residual: torch.Tensor | None = None) -> str:
+    """The pick's key for this convolution: its shapes and dtype, and which epilogue operands it times with."""
+    epilogue = ""
+    if PICK_WITH_EPILOGUE:
+        epilogue = (" +bias" if bias is not None else "") + (" +residual" if residual is not None else "")
+    return f"x{list(x.shape)} w{list(weight.shape)} s{stride} p{padding} {str(x.dtype).removeprefix('torch.')}" \
+        + epilogue
 
 
 def add_bias_residual(out: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None) -> torch.Tensor:
@@ -153,8 +177,9 @@ def add_bias_residual(out: torch.Tensor, bias: torch.Tensor | None, residual: to
     return out + residual if promotes else out.add_(residual)
 
 
-def _path(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int) -> str:
-    """The path for this convolution: the pick's for its shape, or cuDNN."""
+def _path(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int, bias: torch.Tensor | None = None,
+          residual: torch.Tensor | None = None) -> str:
+    """The path for this convolution with this bias and residual: the pick's for its shape, or cuDNN."""
     # Picks are made only while cuDNN autotunes (benchmark mode): the graph warm-up's first run, on cuDNN's
     # heuristics, would otherwise time cuDNN at an algorithm it is about to replace. A dry run recording Triton
     # kernels (no benchmark mode there) goes on to the pick, which then runs both paths and chooses nothing.
@@ -166,10 +191,11 @@ def _path(x: torch.Tensor, weight: torch.Tensor, stride: int, padding: int) -> s
             and (gemm_may_pay(x, weight, stride, padding)
                  or _sm90_offered(x, weight, stride, padding, _MODE, _GRAPHED))):
         return CUDNN
-    key = (f"x{list(x.shape)} w{list(weight.shape)} s{stride} p{padding} "
-           f"{str(x.dtype).removeprefix('torch.')}")
-    args = (x, weight, stride, padding)
-    name = _PICKS.choose(key, args, lambda: candidates(*args))
+    key = pick_key(x, weight, stride, padding, bias, residual)
+    if not PICK_WITH_EPILOGUE:
+        bias = residual = None
+    args = (x, weight, stride, padding, bias, residual)
+    name = _PICKS.choose(key, args, lambda: candidates(x, weight, stride, padding))
     # A pick restored from the cache for this shape, met by a tensor the kernel cannot read (a view off TMA's
     # 16-byte alignment): cuDNN, as for any shape the pick does not know.
     if name in _SM90 and conv_sm90.supports(x, weight, stride, padding, _SM90[name]) is not None:

@@ -160,10 +160,67 @@ def test_an_sm90_pick_adds_bias_and_residual_in_its_epilogue():
     residual = torch.randn(2, 160, 16, 16, device="cuda", dtype=torch.float16).contiguous(
         memory_format=torch.channels_last)
     name = next(n for n in convolution.candidates(x, w, 1, 1, mode="auto", graphed=True) if n.startswith("sm90:"))
-    convolution.restore_paths({f"x{list(x.shape)} w{list(w.shape)} s1 p1 float16": name})
+    convolution.restore_paths({convolution.pick_key(x, w, 1, 1, bias, residual): name})
     with _benchmark_mode():
         got = convolution.conv2d(x, w, 1, 1, bias=bias, residual=residual)
         unfused = convolution.conv2d(x, w, 1, 1, bias=bias, residual=residual.contiguous())  # NCHW: bias_add
     want = F.conv2d(x.float(), w.float(), bias.float(), 1, 1) + residual.float()
     assert ((got.float() - want).norm() / want.norm()) < 2e-3
     assert ((unfused.float() - want).norm() / want.norm()) < 2e-3
+
+
+def test_a_convolution_with_bias_or_residual_is_picked_apart(monkeypatch):
+    """Its pick times the bias and residual with it (what runs after cuDNN is a whole extra pass), so the same
+    shape without them is another key; with PICK_WITH_EPILOGUE off, one key as before."""
+    x, w = torch.empty(2, 8, 6, 6), torch.empty(4, 8, 3, 3)
+    bias, residual = torch.empty(4), torch.empty(2, 4, 6, 6)
+    keys = [convolution.pick_key(x, w, 1, 1, b, r) for b, r in ((None, None), (bias, None), (None, residual),
+                                                                  (bias, residual))]
+    assert keys[0] == "x[2, 8, 6, 6] w[4, 8, 3, 3] s1 p1 float32"
+    assert keys[1:] == [keys[0] + " +bias", keys[0] + " +residual", keys[0] + " +bias +residual"]
+    monkeypatch.setattr(convolution, "PICK_WITH_EPILOGUE", False)
+    assert {convolution.pick_key(x, w, 1, 1, b, r) for b, r in ((None, None), (bias, residual))} == {keys[0]}
+
+
+@pytest.mark.parametrize("with_bias, with_residual", [(False, False), (True, True), (False, True)])
+def test_every_candidate_runs_as_conv2d_would(with_bias, with_residual):
+    """The pick calls each candidate with the call's bias and residual: each returns the whole result."""
+    x, w = _conv_inputs(2, 8, 6, 4, 3, seed=7)
+    bias = torch.randn(4) if with_bias else None
+    residual = torch.randn(2, 4, 6, 6).contiguous(memory_format=torch.channels_last) if with_residual else None
+    want = F.conv2d(x, w, bias, 1, 1) + (0 if residual is None else residual)
+    offered = convolution.candidates(x, w, 1, 1, mode="gemm")
+    assert list(offered) == [convolution.CUDNN, convolution.GEMM]
+    for name, run in offered.items():
+        torch.testing.assert_close(run(x, w, 1, 1, bias, residual), want, rtol=1e-4, atol=1e-4, msg=name)
+
+
+@pytest.mark.gpu
+def test_the_pick_times_the_bias_and_residual(monkeypatch):
+    """On the GPU the pick for a convolution with a bias and residual is handed them, and every candidate it
+    times returns the convolution plus both."""
+    x, w = _conv_inputs(2, 64, 16, 160, 3, dtype=torch.float16, seed=8)
+    x, w = x.cuda(), w.cuda() / 24
+    bias = torch.randn(160, device="cuda", dtype=torch.float16)
+    residual = torch.randn(2, 160, 16, 16, device="cuda", dtype=torch.float16).contiguous(
+        memory_format=torch.channels_last)
+    seen = []
+    real = convolution._PICKS.choose
+
+    def spy(key, args, candidates):
+        seen.append((key, args, candidates()))
+        return real(key, args, candidates)
+
+    monkeypatch.setattr(convolution._PICKS, "choose", spy)
+    monkeypatch.setattr(convolution._PICKS, "choices", {})
+    convolution.set_mode("auto", graphed=True)
+    with _benchmark_mode():
+        got = convolution.conv2d(x, w, 1, 1, bias=bias, residual=residual)
+    want = F.conv2d(x.float(), w.float(), bias.float(), 1, 1) + residual.float()
+    assert ((got.float() - want).norm() / want.norm()) < 2e-3
+    (key, args, offered), = seen
+    assert key.endswith(" +bias +residual") and args[4] is bias and args[5] is residual
+    assert len(offered) >= 2
+    for name, run in offered.items():
+        out = run(*args)
+        assert ((out.float() - want).norm() / want.norm()) < 2e-3, name
