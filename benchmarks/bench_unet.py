@@ -30,6 +30,9 @@ Variants (the ablation ladder):
                  small batches go to the looped kernel
   fast-convbare  fast with each convolution picked without its bias and residual (convolution.PICK_WITH_EPILOGUE
                  off: the pick before the twenty-sixth session)
+  fast-attnv1, fast-attnv2, fast-attnv3   fast with the Gluon attention kernel's default config in ROW_SUMS mode
+                 1, 2 or 3 (kernels/flash_attention_sm90.py's notes), its attention picks timed afresh (none taken
+                 from the process's earlier variants or the engine cache)
   fast-gnw16     fast with the cluster GroupNorm at 16 values a thread at every call (twice the warps of its
                  fp16 rule, at most 16), as its e4m3 rule does without a concatenation
   fast-fp8       fast with fp8=True: the transformer blocks' Q/K/V, cross Q and feed-forward GEMMs and the ResNet
@@ -147,6 +150,9 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
         "fast-fp8-noconv": lambda: get_engine("fast", fp8=True, fp8_convs=False),
         "fast-gnw16": lambda: get_engine("fast"),
         "fast-convbare": lambda: get_engine("fast"),
+        "fast-attnv1": lambda: get_engine("fast"),
+        "fast-attnv2": lambda: get_engine("fast"),
+        "fast-attnv3": lambda: get_engine("fast"),
         "fast-fp8-gnlooped": lambda: get_engine("fast", fp8=True),
         "fast-fp8-gnw32": lambda: get_engine("fast", fp8=True),
         "compile-ro": lambda: get_engine("compile", mode="reduce-overhead"),
@@ -176,6 +182,14 @@ def kernel_knobs(name: str):
              "fast-nocluster": [(gn, "CLUSTER_CTAS_PER_SM", 0)],
              "fast-fp8-gnlooped": [(gn, "CLUSTER_TAKES_E4M3", False)],
              "fast-fp8-gnw32": [(gn_cluster, "E4M3_VALUES_PER_THREAD", gn_cluster.VALUES_PER_THREAD)]}.get(name, [])
+    if name.startswith("fast-attnv"):
+        from sdaccel.engines import attention, fast
+        from sdaccel.engines.kernel_pick import ShapePicks
+        from sdaccel.kernels import flash_attention_sm90 as sm90
+
+        knobs = [(sm90, "DEFAULT_CONFIG", (*sm90.DEFAULT_CONFIG[:6], int(name.removeprefix("fast-attnv")))),
+                 (attention, "_PICKS", ShapePicks(attention.DEFAULT, enabled=True)),  # timed afresh ...
+                 (fast, "restore_backends", lambda choices: None)]  # ... not restored from the engine cache
     saved = [(module, attr, getattr(module, attr)) for module, attr, _ in knobs]
     try:
         for module, attr, value in knobs:
@@ -188,7 +202,11 @@ def kernel_knobs(name: str):
 
 def measure_variant(name: str, spec, dtype, inputs, refs, args) -> dict:
     with kernel_knobs(name):
-        return _measure_variant(name, spec, dtype, inputs, refs, args)
+        row = _measure_variant(name, spec, dtype, inputs, refs, args)
+        if name.startswith("fast-attnv"):  # its own picks, which the knobs put back afterwards
+            from sdaccel.engines.attention import chosen_backends
+            row["attention_backends"] = chosen_backends()
+        return row
 
 
 def _measure_variant(name: str, spec, dtype, inputs, refs, args) -> dict:

@@ -76,15 +76,21 @@ def _parse_config(name: str) -> tuple[int, int, int, int]:
 
 
 def _parse_sm90_config(name: str) -> tuple:
-    """'128x64w8s3' -> (128, 64, 8, 3); 'r80': at most 80 registers a thread; 'x2': two math partitions."""
+    """'128x64w8s3' -> (128, 64, 8, 3); 'r80': at most 80 registers a thread; 'x2': two math partitions; 'v2':
+    ROW_SUMS 2 (kernels/flash_attention_sm90.py's notes)."""
+    name, _, row_sums = name.partition("v")
     split = name.endswith("x2")
     base, _, regs = name.removesuffix("x2").partition("r")
-    return _parse_config(base) + ((int(regs) if regs else None, True) if split else (int(regs),) if regs else ())
+    cfg = _parse_config(base) + ((int(regs) if regs else None, True) if split else (int(regs),) if regs else ())
+    if row_sums:
+        cfg = cfg + (None, False)[len(cfg) - 4:] + (int(row_sums),)
+    return cfg
 
 
 def _sm90_name(cfg: tuple) -> str:
     regs = f"r{cfg[4]}" if len(cfg) > 4 and cfg[4] else ""
-    return f"{config_name(cfg[:4])}{regs}{'x2' if len(cfg) > 5 and cfg[5] else ''}"
+    row_sums = f"v{cfg[6]}" if len(cfg) > 6 and cfg[6] else ""
+    return f"{config_name(cfg[:4])}{regs}{'x2' if len(cfg) > 5 and cfg[5] else ''}{row_sums}"
 
 
 def main():
@@ -94,8 +100,8 @@ def main():
         p.add_argument("--configs", help="sdaccel tiles to time instead of CONFIGS, comma-separated "
                                          "BMxBNwWsS names (e.g. 128x64w8s3)")
         p.add_argument("--sm90-configs", help="tiles of the Gluon sm_90 kernel instead of its CONFIGS, "
-                                              "comma-separated BMxBNwWsS[rR][x2] names (rR: at most R registers "
-                                              "a thread, x2: two math partitions)")
+                                              "comma-separated BMxBNwWsS[rR][x2][vV] names (rR: at most R "
+                                              "registers a thread, x2: two math partitions, vV: ROW_SUMS V)")
 
     args = parse_args(__doc__, add_arguments=add_arguments)
     configs = [_parse_config(name) for name in args.configs.split(",")] if args.configs else CONFIGS
