@@ -32,7 +32,7 @@ Variants (the ablation ladder):
                  off: the pick before the twenty-sixth session)
   fast-attnv1, fast-attnv2, fast-attnv3   fast with the Gluon attention kernel's default config in ROW_SUMS mode
                  1, 2 or 3 (kernels/flash_attention_sm90.py's notes), its attention picks timed afresh (none taken
-                 from the process's earlier variants or the engine cache)
+                 from the process's earlier variants or the engine cache, nothing written to the cache)
   fast-gnw16     fast with the cluster GroupNorm at 16 values a thread at every call (twice the warps of its
                  fp16 rule, at most 16), as its e4m3 rule does without a concatenation
   fast-fp8       fast with fp8=True: the transformer blocks' Q/K/V, cross Q and feed-forward GEMMs and the ResNet
@@ -189,7 +189,8 @@ def kernel_knobs(name: str):
 
         knobs = [(sm90, "DEFAULT_CONFIG", (*sm90.DEFAULT_CONFIG[:6], int(name.removeprefix("fast-attnv")))),
                  (attention, "_PICKS", ShapePicks(attention.DEFAULT, enabled=True)),  # timed afresh ...
-                 (fast, "restore_backends", lambda choices: None)]  # ... not restored from the engine cache
+                 (fast, "restore_backends", lambda choices: None),  # ... not restored from the engine cache ...
+                 (fast.FastEngine, "save_cache", lambda self: None)]  # ... nor written to it for later variants
     saved = [(module, attr, getattr(module, attr)) for module, attr, _ in knobs]
     try:
         for module, attr, value in knobs:

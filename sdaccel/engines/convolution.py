@@ -18,7 +18,8 @@ host-side TMA descriptors cost more than it saves when launched from Python).
 
 A convolution with a bias or residual is timed with them, as it runs (PICK_WITH_EPILOGUE): the Gluon kernel adds
 them in its epilogue, cuDNN and the GEMM in one bias_add pass after. Timed without them, a shape where cuDNN led by
-less than that pass (SD1.5's ResNet conv2 at CFG batch 2: about 4 us of 37) went to cuDNN and paid the pass.
+less than that pass (about 4 us a call at SD1.5's CFG batch 2) would go to cuDNN and pay it. On an H200 no SD1.5
+pick changed (twenty-sixth session); the pick now measures what runs either way.
 
 Modes (set_mode; the fast engine's `conv`): "auto" times all three where they run, "gemm" cuDNN against the GEMM
 only, "cudnn" takes cuDNN everywhere.

@@ -16,7 +16,8 @@ R=/tmp/r; rm -rf $R; mkdir -p $R; cp /tmp/gpu.txt $R/
 SDACCEL_CACHE=/tmp/c_t timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_flash_attention_sm90.py \
   > $R/gpu_tests.txt 2>&1; grep -E "passed|failed|^FAILED|^E  " $R/gpu_tests.txt | head -12 | cut -c1-250
 timeout 150 python3 benchmarks/kernels/bench_attention.py --shapes 2x8x4096x40,16x8x4096x40 --configs 128x64w4s3 \
-  --sm90-configs 128x64w4s3r80x2,128x64w4s3r80x2v1,128x64w4s3r80x2v2,128x64w4s3r80x2v3 > $R/attention.txt 2>&1
+  --sm90-configs 128x64w4s3r80x2,128x64w4s3r80x2v1,128x64w4s3r80x2v2,128x64w4s3r80x2v3,128x64w4s4r80x2v2 \
+  > $R/attention.txt 2>&1
 grep -E "cudnn|sm90" $R/attention.txt | cut -c1-150
 tar czf $OUT/r.tgz -C /tmp r
 SDACCEL_CACHE=/tmp/c_u timeout 250 python3 benchmarks/bench_unet.py --arch sd15 --batch 2 \
