@@ -30,8 +30,8 @@ Variants (the ablation ladder):
                  small batches go to the looped kernel
   fast-convbare  fast with each convolution picked without its bias and residual (convolution.PICK_WITH_EPILOGUE
                  off: the pick before the twenty-sixth session)
-  fast-attnv1, fast-attnv2, fast-attnv3   fast with the Gluon attention kernel's default config in ROW_SUMS mode
-                 1, 2 or 3 (kernels/flash_attention_sm90.py's notes), its attention picks timed afresh (none taken
+  fast-attnv1, fast-attnv2, fast-attnv3   fast with the Gluon attention kernel's two engine configs (the 4096-
+                 and the 1024-token one) in ROW_SUMS mode 1, 2 or 3 (kernels/flash_attention_sm90.py's notes), its attention picks timed afresh (none taken
                  from the process's earlier variants or the engine cache, nothing written to the cache)
   fast-gnw16     fast with the cluster GroupNorm at 16 values a thread at every call (twice the warps of its
                  fp16 rule, at most 16), as its e4m3 rule does without a concatenation
@@ -187,7 +187,10 @@ def kernel_knobs(name: str):
         from sdaccel.engines.kernel_pick import ShapePicks
         from sdaccel.kernels import flash_attention_sm90 as sm90
 
-        knobs = [(sm90, "DEFAULT_CONFIG", (*sm90.DEFAULT_CONFIG[:6], int(name.removeprefix("fast-attnv")))),
+        mode = int(name.removeprefix("fast-attnv"))
+        knobs = [(sm90, "DEFAULT_CONFIG", (*sm90.DEFAULT_CONFIG[:6], mode)),
+                 (sm90, "SHORT_CONFIG", (*sm90.SHORT_CONFIG[:5], False, mode)),  # (BM, BN, warps, stages, regs)
+                 (attention, "_KERNELS", {}),  # the candidates built again, with the configs above
                  (attention, "_PICKS", ShapePicks(attention.DEFAULT, enabled=True)),  # timed afresh ...
                  (fast, "restore_backends", lambda choices: None),  # ... not restored from the engine cache ...
                  (fast.FastEngine, "save_cache", lambda self: None)]  # ... nor written to it for later variants

@@ -134,11 +134,13 @@ def test_every_config_matches(config, check_against_reference):
 @pytest.mark.gpu
 @hopper
 @pytest.mark.parametrize("row_sums", module.ROW_SUMS_MODES)
-def test_every_row_sums_mode_matches_at_sd15s_shape(row_sums, check_against_reference):
-    """SD1.5's 4096-token self-attention (head dim 40, every key block full) in each ROW_SUMS variant: the row sums
-    from the tensor cores, behind the branch, or both."""
-    q, k, v = _qkv(2, 8, 4096, 4096, 40, torch.float16, seed=4, packed=True)
-    out = module.flash_attention_sm90(q, k, v, config=(*module.DEFAULT_CONFIG[:6], row_sums))
+@pytest.mark.parametrize("tokens, d, config", [(4096, 40, module.DEFAULT_CONFIG[:6]),
+                                               (1024, 80, (*module.SHORT_CONFIG[:5], False))], ids=str)
+def test_every_row_sums_mode_matches_at_sd15s_shapes(tokens, d, config, row_sums, check_against_reference):
+    """SD1.5's self-attentions at the engine's two configs (4096 tokens, head dim 40; 1024, head dim 80; every key
+    block full) in each ROW_SUMS variant: the row sums from the tensor cores, behind the branch, or both."""
+    q, k, v = _qkv(2, 8, tokens, tokens, d, torch.float16, seed=4, packed=True)
+    out = module.flash_attention_sm90(q, k, v, config=(*config, row_sums))
     check_against_reference(out, torch.nn.functional.scaled_dot_product_attention(q, k, v),
                             reference(q.float(), k.float(), v.float()), what=f"ROW_SUMS {row_sums}")
 

@@ -91,5 +91,7 @@ if __name__ == "__main__":
     for mode in m.ROW_SUMS_MODES:
         for regs in (80, 128):
             report((*m.DEFAULT_CONFIG[:4], regs, True, mode))
+    for mode in m.ROW_SUMS_MODES:  # SD1.5's 1024-token level: head dim 80, the engine's second config
+        report((*m.SHORT_CONFIG[:5], False, mode), d=80)
     for mode in m.ROW_SUMS_MODES:  # SD2.x / SDXL's head dim, where the engine leaves attention to cuDNN today
         report((*m.DEFAULT_CONFIG[:6], mode), d=64)
