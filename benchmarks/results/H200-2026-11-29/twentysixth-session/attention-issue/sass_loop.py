@@ -95,3 +95,5 @@ if __name__ == "__main__":
         report((*m.SHORT_CONFIG[:5], False, mode), d=80)
     for mode in m.ROW_SUMS_MODES:  # SD2.x / SDXL's head dim, where the engine leaves attention to cuDNN today
         report((*m.DEFAULT_CONFIG[:6], mode), d=64)
+    for mode in (0, 2):  # ... and SHORT_CONFIG there (no spills at 128 registers)
+        report((*m.SHORT_CONFIG[:5], False, mode), d=64)
