@@ -115,8 +115,13 @@ if gluon is not None:
         alpha = gl.exp2(m_i - m_new)  # 0 on the first block (m_i = -inf)
         p = gl.exp2(gl.fma(s, qk_scale, -m_new[:, None]))
         if SUM:
-            l_i = l_i * alpha + gl.sum(p, axis=1)
+            l_i = _row_sums(l_i, alpha, p)
         return m_new, alpha, p, l_i
+
+    @gluon.jit
+    def _row_sums(l_i, alpha, p):
+        """The running row sums rescaled to the new row max, plus this block's."""
+        return l_i * alpha + gl.sum(p, axis=1)
 
     @gluon.jit
     def _issue_scores(q0, q1, k0_s, k1_s, slot, s_zero, BLOCK_N: gl.constexpr, D0: gl.constexpr, D1: gl.constexpr,
@@ -185,7 +190,8 @@ if gluon is not None:
         acc1 = gl.zeros([ROWS, D1], gl.float32, o1_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
-        l_acc = gl.zeros([ROWS, ONES_N], gl.float32, l_layout)
+        if SUM_BY_MMA:
+            l_acc = gl.zeros([ROWS, ONES_N], gl.float32, l_layout)
         mbarrier.wait(q_bar, 0)
 
         # Block 0: S, then the first row max and probabilities.
@@ -206,7 +212,6 @@ if gluon is not None:
             mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
             acc0, acc1, p0, p1 = _issue_pv(p, v0_s, v1_s, prev, acc0, acc1, p0_layout, p1_layout, BLOCK_N, D0, D1,
                                            HAS_D1)
-            pl = p0
             if SUM_BY_MMA:
                 l_acc, pl = _issue_row_sums(p, ones_s, l_acc, pl_layout)
             # Each product issued is one group: wait until only those issued after S_j are left.
@@ -223,7 +228,7 @@ if gluon is not None:
                     if SUM_BY_MMA:
                         p_half = p_next.to(dtype)
                     else:
-                        l_i = l_i * alpha + gl.sum(p_next, axis=1)
+                        l_i = _row_sums(l_i, alpha, p_next)
 
             if SUM_BY_MMA:
                 l_acc, pl = warpgroup_mma_wait(num_outstanding=0, deps=(l_acc, pl))

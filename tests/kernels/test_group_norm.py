@@ -53,8 +53,9 @@ def kernel_path(request, monkeypatch, device):
     others are forced by making no tile fit, then by sending every launch to the looped kernel or none. The
     looped kernel's launches go to the cluster kernel (a Hopper GPU) for "cluster" only, those writing e4m3 too;
     what it does not take (skip, rows that do not split evenly over its CTAs) stays on the looped kernel."""
-    if request.param == "cluster" and gn_module.cluster.machine_refusal(torch.device(device)):
-        pytest.skip(f"the cluster kernel: {gn_module.cluster.machine_refusal(torch.device(device))}")
+    refusal = gn_module.cluster.machine_refusal(torch.device(device))
+    if request.param == "cluster" and refusal:
+        pytest.skip(f"the cluster kernel: {refusal}")
     monkeypatch.setattr(gn_module, "CLUSTER_CTAS_PER_SM", 1 << 30 if request.param == "cluster" else 0)
     monkeypatch.setattr(gn_module, "CLUSTER_TAKES_E4M3", request.param == "cluster")
     if request.param != "single-pass":
