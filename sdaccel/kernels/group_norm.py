@@ -436,18 +436,19 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def pick_channel_block(num_channels: int, num_groups: int) -> tuple[int, int]:
+def pick_channel_block(num_channels: int, num_groups: int, max_block_c: Optional[int] = None) -> tuple[int, int]:
     """(BLOCK_C, groups per block) for tiles that hold whole groups.
 
     Fewest lanes in total (num_blocks * BLOCK_C), preferring blocks whose
     channel count is a multiple of 8 so every block starts 16-byte aligned
-    (vector loads); larger blocks on ties.
+    (vector loads); larger blocks on ties; at most max_block_c lanes
+    (None: SPLIT_MAX_BLOCK_C) unless one group needs more.
     """
     group_size = num_channels // num_groups
     smallest = max(16, next_pow2(group_size))
     best_key, best = None, None
     block_c = smallest
-    while block_c <= max(256, smallest):
+    while block_c <= max(max_block_c or SPLIT_MAX_BLOCK_C, smallest):
         groups_per_block = min(num_groups, block_c // group_size)
         if groups_per_block < num_groups:
             while groups_per_block > 1 and (groups_per_block * group_size) % 8:
@@ -489,8 +490,19 @@ def single_pass_fits(hw: int, group_size: int) -> bool:
 # the VAE's 1 x 128 x 512 x 512 117 -> 706.
 LOOPED_MAX_ROWS = 1024
 
-# Elements per row-loop tile (the tile_elems default) of the split and looped kernels.
-SPLIT_TILE_ELEMS = 8192
+# The split kernels' channel blocks (at most SPLIT_MAX_BLOCK_C lanes, pick_channel_block) and elements per row-loop
+# tile (the tile_elems default), and the looped kernel's tile. Narrow blocks spread a small call over the SMs along
+# its channels rather than over many short chunks of rows, whose partials the normalize pass must then gather. On
+# an H200, graphed (benchmarks/README.md, twenty-seventh session; kernels/bench_norm_sweep.py --rules), 64 lanes
+# and 4096 values against the 256 and 8192 before, us: SD1.5's 2 x 320 x 64 x 64 + time embedding + SiLU 17.3 ->
+# 13.2, without SiLU 13.4 -> 9.8, the VAE decoder's 1 x 256 x 512 x 512 200.6 -> 140.0, SDXL's 2 x 640 x 64 x 64
+# 15.3 -> 13.4; one SD1.5 UNet call at CFG batch 2 5.13 -> 5.10 ms, CFG batch 16 unchanged. An up block's
+# concatenations [x, skip] lost (SD1.5's 2 x [640, 320] x 64 x 64 28.6 -> 35.1, at CFG batch 16 168.6 -> 274.4,
+# SDXL's 2 x [640, 320] x 128 x 128 89.4 -> 138.2) and keep CONCAT_MAX_BLOCK_C and CONCAT_TILE_ELEMS.
+SPLIT_MAX_BLOCK_C = 64
+SPLIT_TILE_ELEMS = 4096
+CONCAT_MAX_BLOCK_C = 256
+CONCAT_TILE_ELEMS = 8192
 LOOPED_TILE_ELEMS = 2048
 
 
@@ -676,7 +688,9 @@ def launch_group_norm(
         )
         return out, s
 
-    block_c, groups_per_block = channel_block or pick_channel_block(C, num_groups)
+    max_block_c, split_tile = ((SPLIT_MAX_BLOCK_C, SPLIT_TILE_ELEMS) if concat is None
+                               else (CONCAT_MAX_BLOCK_C, CONCAT_TILE_ELEMS))
+    block_c, groups_per_block = channel_block or pick_channel_block(C, num_groups, max_block_c)
     num_cblocks = _cdiv(num_groups, groups_per_block)
     block_g = next_pow2(groups_per_block)
     # Rows per chunk (one program's share), the larger of:
@@ -686,7 +700,7 @@ def launch_group_norm(
     #    stays under 1/8 of its data: (HW/rows) * block_g * 8 <= rows * block_c,
     #    and under 4K partials in all.
     rows_wanted = _cdiv(N * HW * num_cblocks, parallel_target(x))
-    block_hw = max(1, min((tile_elems or SPLIT_TILE_ELEMS) // block_c, next_pow2(rows_wanted), next_pow2(HW)))
+    block_hw = max(1, min((tile_elems or split_tile) // block_c, next_pow2(rows_wanted), next_pow2(HW)))
     max_chunks = max(1, min(256, 4096 // block_g))
     if rows_per_chunk is None:
         rows_for_gather = math.isqrt(_cdiv(HW * block_g * 8, block_c)) + 1

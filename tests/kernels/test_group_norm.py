@@ -323,6 +323,15 @@ def test_any_channel_block_of_whole_groups(block, device):
     torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=1e-6)
 
 
+def test_channel_block_rule():
+    """The split kernels' blocks: the fewest lanes of whole groups, 16-byte aligned, up to a width cap (narrow by
+    default: SPLIT_MAX_BLOCK_C; a concatenation's CONCAT_MAX_BLOCK_C), never narrower than one group."""
+    assert gn_module.pick_channel_block(320, 32) == (64, 4)  # 40 channels in 64 lanes, not 10 unaligned ones
+    assert gn_module.pick_channel_block(320, 32, 256) == (128, 12)
+    assert gn_module.pick_channel_block(640, 32) == (64, 2)
+    assert gn_module.pick_channel_block(2560, 32, 64) == (128, 1)  # one group wider than the cap: its own block
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("shape,groups", [((2, 320, 5, 7), 32), ((3, 96, 8, 8), 32)], ids=str)
 def test_e4m3_output(shape, groups, dtype, device, check_e4m3, kernel_path):
