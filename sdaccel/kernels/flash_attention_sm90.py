@@ -17,8 +17,8 @@ multiplied where cuDNN multiplies 64), but scheduled the way Hopper wants it, wh
   than both products, so hiding the products under it is where the time goes.
 - P stays in registers as the A operand of the P V product; S's accumulator layout is already its operand layout.
 
-What ptxas makes of the overlap, and the ROW_SUMS variants (a config's seventh field; the default keeps 0 until they
-are timed on a GPU). Offline (Triton 3.6's ptxas, sm_90a, head dim 40, DEFAULT_CONFIG; benchmarks/results/
+What ptxas makes of the overlap, and the ROW_SUMS variants (a config's seventh field; the engine's configs keep 0,
+which the timings below kept). Offline (Triton 3.6's ptxas, sm_90a, head dim 40, DEFAULT_CONFIG; benchmarks/results/
 H200-2026-11-29/twentysixth-session/attention-issue/), a math warp's loop body is 279 SASS instructions, and ptxas
 places the wait for P_{j-1} V_{j-1} right after the wait for S_j and the row max: all 34 exponentials run after the
 product is done, at any register cap (80 to 128), with or without the slot-freeing arrive. PTX has them before the
@@ -31,8 +31,12 @@ The overlap the step above describes only happens between partitions and CTAs, n
      basic block ends after the exponentials, and the wait stays below them; 280 instructions, all 34 before it
   3  1 and 2: the conversion of P to fp16 behind the branch; 266 instructions, all 34 before the wait
 On an H200 (twenty-sixth session) the kernel is bound by no single pipe at head dim 40: with no exponentials at all it
-was only 9% faster, with 8 more FMA-pipe instructions per score 40% slower. Whether the restored overlap or the
-shorter loop pays is for bench_attention.py to say.
+was only 9% faster, with 8 more FMA-pipe instructions per score 40% slower. Timed on an H200 (twenty-seventh
+session, bench_attention.py, ms; cuDNN in the same run): at 2 x 8 x 4096 x 40 modes 0-3 took 0.158 / 0.160 / 0.165 /
+0.166 (cuDNN 0.158), at 16 x 8 x 4096 x 40 1.226 / 1.196 / 1.254 / 1.281 (cuDNN 1.246; 0 and 1 within each other's
+spread), with SHORT_CONFIG at 2 x 8 x 1024 x 80 0.0207 / 0.0215 / 0.0247 / 0.0245 (cuDNN 0.0227). The restored
+overlap (2, 3) is slower everywhere: the hoisted wait was not what held the kernel back. Mode 1 is kept as a tested
+variant, not taken.
 
 Only for sm_90 (wgmma); the fast engine times it against cuDNN, FlashAttention and kernels/flash_attention.py per
 shape (engines/attention.py) and keeps the fastest. The reference is flash_attention's.

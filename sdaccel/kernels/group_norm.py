@@ -496,9 +496,10 @@ LOOPED_MAX_ROWS = 1024
 # an H200, graphed (benchmarks/README.md, twenty-seventh session; kernels/bench_norm_sweep.py --rules), 64 lanes
 # and 4096 values against the 256 and 8192 before, us: SD1.5's 2 x 320 x 64 x 64 + time embedding + SiLU 17.3 ->
 # 13.2, without SiLU 13.4 -> 9.8, the VAE decoder's 1 x 256 x 512 x 512 200.6 -> 140.0, SDXL's 2 x 640 x 64 x 64
-# 15.3 -> 13.4; one SD1.5 UNet call at CFG batch 2 5.13 -> 5.10 ms, CFG batch 16 unchanged. An up block's
-# concatenations [x, skip] lost (SD1.5's 2 x [640, 320] x 64 x 64 28.6 -> 35.1, at CFG batch 16 168.6 -> 274.4,
-# SDXL's 2 x [640, 320] x 128 x 128 89.4 -> 138.2) and keep CONCAT_MAX_BLOCK_C and CONCAT_TILE_ELEMS.
+# 15.3 -> 13.4. An up block's concatenations [x, skip] lost (SD1.5's 2 x [640, 320] x 64 x 64 28.6 -> 35.1, at CFG
+# batch 16 168.6 -> 274.4, SDXL's 2 x [640, 320] x 128 x 128 89.4 -> 138.2) and keep CONCAT_MAX_BLOCK_C and
+# CONCAT_TILE_ELEMS. So ruled, one UNet call at CFG batch 2, alternated in one process: SD1.5 5.19 -> 5.15 ms, SDXL
+# 28.55 -> 28.36 ms; CFG batch 16 unchanged.
 SPLIT_MAX_BLOCK_C = 64
 SPLIT_TILE_ELEMS = 4096
 CONCAT_MAX_BLOCK_C = 256
