@@ -31,8 +31,9 @@ Variants (the ablation ladder):
   fast-convbare  fast with each convolution picked without its bias and residual (convolution.PICK_WITH_EPILOGUE
                  off: the pick before the twenty-sixth session)
   fast-attnv1, fast-attnv2, fast-attnv3   fast with the Gluon attention kernel's two engine configs (the 4096-
-                 and the 1024-token one) in ROW_SUMS mode 1, 2 or 3 (kernels/flash_attention_sm90.py's notes), its attention picks timed afresh (none taken
-                 from the process's earlier variants or the engine cache, nothing written to the cache)
+                 and the 1024-token one) in ROW_SUMS mode 1, 2 or 3 (kernels/flash_attention_sm90.py's notes),
+                 its attention picks timed afresh (none taken from the process's earlier variants or the engine
+                 cache, nothing written to the cache)
   fast-gnw16     fast with the cluster GroupNorm at 16 values a thread at every call (twice the warps of its
                  fp16 rule, at most 16), as its e4m3 rule does without a concatenation
   fast-gnwide    fast with the split GroupNorm kernels' channel blocks and tiles of before the twenty-seventh

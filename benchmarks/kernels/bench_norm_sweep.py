@@ -27,6 +27,8 @@ from _timing import graph_time_us  # first: it puts the checkout on the path
 from sdaccel.kernels.group_norm import group_norm_reference, launch_group_norm, pick_channel_block
 from sdaccel.kernels.layer_norm import launch_layer_norm, layer_norm_reference
 
+gn_module = importlib.import_module("sdaccel.kernels.group_norm")  # the package re-exports the function by this name
+
 GROUPS = 32
 # (N, C1, C2, H, W, form, count per SD1.5 UNet call at CFG batch 2): the 64x64 level, which the split kernels take.
 GN_CALLS = [
@@ -61,23 +63,28 @@ RULE_GN_CALLS = [
 GN_RULES = {"now": None, "256/8192": (256, 8192), "64/4096": (64, 4096), "128/4096": (128, 4096), "64/8192": (64, 8192)}
 
 
+def gn_call(randn, N, C1, C2, H, W, form):
+    """A GroupNorm call's operands as the fused blocks pass them (x2: an up block's skip, concatenated in place) and
+    its reference: (x, x2, weight, bias, add, silu, write_sum, y_ref)."""
+    x = (randn(N, C1, H, W) * 1.5 + 0.3).half().contiguous(memory_format=torch.channels_last)
+    x2 = (randn(N, C2, H, W) - 0.2).half().contiguous(memory_format=torch.channels_last) if C2 else None
+    C = C1 + C2
+    w, b = (1 + 0.1 * randn(C)).half(), (0.1 * randn(C)).half()
+    add = randn(N, C).half() if form == "norm2" else None
+    silu, write_sum = form != "plain", form == "concat"
+    return x, x2, w, b, add, silu, write_sum, group_norm_reference(x, GROUPS, w, b, silu=silu, add=add, concat=x2)
+
+
 def rules(args, randn, timed):
-    gn = importlib.import_module("sdaccel.kernels.group_norm")
     results = {"group_norm": []}
     names = ("SPLIT_MAX_BLOCK_C", "SPLIT_TILE_ELEMS", "CONCAT_MAX_BLOCK_C", "CONCAT_TILE_ELEMS")
-    default = tuple(getattr(gn, name) for name in names)
+    default = tuple(getattr(gn_module, name) for name in names)
 
     def set_rule(values):  # a fixed pair: for calls with a concatenation too
         for name, value in zip(names, values):
-            setattr(gn, name, value)
+            setattr(gn_module, name, value)
     for arch, N, C1, C2, H, W, form in RULE_GN_CALLS:
-        x = (randn(N, C1, H, W) * 1.5 + 0.3).half().contiguous(memory_format=torch.channels_last)
-        x2 = (randn(N, C2, H, W) - 0.2).half().contiguous(memory_format=torch.channels_last) if C2 else None
-        C = C1 + C2
-        w, b = (1 + 0.1 * randn(C)).half(), (0.1 * randn(C)).half()
-        add = randn(N, C).half() if form == "norm2" else None
-        silu, write_sum = form != "plain", form == "concat"
-        ref = group_norm_reference(x, GROUPS, w, b, silu=silu, add=add, concat=x2)
+        x, x2, w, b, add, silu, write_sum, ref = gn_call(randn, N, C1, C2, H, W, form)
 
         def run():
             return launch_group_norm(x, GROUPS, w, b, 1e-5, silu, add, None, write_sum, concat=x2, path="split")[0]
@@ -119,17 +126,11 @@ def main():
                 json.dump(results, f, indent=1)
         return
     for N, C1, C2, H, W, form, count in GN_CALLS:
-        x = (randn(N, C1, H, W) * 1.5 + 0.3).half().contiguous(memory_format=torch.channels_last)
-        x2 = (randn(N, C2, H, W) - 0.2).half().contiguous(memory_format=torch.channels_last) if C2 else None
-        C = C1 + C2
-        w, b = (1 + 0.1 * randn(C)).half(), (0.1 * randn(C)).half()
-        add = randn(N, C).half() if form == "norm2" else None
-        silu, write_sum = form != "plain", form == "concat"
-        ref = group_norm_reference(x, GROUPS, w, b, silu=silu, add=add, concat=x2)
-        full = torch.empty(N, C, H, W, device="cuda", dtype=torch.half).contiguous(memory_format=torch.channels_last)
+        x, x2, w, b, add, silu, write_sum, ref = gn_call(randn, N, C1, C2, H, W, form)
+        full = torch.empty_like(ref, dtype=torch.half)  # ref: channels_last, as the norm's output
         copy_us = timed(lambda: full.copy_(ref))
-        default_block = pick_channel_block(C, GROUPS)
-        blocks = [None, (64, 4), (256, 24), (512, 32)] if C == 320 else [None, (512, 24), (1024, 32)]
+        default_block = pick_channel_block(C1 + C2, GROUPS, None if x2 is None else gn_module.CONCAT_MAX_BLOCK_C)
+        blocks = [None, (64, 4), (256, 24), (512, 32)] if C1 + C2 == 320 else [None, (512, 24), (1024, 32)]
         rows = [32, 64, 128, 256] if not args.quick else [64, 128]
         warps = [4, 8]
         tiles = [4096, 8192, 16384] if not args.quick else [8192]

@@ -1,4 +1,6 @@
 #!/bin/bash
+# Ran on the uncommitted tree before 0c520b6, whose bench_unet.py had the variants fast-gnnarrow, fast-lnwidth and
+# fast-norms (and layer_norm.py the rule by width, since dropped); 0c520b6 replaced them by fast-gnwide.
 # Candidate launch rules for the split GroupNorm kernels (narrower channel blocks, smaller tiles) and the LayerNorm
 # (rows and warps by the row's width): 1. at every split GroupNorm / LayerNorm call of SD1.5, SDXL, CFG batch 16 and
 # the VAE (bench_norm_sweep.py --rules); 2. one SD1.5 UNet call at CFG batch 2 and 16, fast against the rules,
