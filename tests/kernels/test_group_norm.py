@@ -332,6 +332,26 @@ def test_channel_block_rule():
     assert gn_module.pick_channel_block(2560, 32, 64) == (128, 1)  # one group wider than the cap: its own block
 
 
+def test_the_split_launch_caps_blocks_by_its_kind(monkeypatch, device):
+    """The launcher asks for narrow blocks, except for a concatenation (where narrow ones lost), and the result is
+    the reference's either way."""
+    asked = []
+    real = gn_module.pick_channel_block
+
+    def spy(num_channels, num_groups, max_block_c=None):
+        asked.append(max_block_c)
+        return real(num_channels, num_groups, max_block_c)
+
+    monkeypatch.setattr(gn_module, "pick_channel_block", spy)
+    x, w, b, _, _ = _inputs((2, 64, 4, 6), 8, torch.float32, device)
+    y = launch_group_norm(x, 8, w, b, 1e-5, False, None, None, False, path="split")[0]
+    torch.testing.assert_close(y, group_norm_reference(x, 8, w, b), rtol=1e-5, atol=1e-5)
+    left, right = x[:, :32].contiguous(memory_format=CL), x[:, 32:].contiguous(memory_format=CL)
+    y = launch_group_norm(left, 8, w, b, 1e-5, False, None, None, False, path="split", concat=right)[0]
+    torch.testing.assert_close(y, group_norm_reference(x, 8, w, b), rtol=1e-5, atol=1e-5)
+    assert asked == [gn_module.SPLIT_MAX_BLOCK_C, gn_module.CONCAT_MAX_BLOCK_C]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("shape,groups", [((2, 320, 5, 7), 32), ((3, 96, 8, 8), 32)], ids=str)
 def test_e4m3_output(shape, groups, dtype, device, check_e4m3, kernel_path):
