@@ -71,16 +71,6 @@ def hopper():
         pytest.skip(reason)
 
 
-def _inputs(shape, dtype, seed=0):
-    N, C, H, W = shape
-    g = torch.Generator().manual_seed(seed)
-    x = (torch.randn(shape, generator=g) * 1.5 + 0.3).to("cuda", dtype).contiguous(memory_format=CL)
-    w = (1 + 0.5 * torch.randn(C, generator=g)).to("cuda", dtype)
-    b = (0.5 * torch.randn(C, generator=g)).to("cuda", dtype)
-    add = torch.randn(N, C, generator=g).to("cuda", dtype)
-    return x, w, b, add
-
-
 def _check(y, x, groups, w, b, check_against_reference, what, **kw):
     ref = gn_module.group_norm_reference(x, groups, w, b, **kw)
     up = {k: (v.float() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
@@ -92,8 +82,8 @@ def _check(y, x, groups, w, b, check_against_reference, what, **kw):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("shape", [(2, 640, 32, 32), (2, 2560, 16, 16), (1, 320, 16, 16), (2, 96, 8, 4),
                                    (2, 1280, 32, 32), (1, 2560, 32, 32)], ids=str)  # the last two: 8, 16 warps
-def test_matches_the_reference(shape, dtype, check_against_reference, hopper):
-    x, w, b, add = _inputs(shape, dtype)
+def test_matches_the_reference(shape, dtype, check_against_reference, hopper, gn_inputs):
+    x, w, b, add = gn_inputs(shape, dtype)
     launch = gn_module.launch_group_norm
     y = launch(x, 32, w, b, 1e-5, True, add, None, False, path="cluster")[0]
     _check(y, x, 32, w, b, check_against_reference, f"{shape} silu+add", silu=True, add=add)
@@ -103,16 +93,16 @@ def test_matches_the_reference(shape, dtype, check_against_reference, hopper):
                             what=f"{shape} no affine, scaled")
     assert y.stride() == x.stride()
     if shape == (2, 96, 8, 4):  # 24x24: 72 rows a CTA, not a power of two
-        x24 = _inputs((1, 96, 24, 24), dtype)[0]
+        x24 = gn_inputs((1, 96, 24, 24), dtype)[0]
         with pytest.raises(ValueError, match="does not split"):
             launch(x24, 32, None, None, 1e-5, False, None, None, False, path="cluster")
 
 
 @pytest.mark.gpu
-def test_concatenation_and_its_sum(check_against_reference, hopper):
+def test_concatenation_and_its_sum(check_against_reference, hopper, gn_inputs):
     """An up block's first norm: GroupNorm of [x, skip] read in place from both, the concatenation written back."""
-    x, _, _, _ = _inputs((2, 1280, 16, 16), torch.float16, seed=1)
-    skip, w, b, add = _inputs((2, 2560, 16, 16), torch.float16, seed=2)
+    x, _, _, _ = gn_inputs((2, 1280, 16, 16), torch.float16, seed=1)
+    skip, w, b, add = gn_inputs((2, 2560, 16, 16), torch.float16, seed=2)
     skip = skip[:, :1280].contiguous(memory_format=CL)
     y, s = gn_module.launch_group_norm(x, 32, w, b, 1e-5, True, add, None, True, concat=skip, path="cluster")
     y_ref, s_ref = gn_module.group_norm_reference(x, 32, w, b, silu=True, add=add, concat=skip, return_sum=True)
@@ -123,10 +113,10 @@ def test_concatenation_and_its_sum(check_against_reference, hopper):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(2, 640, 32, 32), (2, 1280, 32, 32)], ids=str)  # 4 and 8 warps
-def test_e4m3_output(shape, check_e4m3, hopper):
+def test_e4m3_output(shape, check_e4m3, hopper, gn_inputs):
     """The FP8 mode's ResNet norms: y / scale written in e4m3, max |y| recorded across the cluster's CTAs; with a
     concatenation, the sum written back unchanged."""
-    x, w, b, add = _inputs(shape, torch.float16, seed=5)
+    x, w, b, add = gn_inputs(shape, torch.float16, seed=5)
     scale, amax = torch.tensor([0.02], device="cuda"), torch.zeros(1, device="cuda")
     q = gn_module.launch_group_norm(x, 32, w, b, 1e-5, True, add, None, False, path="cluster", e4m3_scale=scale,
                                     e4m3_amax=amax)[0]
@@ -151,7 +141,7 @@ def test_e4m3_output(shape, check_e4m3, hopper):
 
 
 @pytest.mark.gpu
-def test_the_rule_takes_it_at_cfg_batch_2_only(monkeypatch, hopper):
+def test_the_rule_takes_it_at_cfg_batch_2_only(monkeypatch, hopper, gn_inputs):
     """The default: CFG batch 2 at the 32x32 level, 64 clusters of 8 CTAs, under 4 an SM on an H100 / H200, so the
     cluster kernel; CFG batch 16 at the same level (8x the CTAs), or with a skip: the looped kernel. A call that
     writes e4m3 only where CLUSTER_TAKES_E4M3 says so."""
@@ -168,7 +158,7 @@ def test_the_rule_takes_it_at_cfg_batch_2_only(monkeypatch, hopper):
         monkeypatch.setattr(gn_module, "CLUSTER_TAKES_E4M3", takes_e4m3)
         launched.clear()
         for n in (2, 16):
-            x, w, b, add = _inputs((n, 640, 32, 32), torch.float16)
+            x, w, b, add = gn_inputs((n, 640, 32, 32), torch.float16)
             gn_module.group_norm(x, 32, w, b, silu=True, add=add)
             gn_module.group_norm(x, 32, w, b, skip=x)
             gn_module.group_norm(x, 32, w, b, silu=True, out_scale=scale, out_amax=amax)
@@ -177,23 +167,11 @@ def test_the_rule_takes_it_at_cfg_batch_2_only(monkeypatch, hopper):
 
 
 @pytest.mark.gpu
-def test_in_a_cuda_graph(hopper):
+def test_in_a_cuda_graph(hopper, gn_inputs, check_graph_replay):
     """Captured once and replayed on new values (the engine's graphs): the same as a launch outside the graph."""
-    x, w, b, add = _inputs((2, 640, 32, 32), torch.float16)
+    x, w, b, add = gn_inputs((2, 640, 32, 32), torch.float16)
 
     def run():
         return gn_module.launch_group_norm(x, 32, w, b, 1e-5, True, add, None, False, path="cluster")[0]
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run()
-    for seed in (3, 4):
-        x.copy_(_inputs((2, 640, 32, 32), torch.float16, seed=seed)[0])
-        graph.replay()
-        torch.cuda.synchronize()
-        torch.testing.assert_close(out, run(), rtol=0, atol=0)
+    check_graph_replay(run, x, [gn_inputs((2, 640, 32, 32), torch.float16, seed=seed)[0] for seed in (3, 4)])
