@@ -18,8 +18,10 @@ row: 40 channels, 80 bytes, for SD1.5's 10-channel groups), CTA r the rows [r * 
   3. the partials go to global memory, barrier.cluster, every CTA merges them (Chan et al.), as the cluster
      kernel does;
   4. from shared memory again, normalize and store.
-x is read once and y written once, in one launch; the layouts are replicated over the cluster (each CTA addresses
-its own rows by its rank in the cluster), so no cross-CTA reduction is asked of the compiler.
+x is read once and y written once, in one launch. Like the cluster kernel's, its layouts split a leading axis over the
+cluster's CTAs, and every reduction stays within a CTA (Triton 3.6 cannot reduce across one). Layouts replicated
+over the cluster instead compiled too, but then Triton stores only from CTA 0 (it takes the other copies for
+duplicates): the first version of this kernel, offline.
 
 Only for sm_90. group_norm.py's launcher runs it when asked by name (path="staged") and, by default, in place of the
 kernels named in its STAGED_TAKES (none until timed on a GPU: benchmarks/README.md).
@@ -37,7 +39,11 @@ from .gluon_hopper import async_copy, cp_async_load, gl, gluon, thread_barrier
 CHUNK = 64
 # Shared memory a CTA may stage (bytes): the rows it holds x BLOCK_C lanes x the element size.
 MAX_STAGED_BYTES = 160 * 1024
-NUM_WARPS = 4
+# 16-byte copies a thread issues at most: every copy's address is live until they are all issued. Offline (Triton
+# 3.6's ptxas, fp16), SD1.5's 64x64 level at 4 warps is 32 copies a thread in 168 registers, its concatenation (two
+# sources) 64 copies in 255 registers and 16 bytes of spills; at 8 warps, 136 registers.
+MAX_COPIES_PER_THREAD = 32
+MIN_WARPS, MAX_WARPS = 4, 16
 
 
 def groups_per_block(group_size: int, element_size: int) -> int:
@@ -52,6 +58,14 @@ def groups_per_block(group_size: int, element_size: int) -> int:
 
 def block_lanes(group_size: int, element_size: int) -> int:
     return next_pow2(groups_per_block(group_size, element_size) * group_size)
+
+
+def warps_for(hw: int, group_size: int, element_size: int, concat: bool = False) -> int:
+    """A CTA's warps: enough that no thread issues more than MAX_COPIES_PER_THREAD copies (a concatenation's two
+    sources each copy the whole tile, masked), at least MIN_WARPS."""
+    copies = (hw // CTAS) * block_lanes(group_size, element_size) * element_size // 16 * (2 if concat else 1)
+    threads = -(-copies // MAX_COPIES_PER_THREAD)
+    return min(MAX_WARPS, max(MIN_WARPS, next_pow2(threads) // 32))
 
 
 def refusal(x: torch.Tensor, hw: int, num_groups: int, group_size: int) -> str | None:
@@ -80,23 +94,21 @@ def refusal(x: torch.Tensor, hw: int, num_groups: int, group_size: int) -> str |
 if gluon is not None:
     from .group_norm_cluster import _cluster_barrier, _everywhere_layout  # the cluster kernel's, shared
 
+    # Layouts whose first axis is split over the cluster (CTA bit i: index 2^i), so each CTA holds its own rows:
+    # values the compiler took for copies on every CTA would be stored by one CTA only.
     @gluon.constexpr_function
-    def _row_layout(block_c, num_warps):
-        """(row, channel), replicated over the cluster: 8 consecutive channels (16 bytes in fp16) a thread."""
+    def _tile_layout(block_c, num_warps):
+        """(CTA, row, channel): 8 consecutive channels (16 bytes in fp16) a thread, whole rows a warp."""
         per_thread = min(8, block_c)
         threads_c = min(32, block_c // per_thread)
-        return gl.BlockedLayout([1, per_thread], [32 // threads_c, threads_c], [num_warps, 1], [1, 0],
-                                cga_layout=[[0, 0], [0, 0], [0, 0]])
+        return gl.BlockedLayout([1, 1, per_thread], [1, 32 // threads_c, threads_c], [1, num_warps, 1], [2, 1, 0],
+                                cga_layout=[[1, 0, 0], [2, 0, 0], [4, 0, 0]])
 
     @gluon.constexpr_function
     def _stage_layout():
-        """Shared memory, row-major and unswizzled: a warp's 16-byte reads of whole rows hit every bank once."""
-        return gl.SwizzledSharedLayout(1, 1, 1, [1, 0], cga_layout=[[0, 0], [0, 0], [0, 0]])
-
-    @gluon.jit
-    def _cluster_rank():
-        return gl.inline_asm_elementwise("mov.u32 $0, %cluster_ctarank;", "=r", [], dtype=gl.int32, is_pure=True,
-                                         pack=1)
+        """Shared memory, row-major and unswizzled (a warp's 16-byte reads of whole rows hit every bank once), each
+        CTA's own rows in its own."""
+        return gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0], cga_layout=[[1, 0, 0], [2, 0, 0], [4, 0, 0]])
 
     @gluon.jit
     def _chunk(stage, add, k: gl.constexpr, layout: gl.constexpr, HAS_ADD: gl.constexpr, WRITE_SUM: gl.constexpr):
@@ -104,7 +116,7 @@ if gluon is not None:
         raw = stage.index(k).load(layout)
         v = raw.to(gl.float32)
         if HAS_ADD:
-            v += add[None, :]
+            v += add
         if WRITE_SUM:
             v = v.to(raw.dtype).to(gl.float32)
         return v
@@ -118,38 +130,39 @@ if gluon is not None:
         HAS_WEIGHT: gl.constexpr, HAS_BIAS: gl.constexpr, APPLY_SILU: gl.constexpr, FP8_OUT: gl.constexpr,
         num_warps: gl.constexpr,
     ):
-        layout: gl.constexpr = _row_layout(BLOCK_C, num_warps)
+        tile: gl.constexpr = _tile_layout(BLOCK_C, num_warps)
         everywhere: gl.constexpr = _everywhere_layout(num_warps)
+        lanes: gl.constexpr = gl.SliceLayout(1, tile)  # (CTA, channel)
         CLUSTER: gl.constexpr = 8  # CTAS
         STEPS: gl.constexpr = ROWS // CHUNK
         blk = gl.program_id(0)  # the cluster's groups: blk * GROUPS, ...
         n = gl.program_id(1)
-        rank = _cluster_rank()
-        i = gl.arange(0, CHUNK, layout=gl.SliceLayout(1, layout))
-        j = gl.arange(0, BLOCK_C, layout=gl.SliceLayout(0, layout))
-        in_group = j // GROUP_SIZE  # which of the block's groups a lane's channel is in
-        lane_c = blk * (GROUPS * GROUP_SIZE) + j
-        lane_ok = j < GROUPS * GROUP_SIZE
-        c = lane_c[None, :]
-        c_ok = lane_ok[None, :]
-        tile_ok = c_ok & (i[:, None] >= 0)  # (CHUNK, BLOCK_C): the lanes that are channels, on every row
-        first = rank * ROWS
+        r = gl.arange(0, CLUSTER, layout=gl.SliceLayout(1, gl.SliceLayout(2, tile)))
+        i = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, gl.SliceLayout(2, tile)))
+        j = gl.arange(0, BLOCK_C, layout=gl.SliceLayout(0, gl.SliceLayout(1, tile)))
+        lane = j[None, None, :]
+        c = blk * (GROUPS * GROUP_SIZE) + lane
+        c_ok = lane < GROUPS * GROUP_SIZE
+        tile_ok = c_ok & (r[:, None, None] >= 0) & (i[None, :, None] >= 0)  # the lanes that are channels, everywhere
+        in_group = gl.arange(0, BLOCK_C, layout=gl.SliceLayout(0, lanes))[None, :] // GROUP_SIZE  # (1, BLOCK_C)
+        rank = gl.arange(0, CLUSTER, layout=gl.SliceLayout(1, lanes))  # r again, as the per-CTA partials hold it
+        first = r[:, None, None] * ROWS + i[None, :, None]  # the CTA's rows of chunk 0
         C = C1 + C2
         sample = n.to(gl.int64) * HW
-        add = gl.zeros([BLOCK_C], gl.float32, gl.SliceLayout(0, layout))  # the time embedding, per channel
+        add = gl.zeros([CLUSTER, 1, BLOCK_C], gl.float32, tile)  # the time embedding, per channel
         if HAS_ADD:
-            add = gl.load(add_ptr + n * stride_add_n + lane_c * stride_add_c, mask=lane_ok, other=0.0).to(gl.float32)
+            add += gl.load(add_ptr + n * stride_add_n + c * stride_add_c, mask=c_ok, other=0.0).to(gl.float32)
 
         # 1. The CTA's rows into shared memory, every copy in flight at once. x, out and the sum are dense
         # channels_last (C channels a row); with a concatenation x has C1 and x2 C2.
-        stage = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [STEPS, CHUNK, BLOCK_C], _stage_layout())
+        stage = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [STEPS, CLUSTER, CHUNK, BLOCK_C], _stage_layout())
         for k in gl.static_range(STEPS):
-            rows = (first + k * CHUNK + i)[:, None]
+            rows = sample + first + k * CHUNK
             if HAS_X2:
-                cp_async_load(stage.index(k), x_ptr + (sample + rows) * C1 + c, mask=tile_ok & (c < C1))
-                cp_async_load(stage.index(k), x2_ptr + (sample + rows) * C2 + (c - C1), mask=tile_ok & (c >= C1))
+                cp_async_load(stage.index(k), x_ptr + rows * C1 + c, mask=tile_ok & (c < C1))
+                cp_async_load(stage.index(k), x2_ptr + rows * C2 + (c - C1), mask=tile_ok & (c >= C1))
             else:
-                cp_async_load(stage.index(k), x_ptr + (sample + rows) * C + c, mask=tile_ok)
+                cp_async_load(stage.index(k), x_ptr + rows * C + c, mask=tile_ok)
         async_copy.commit_group()
         async_copy.wait_group(0)
         thread_barrier()  # every thread's copies, seen by all
@@ -158,31 +171,31 @@ if gluon is not None:
         # never copied, are left out).
         count = (ROWS * GROUP_SIZE) * 1.0
         base = (n * gl.num_programs(0) + blk) * (2 * CLUSTER * GROUPS)
-        lane_sum = gl.zeros([BLOCK_C], gl.float32, gl.SliceLayout(0, layout))
+        lane_sum = gl.zeros([CLUSTER, BLOCK_C], gl.float32, lanes)
         for k in gl.static_range(STEPS):
-            v = _chunk(stage, add, k, layout, HAS_ADD, WRITE_SUM)
+            v = _chunk(stage, add, k, tile, HAS_ADD, WRITE_SUM)
             if WRITE_SUM:  # the sum the caller gets back (x's dtype, as out's)
-                rows = (first + k * CHUNK + i)[:, None]
-                gl.store(sum_ptr + (sample + rows) * C + c, v.to(sum_ptr.dtype.element_ty), mask=tile_ok)
-            lane_sum += gl.sum(gl.where(tile_ok, v, 0.0), axis=0)
-        mean_lane = gl.zeros([BLOCK_C], gl.float32, gl.SliceLayout(0, layout))
+                gl.store(sum_ptr + (sample + first + k * CHUNK) * C + c, v.to(sum_ptr.dtype.element_ty),
+                         mask=tile_ok)
+            lane_sum += gl.sum(gl.where(tile_ok, v, 0.0), axis=1)
+        mean_lane = gl.zeros([CLUSTER, BLOCK_C], gl.float32, lanes)
         for h in gl.static_range(GROUPS):
-            mean_h = gl.sum(gl.where(in_group == h, lane_sum, 0.0), axis=0) / count
-            mean_lane = gl.where(in_group == h, mean_h, mean_lane)
+            mean_h = gl.sum(gl.where(in_group == h, lane_sum, 0.0), axis=1) / count  # (CTA,)
+            mean_lane = gl.where(in_group == h, mean_h[:, None], mean_lane)
             gl.store(part_ptr + base + h * (2 * CLUSTER) + rank, mean_h)
-        lane_m2 = gl.zeros([BLOCK_C], gl.float32, gl.SliceLayout(0, layout))
+        lane_m2 = gl.zeros([CLUSTER, BLOCK_C], gl.float32, lanes)
         for k in gl.static_range(STEPS):
-            v = _chunk(stage, add, k, layout, HAS_ADD, WRITE_SUM)
-            d = gl.where(tile_ok, v - mean_lane[None, :], 0.0)
-            lane_m2 += gl.sum(d * d, axis=0)
+            v = _chunk(stage, add, k, tile, HAS_ADD, WRITE_SUM)
+            d = gl.where(tile_ok, v - mean_lane[:, None, :], 0.0)
+            lane_m2 += gl.sum(d * d, axis=1)
         for h in gl.static_range(GROUPS):
-            m2_h = gl.sum(gl.where(in_group == h, lane_m2, 0.0), axis=0)
+            m2_h = gl.sum(gl.where(in_group == h, lane_m2, 0.0), axis=1)
             gl.store(part_ptr + base + h * (2 * CLUSTER) + CLUSTER + rank, m2_h)
 
         # 3. The cluster meets; every CTA merges every group's partials (loaded past L1: other SMs wrote them).
         _cluster_barrier()
         kk = gl.arange(0, CLUSTER, layout=everywhere)
-        rstd_lane = gl.zeros([BLOCK_C], gl.float32, gl.SliceLayout(0, layout))
+        rstd_lane = gl.zeros([CLUSTER, BLOCK_C], gl.float32, lanes)
         for h in gl.static_range(GROUPS):
             mean_k = gl.load(part_ptr + base + h * (2 * CLUSTER) + kk, cache_modifier=".cg")
             m2_k = gl.load(part_ptr + base + h * (2 * CLUSTER) + CLUSTER + kk, cache_modifier=".cg")
@@ -192,33 +205,32 @@ if gluon is not None:
             rstd_lane = gl.where(in_group == h, gl.rsqrt(m2 / (count * CLUSTER) + eps), rstd_lane)
 
         # 4. Normalize from shared memory and store.
-        shift = -mean_lane * rstd_lane
+        center = mean_lane[:, None, :]  # subtracted before scaling: no cancellation when |mean| >> std
+        scale = rstd_lane[:, None, :]
         if HAS_WEIGHT:
-            w = gl.load(weight_ptr + lane_c, mask=lane_ok, other=0.0).to(gl.float32)
+            scale = scale * gl.load(weight_ptr + c, mask=c_ok, other=0.0).to(gl.float32)
+        shift = gl.zeros([1, 1, BLOCK_C], gl.float32, tile)
         if HAS_BIAS:
-            b = gl.load(bias_ptr + lane_c, mask=lane_ok, other=0.0).to(gl.float32)
+            shift += gl.load(bias_ptr + c, mask=c_ok, other=0.0).to(gl.float32)
         if FP8_OUT:
             inv_e4m3 = 1.0 / gl.load(e4m3_scale_ptr)
-            peak = gl.zeros([BLOCK_C], gl.float32, gl.SliceLayout(0, layout))
+            peak = gl.zeros([CLUSTER, BLOCK_C], gl.float32, lanes)
         for k in gl.static_range(STEPS):
-            v = _chunk(stage, add, k, layout, HAS_ADD, WRITE_SUM)
-            y = v * rstd_lane[None, :] + shift[None, :]
-            if HAS_WEIGHT:
-                y = y * w[None, :]
-            if HAS_BIAS:
-                y = y + b[None, :]
+            v = _chunk(stage, add, k, tile, HAS_ADD, WRITE_SUM)
+            y = (v - center) * scale + shift
             if APPLY_SILU:
                 y = y / (1.0 + gl.exp(-y))
             y = y * out_scale
-            offs = (sample + (first + k * CHUNK + i)[:, None]) * C + c
+            offs = (sample + first + k * CHUNK) * C + c
             if FP8_OUT:
                 q = gl.minimum(gl.maximum(y * inv_e4m3, -448.0), 448.0)
                 gl.store(out_ptr + offs, q.to(gl.float8e4nv), mask=tile_ok)
-                peak = gl.maximum(peak, gl.max(gl.where(tile_ok, gl.abs(y), 0.0), axis=0))
+                peak = gl.maximum(peak, gl.max(gl.where(tile_ok, gl.abs(y), 0.0), axis=1))
             else:
                 gl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=tile_ok)
         if FP8_OUT:
-            gl.atomic_max(amax_ptr, gl.max(peak, axis=0), sem="relaxed")
+            # max |y| per CTA, one relaxed atomic each: only the value after the kernel is read.
+            gl.atomic_max(amax_ptr + rank * 0, gl.max(peak, axis=1), sem="relaxed")
 
 
 def launch_group_norm_staged(x, x2, add, s, weight, bias, out, num_groups: int, eps: float, silu: bool,
@@ -241,5 +253,5 @@ def launch_group_norm_staged(x, x2, add, s, weight, bias, out, num_groups: int, 
         BLOCK_C=block_lanes(group_size, x.element_size()),
         HAS_X2=x2 is not None, HAS_ADD=add is not None, WRITE_SUM=s is not None, HAS_WEIGHT=weight is not None,
         HAS_BIAS=bias is not None, APPLY_SILU=silu, FP8_OUT=e4m3 is not None,
-        num_warps=num_warps or NUM_WARPS, num_ctas=CTAS,
+        num_warps=num_warps or warps_for(hw, group_size, x.element_size(), x2 is not None), num_ctas=CTAS,
     )

@@ -23,6 +23,10 @@ def test_sizing():
     assert [staged.groups_per_block(gs, 2) for gs in (10, 20, 16, 40, 30)] == [4, 2, 1, 1, 4]
     assert staged.groups_per_block(10, 4) == 2
     assert [staged.block_lanes(gs, 2) for gs in (10, 20, 16, 30)] == [64, 64, 16, 128]
+    # Warps: at most 32 copies of 16 bytes a thread. SD1.5's 64x64 level (512 rows x 64 lanes a CTA) 4, with a
+    # concatenation (two sources) 8; SDXL's 20-channel groups 4; the 32x32 level 4.
+    assert staged.warps_for(4096, 10, 2) == 4 and staged.warps_for(4096, 10, 2, concat=True) == 8
+    assert staged.warps_for(4096, 20, 2) == 4 and staged.warps_for(1024, 10, 2, concat=True) == 4
 
 
 def test_refusals_past_the_device(monkeypatch):
@@ -56,14 +60,14 @@ sig.update(out_ptr="*fp8e4nv" if fp8 else "*fp16", part_ptr="*fp32", e4m3_scale_
 consts = dict(GROUP_SIZE=group_size, GROUPS=module.groups_per_block(group_size, 2), ROWS=hw // module.CTAS,
               CHUNK=module.CHUNK, BLOCK_C=module.block_lanes(group_size, 2), HAS_X2=concat, HAS_ADD=not concat,
               WRITE_SUM=concat, HAS_WEIGHT=True, HAS_BIAS=True, APPLY_SILU=True, FP8_OUT=fp8,
-              num_warps=module.NUM_WARPS)
+              num_warps=module.warps_for(hw, group_size, 2, concat))
 sig.update({name: "constexpr" for name in consts})
 names = list(sig)
 # As the launch specializes them: 16-byte aligned pointers, channel counts divisible by 16.
 attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names[:10] + ["C1", "C2", "stride_add_n"]}
 kernel = triton.compile(GluonASTSource(module._group_norm_staged_kernel, sig,
                                        {(names.index(n),): v for n, v in consts.items()}, attrs),
-                        target=GPUTarget("cuda", 90, 32), options={"num_warps": module.NUM_WARPS, "num_ctas": 8})
+                        target=GPUTarget("cuda", 90, 32), options={"num_warps": consts["num_warps"], "num_ctas": 8})
 ptx = kernel.asm["ptx"]
 print(json.dumps({"cp_async_16": ptx.count("cp.async.cg.shared.global") and "0x10" in ptx,
                   "cluster_barrier": "barrier.cluster" in ptx, "rank": "%cluster_ctarank" in ptx,
