@@ -527,7 +527,7 @@ CLUSTER_CTAS_PER_SM = 4
 # the same error against fp32.
 CLUSTER_TAKES_E4M3 = True
 # The default's paths that the staged kernel (kernels/group_norm_staged.py: a block of groups staged in a cluster's
-# shared memory, one read, one launch) replaces where it can take the call. None until timed on a GPU.
+# shared memory, one read, one launch) replaces where it can take the call. Empty until it is timed on a GPU.
 STAGED_TAKES: tuple = ()
 
 
@@ -594,7 +594,8 @@ def launch_group_norm(
     no skip; dense channels_last);
     None picks by size: single where the group fits (``single_pass_fits``),
     else looped for few rows (``looped_fits``; the cluster kernel instead
-    where ``cluster_takes``), else split.
+    where ``cluster_takes``), else split; the staged kernel instead of those
+    named in STAGED_TAKES where it takes the call.
     ``tile_elems`` (elements per loop iteration), ``num_warps`` and
     ``loop_stages`` (tiles of the row loop in flight; None: LOOP_STAGES) tune
     the looped and split kernels, ``rows_per_chunk`` and ``channel_block``

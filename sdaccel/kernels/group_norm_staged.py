@@ -24,7 +24,7 @@ over the cluster instead compiled too, but then Triton stores only from CTA 0 (i
 duplicates): the first version of this kernel, offline.
 
 Only for sm_90. group_norm.py's launcher runs it when asked by name (path="staged") and, by default, in place of the
-kernels named in its STAGED_TAKES (none until timed on a GPU: benchmarks/README.md).
+kernels named in its STAGED_TAKES (empty until it is timed on a GPU: benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ CHUNK = 64
 # Shared memory a CTA may stage (bytes): the rows it holds x BLOCK_C lanes x the element size.
 MAX_STAGED_BYTES = 160 * 1024
 # 16-byte copies a thread issues at most: every copy's address is live until they are all issued. Offline (Triton
-# 3.6's ptxas, fp16), SD1.5's 64x64 level at 4 warps is 32 copies a thread in 168 registers, its concatenation (two
-# sources) 64 copies in 255 registers and 16 bytes of spills; at 8 warps, 136 registers.
+# 3.6's ptxas, fp16), SD1.5's 64x64 level at 4 warps is 32 copies a thread in 172 registers, its concatenation (two
+# sources) 64 copies at the 255-register limit (a draft of the kernel spilled there); at 8 warps, 136.
 MAX_COPIES_PER_THREAD = 32
 MIN_WARPS, MAX_WARPS = 4, 16
 
