@@ -89,23 +89,20 @@ def rules(args, randn, timed):
     for arch, N, C1, C2, H, W, form in RULE_GN_CALLS:
         x, x2, w, b, add, silu, write_sum, ref = gn_call(randn, N, C1, C2, H, W, form)
 
-        def run():
-            return launch_group_norm(x, GROUPS, w, b, 1e-5, silu, add, None, write_sum, concat=x2, path="split")[0]
+        def time_checked(path):  # us of one call on this path, NaN if it is wrong
+            def run():
+                return launch_group_norm(x, GROUPS, w, b, 1e-5, silu, add, None, write_sum, concat=x2, path=path)[0]
+
+            err = (run().float() - ref.float()).abs().max().item()
+            return timed(run) if err < 2e-2 else float("nan")
 
         us = {}
         for name, rule in GN_RULES.items():
             set_rule(default if rule is None else rule * 2)
-            err = (run().float() - ref.float()).abs().max().item()
-            us[name] = timed(run) if err < 2e-2 else float("nan")
+            us[name] = time_checked("split")
         set_rule(default)
         if staged.refusal(x, H * W, GROUPS, (C1 + C2) // GROUPS) is None:  # the staged kernel, where it takes it
-
-            def run_staged():
-                return launch_group_norm(x, GROUPS, w, b, 1e-5, silu, add, None, write_sum, concat=x2,
-                                         path="staged")[0]
-
-            err = (run_staged().float() - ref.float()).abs().max().item()
-            us["staged"] = timed(run_staged) if err < 2e-2 else float("nan")
+            us["staged"] = time_checked("staged")
         print(f"GN {arch:8s} {N}x{C1}{'+' + str(C2) if C2 else ''}x{H}x{W} {form:6s} "
               + " ".join(f"{k} {v:7.1f}" for k, v in us.items()), flush=True)
         results["group_norm"].append({"arch": arch, "shape": [N, C1, C2, H, W], "form": form, "us": us})

@@ -116,6 +116,17 @@ if gluon is not None:
         gl.inline_asm_elementwise("barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned; "
                                   "mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
+    @gluon.jit
+    def _merged(part_ptr, k, count, eps, CLUSTER: gl.constexpr):
+        """A group's mean and rstd from its CLUSTER (mean, M2) partials at part_ptr, the means then the M2s, each
+        over count values, loaded past L1 (other SMs wrote them): Chan et al., mean = sum n_k m_k / n,
+        M2 = sum M2_k + n_k (m_k - mean)^2, with equal counts. k: arange(CLUSTER), held whole by every CTA."""
+        mean_k = gl.load(part_ptr + k, cache_modifier=".cg")
+        m2_k = gl.load(part_ptr + CLUSTER + k, cache_modifier=".cg")
+        mean = gl.sum(mean_k, axis=0) / CLUSTER
+        m2 = gl.sum(m2_k + count * (mean_k - mean) * (mean_k - mean), axis=0)
+        return mean, gl.rsqrt(m2 / (count * CLUSTER) + eps)
+
     # HW is not specialized on (kernels/__init__.py), its rows per CTA are: the group's tile is held in registers.
     @gluon.jit(do_not_specialize=["HW"])
     def _group_norm_cluster_kernel(
@@ -170,12 +181,7 @@ if gluon is not None:
         # 2. The cluster meets.
         _cluster_barrier()
         # 3. Every CTA merges all partials (loaded past L1: other SMs wrote them); equal counts.
-        k = gl.arange(0, CLUSTER, layout=everywhere)
-        mean_k = gl.load(part_ptr + base + k, cache_modifier=".cg")
-        m2_k = gl.load(part_ptr + base + CLUSTER + k, cache_modifier=".cg")
-        mean = gl.sum(mean_k, axis=0) / CLUSTER
-        m2 = gl.sum(m2_k + count * (mean_k - mean) * (mean_k - mean), axis=0)
-        rstd = gl.rsqrt(m2 / (count * CLUSTER) + eps)
+        mean, rstd = _merged(part_ptr + base, gl.arange(0, CLUSTER, layout=everywhere), count, eps, CLUSTER)
 
         y = (v - mean) * rstd
         if HAS_WEIGHT:

@@ -92,7 +92,7 @@ def refusal(x: torch.Tensor, hw: int, num_groups: int, group_size: int) -> str |
 
 
 if gluon is not None:
-    from .group_norm_cluster import _cluster_barrier, _everywhere_layout  # the cluster kernel's, shared
+    from .group_norm_cluster import _cluster_barrier, _everywhere_layout, _merged  # the cluster kernel's
 
     # Layouts whose first axis is split over the cluster (CTA bit i: index 2^i), so each CTA holds its own rows:
     # values the compiler took for copies on every CTA would be stored by one CTA only.
@@ -192,17 +192,14 @@ if gluon is not None:
             m2_h = gl.sum(gl.where(in_group == h, lane_m2, 0.0), axis=1)
             gl.store(part_ptr + base + h * (2 * CLUSTER) + CLUSTER + rank, m2_h)
 
-        # 3. The cluster meets; every CTA merges every group's partials (loaded past L1: other SMs wrote them).
+        # 3. The cluster meets; every CTA merges every group's partials.
         _cluster_barrier()
         kk = gl.arange(0, CLUSTER, layout=everywhere)
         rstd_lane = gl.zeros([CLUSTER, BLOCK_C], gl.float32, lanes)
         for h in gl.static_range(GROUPS):
-            mean_k = gl.load(part_ptr + base + h * (2 * CLUSTER) + kk, cache_modifier=".cg")
-            m2_k = gl.load(part_ptr + base + h * (2 * CLUSTER) + CLUSTER + kk, cache_modifier=".cg")
-            mean = gl.sum(mean_k, axis=0) / CLUSTER
-            m2 = gl.sum(m2_k + count * (mean_k - mean) * (mean_k - mean), axis=0)
+            mean, rstd = _merged(part_ptr + base + h * (2 * CLUSTER), kk, count, eps, CLUSTER)
             mean_lane = gl.where(in_group == h, mean, mean_lane)
-            rstd_lane = gl.where(in_group == h, gl.rsqrt(m2 / (count * CLUSTER) + eps), rstd_lane)
+            rstd_lane = gl.where(in_group == h, rstd, rstd_lane)
 
         # 4. Normalize from shared memory and store.
         center = mean_lane[:, None, :]  # subtracted before scaling: no cancellation when |mean| >> std
