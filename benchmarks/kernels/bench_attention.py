@@ -1,7 +1,8 @@
 """Self-attention (long key sequences) at SD1.5 / SDXL shapes: sdaccel's Triton FlashAttention, which splits
 the head dim in two power-of-two parts (40 = 32 + 16, 80 = 64 + 16, 160 = 128 + 32), one row per tile config,
 vs PyTorch's scaled_dot_product_attention (the baseline), each of its backends alone, and FlashAttention-4's
-CuTe-DSL kernel when the flash-attn-4 package is installed.
+CuTe-DSL kernel when the flash-attn-4 package is installed; past head dim 256 (the VAE decoder's mid block), the
+engine's cuBLAS GEMMs + softmax (engines/attention.py's matmul_softmax_attention).
 
     python benchmarks/kernels/bench_attention.py [--dtype fp16] [--csv out.csv]
 
@@ -21,7 +22,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from _timing import DTYPES, bench_pair, compare, finish, parse_args, start  # noqa: E402
 
-from sdaccel.engines.attention import _flash_attn_cute  # noqa: E402
+from sdaccel.engines.attention import MATMUL_MIN_HEAD_DIM, _flash_attn_cute, matmul_softmax_attention  # noqa: E402
 from sdaccel.errors import first_line  # noqa: E402
 from sdaccel.kernels import flash_attention_sm90 as sm90  # noqa: E402
 from sdaccel.kernels.flash_attention import (  # noqa: E402
@@ -41,6 +42,9 @@ SHAPES = [
     (2, 10, 4096, 64),   # SDXL 1024x1024, CFG batch 2: level 2 (width 640)
     (2, 20, 1024, 64),   # level 3 (width 1280)
 ]
+# --decoder: the VAE decoder's mid-block attention, one head of 512, at SD1.5 512x512 (batch 1 and 8) and SDXL
+# 1024x1024.
+DECODER_SHAPES = [(1, 1, 4096, 512), (8, 1, 4096, 512), (1, 1, 16384, 512)]
 
 ABLATE = [(128, 64, 4, 3), (128, 64, 8, 3), (64, 128, 4, 3)]  # configs also timed without each trick
 BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash2": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
@@ -95,7 +99,9 @@ def _sm90_name(cfg: tuple) -> str:
 
 def main():
     def add_arguments(p):
-        p.add_argument("--shapes", help="only these B x H x L x d shapes, comma-separated (e.g. 2x8x4096x40)")
+        p.add_argument("--shapes", help="these B x H x L x d shapes instead of SHAPES, comma-separated "
+                                        "(e.g. 2x8x4096x40,1x1x16384x512)")
+        p.add_argument("--decoder", action="store_true", help="DECODER_SHAPES instead of SHAPES")
         p.add_argument("--fa4-tiles", help="FlashAttention-4 (tile_m x tile_n) overrides to time too, e.g. 128x128")
         p.add_argument("--configs", help="sdaccel tiles to time instead of CONFIGS, comma-separated "
                                          "BMxBNwWsS names (e.g. 128x64w8s3)")
@@ -114,9 +120,9 @@ def main():
 
     rows = []
     g = torch.Generator(device="cuda").manual_seed(0)
-    for B, H, L, d in SHAPES:
-        if args.shapes and f"{B}x{H}x{L}x{d}" not in args.shapes.split(","):
-            continue
+    shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")] if args.shapes else (
+        DECODER_SHAPES if args.decoder else SHAPES)
+    for B, H, L, d in shapes:
         qkv = torch.randn(B, L, 3, H, d, device="cuda", generator=g).to(dtype)
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (B, H, L, d) views, no copies
         shape = f"{B}x{H}x{L}x{d}"
@@ -133,6 +139,8 @@ def main():
             fn = _sdpa_backend(getattr(SDPBackend, backend), q, k, v)
             if _usable(name, shape, fn):
                 impls[name] = fn
+        if d >= MATMUL_MIN_HEAD_DIM:
+            impls["sdaccel-matmul"] = lambda: matmul_softmax_attention(q, k, v)
         cute = _flash_attn_cute()  # FlashAttention-4 (flash-attn-4 package), when installed
         if cute is not None:
             fn = lambda: cute(q, k, v)  # noqa: E731

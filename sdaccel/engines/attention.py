@@ -6,7 +6,8 @@ head dims 40/80/160 into power-of-two parts instead of padding them; on an H100 
 cross-attention, cuDNN at 1024 and 4096 tokens), on Hopper sdaccel's Gluon kernel in two tiles (TMA and
 asynchronous wgmma, FlashAttention-3's layout: kernels/flash_attention_sm90.py; head dims cuDNN pads only), and, when
 installed, the `flash_attn` package's kernel and FlashAttention-4's CuTe-DSL kernels (`flash-attn-4`; head dims
-padded to 16, not 64). Which is fastest depends on head dim (SD1.5 uses 40/80/160, SD2/SDXL 64), sequence lengths
+padded to 16, not 64). Past head dim 256 (the VAE mid block's one head of 512), where only the memory-efficient
+backend is left, two cuBLAS GEMMs and a softmax over chunks of query rows (matmul_softmax_attention). Which is fastest depends on head dim (SD1.5 uses 40/80/160, SD2/SDXL 64), sequence lengths
 and the GPU. The first call with a new shape times each candidate that accepts it, checks it against the others'
 result (one that disagrees is dropped: correctness first), and remembers the winner by name, so the engine cache can
 store it. All of them keep the softmax in fp32, which is what SD2.1's "attention upcast" needs to stay finite in
@@ -103,6 +104,43 @@ def skipped_candidates() -> set[str]:
     return {name.strip() for name in os.environ.get("SDACCEL_ATTENTION_SKIP", "").split(",") if name.strip()}
 
 
+# matmul_softmax_attention's bounds: below this head dim the flash-style kernels take the shape; the fp32 scores of
+# one chunk of query rows take at most this many bytes (SDXL's decoder, 16384 tokens: 1024 rows a chunk).
+MATMUL_MIN_HEAD_DIM = 257
+MATMUL_SCORES_BYTES = 64 << 20
+
+
+def matmul_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v as two cuBLAS GEMMs around sdaccel's softmax kernel, for head dims past what the
+    flash-style kernels take. The memory-efficient backend, the one left there, takes 0.34-0.41 ms for SD1.5's
+    decoder (4096 tokens, about 85 TFLOP/s) and 3.9-4.1 ms for SDXL's (16384) on an H200 (benchmarks/README.md,
+    twenty-eighth session); here the GEMMs run at cuBLAS's rate and the scores make one round trip through memory.
+    cuBLAS writes the scores in fp32 (alpha = 1/sqrt(d) applied to its fp32 sums): rounded to fp16 they gave 3-7x
+    SDPA's error against fp32. The softmax kernel reads them once and writes the probabilities in the inputs' dtype
+    for the second GEMM. Query rows go in chunks whose scores take at most MATMUL_SCORES_BYTES. Raises ValueError
+    below MATMUL_MIN_HEAD_DIM, where the pick has better candidates and a long sequence's scores would cost memory."""
+    from ..kernels.softmax import softmax_rows
+
+    batch, heads, length, head_dim = q.shape
+    if head_dim < MATMUL_MIN_HEAD_DIM:
+        raise ValueError(f"matmul_softmax_attention: head dim {head_dim} (from {MATMUL_MIN_HEAD_DIM})")
+    keys = k.shape[2]
+    q3, k3, v3 = (t.reshape(batch * heads, t.shape[2], head_dim) for t in (q, k, v))  # views for one head
+    out = torch.empty(batch * heads, length, head_dim, dtype=q.dtype, device=q.device)
+    rows = max(1, min(length, MATMUL_SCORES_BYTES // (batch * heads * keys * 4)))
+    k_t = k3.transpose(1, 2)
+    ignored = torch.empty((), dtype=torch.float32, device=q.device)  # baddbmm's input, read with weight beta = 0
+    for start in range(0, length, rows):
+        stop = min(length, start + rows)
+        if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+            # fp16/bf16 operands, fp32 output (aten's baddbmm.dtype: CUDA only)
+            scores = torch.baddbmm(ignored, q3[:, start:stop], k_t, torch.float32, beta=0.0, alpha=head_dim ** -0.5)
+        else:
+            scores = torch.baddbmm(ignored, q3[:, start:stop].float(), k_t.float(), beta=0.0, alpha=head_dim ** -0.5)
+        out[:, start:stop] = torch.bmm(softmax_rows(scores, q.dtype), v3)
+    return out.view(batch, heads, length, head_dim)
+
+
 def candidates() -> dict[str, Kernel]:
     """Every kernel this machine offers, by name (less those SDACCEL_ATTENTION_SKIP names)."""
     found = _all_candidates()
@@ -116,6 +154,7 @@ def _all_candidates() -> dict[str, Kernel]:
 
     found = {name: _sdpa_backend(name) for name in ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
              if hasattr(SDPBackend, name)}
+    found["SDACCEL_MATMUL"] = matmul_softmax_attention
     package = _flash_attn_package()
     if package is not None:
         found["FLASH_ATTN_PACKAGE"] = package

@@ -232,3 +232,55 @@ def test_a_candidate_that_cannot_be_captured_is_dropped():
     torch.cuda.synchronize()  # the failed capture left the device usable: it still computes the right thing
     q32 = q.float().cpu()
     torch.testing.assert_close(_sdpa(q, q, q).float().cpu(), _sdpa(q32, q32, q32), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("batch,heads,length,keys,dtype", [
+    (1, 1, 300, 300, torch.float32),  # the VAE mid block's one head, in ragged chunks
+    (2, 2, 130, 70, torch.float32),  # more keys than queries' chunk, several heads (reshape copies)
+    (1, 1, 200, 200, torch.bfloat16),
+])
+def test_matmul_softmax_attention_matches_sdpa_in_chunks(monkeypatch, batch, heads, length, keys, dtype):
+    """Past head dim 256: two GEMMs and a softmax over chunks of query rows, the chunk sized by the scores' bytes."""
+    import sdaccel.engines.attention as attention
+
+    head_dim = 512
+    # 64 rows of fp32 scores a chunk (at 300 queries: 5 chunks, the last of 44 rows).
+    monkeypatch.setattr(attention, "MATMUL_SCORES_BYTES", 64 * batch * heads * keys * 4)
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(batch, heads, length, head_dim, generator=g).to(dtype)
+    k, v = (torch.randn(batch, heads, keys, head_dim, generator=g).to(dtype) for _ in range(2))
+    calls = []
+    bmm = torch.bmm
+    monkeypatch.setattr(attention.torch, "bmm", lambda *a: calls.append(1) or bmm(*a))
+    out = attention.matmul_softmax_attention(q, k, v)
+    assert len(calls) == -(-length // 64)
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
+    assert out.dtype == dtype and out.shape == q.shape
+
+
+def test_matmul_softmax_attention_is_offered_past_head_dim_256_only():
+    from sdaccel.engines.attention import MATMUL_MIN_HEAD_DIM, candidates, matmul_softmax_attention
+
+    assert candidates()["SDACCEL_MATMUL"] is matmul_softmax_attention
+    q = torch.randn(1, 1, 16, MATMUL_MIN_HEAD_DIM - 1)
+    with pytest.raises(ValueError, match="head dim 256"):
+        matmul_softmax_attention(q, q, q)
+    # The pick drops a refusing candidate: at head dim 256 only the others compete.
+    assert pick(q, q, q, {"SDACCEL_MATMUL": matmul_softmax_attention}, time_ms=lambda fn: 1.0) == DEFAULT
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch,length", [(1, 4096), (2, 16384)])  # SD1.5's and SDXL's decoders (chunked there)
+def test_matmul_softmax_attention_on_the_gpu_is_as_close_to_fp32_as_sdpa(batch, length):
+    from sdaccel.engines.attention import matmul_softmax_attention
+
+    g = torch.Generator("cuda").manual_seed(4)
+    q, k, v = (torch.randn(batch, 1, length, 512, device="cuda", generator=g).half() for _ in range(3))
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    out = matmul_softmax_attention(q, k, v)
+    sdpa = _sdpa(q, k, v)
+    assert torch.isfinite(out).all()
+    error, sdpa_error = ((t.float() - ref).abs().max().item() for t in (out, sdpa))
+    assert error <= 2 * sdpa_error + 1e-3, (error, sdpa_error)
