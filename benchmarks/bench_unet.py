@@ -38,9 +38,6 @@ Variants (the ablation ladder):
                  fp16 rule, at most 16), as its e4m3 rule does without a concatenation
   fast-gnwide    fast with the split GroupNorm kernels' channel blocks and tiles of before the twenty-seventh
                  session at every call (256 lanes, 8192 values: group_norm.SPLIT_MAX_BLOCK_C, SPLIT_TILE_ELEMS)
-  fast-gnstaged  fast with the staged GroupNorm (kernels/group_norm_staged.py) in place of the split kernels
-                 wherever it takes the call (group_norm.STAGED_TAKES); fast-gnstaged-all also in place of the
-                 cluster and looped kernels
   fast-fp8       fast with fp8=True: the transformer blocks' Q/K/V, cross Q and feed-forward GEMMs and the ResNet
                  blocks' convolutions in e4m3, their inputs written in e4m3 by the norm and GEGLU kernels
                  (engines/fp8.py; opt-in, outside the numerics rule)
@@ -156,8 +153,6 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
         "fast-fp8-noconv": lambda: get_engine("fast", fp8=True, fp8_convs=False),
         "fast-gnw16": lambda: get_engine("fast"),
         "fast-gnwide": lambda: get_engine("fast"),
-        "fast-gnstaged": lambda: get_engine("fast"),
-        "fast-gnstaged-all": lambda: get_engine("fast"),
         "fast-convbare": lambda: get_engine("fast"),
         "fast-attnv1": lambda: get_engine("fast"),
         "fast-attnv2": lambda: get_engine("fast"),
@@ -188,8 +183,6 @@ def kernel_knobs(name: str):
     knobs = {"fast-gnsplit": [(gn, "LOOPED_MAX_ROWS", 0)],
              "fast-gnwide": [(gn, "SPLIT_MAX_BLOCK_C", gn.CONCAT_MAX_BLOCK_C),
                              (gn, "SPLIT_TILE_ELEMS", gn.CONCAT_TILE_ELEMS)],
-             "fast-gnstaged": [(gn, "STAGED_TAKES", ("split",))],
-             "fast-gnstaged-all": [(gn, "STAGED_TAKES", ("split", "cluster", "looped"))],
              "fast-gnw16": [(gn_cluster, "warps_for", warps_at_16_values)],
              "fast-convbare": [(convolution, "PICK_WITH_EPILOGUE", False)],
              "fast-nocluster": [(gn, "CLUSTER_CTAS_PER_SM", 0)],

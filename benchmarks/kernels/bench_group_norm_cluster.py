@@ -9,11 +9,10 @@ transformer's input norm: no SiLU). ``count`` is how many such calls one UNet ca
 printed total is the saving per UNet call.
 
     python benchmarks/kernels/bench_group_norm_cluster.py [--json out.json] [--cluster-warps 4,8,16] [--e4m3]
-        [--staged] [--only sd15:64x64,...]
+        [--only sd15:64x64,...]
 
 --e4m3: the ResNet norms (every form but "plain") write e4m3 as the FP8 mode's do, max |y| recorded; the error is
 then that of y rebuilt from e4m3 (e4m3's rounding: up to 1/16 of |y|).
---staged: also the staged kernel (kernels/group_norm_staged.py) at 4 and 8 warps, where it takes the call.
 --only: the calls of these arch:HxW levels.
 """
 
@@ -26,7 +25,6 @@ import torch
 from _timing import graph_time_us  # first: it puts the checkout on the path
 from bench_norm_sweep import GROUPS, gn_call
 from sdaccel.kernels import group_norm_cluster as cluster
-from sdaccel.kernels import group_norm_staged as staged
 from sdaccel.kernels.group_norm import launch_group_norm
 
 gn = importlib.import_module("sdaccel.kernels.group_norm")  # the package re-exports the function by this name
@@ -71,7 +69,6 @@ def main():
     p.add_argument("--cluster-warps", type=lambda t: [int(v) for v in t.split(",")], default=[4, 8, 16],
                    help="also time the cluster kernel at these warps a CTA")
     p.add_argument("--e4m3", action="store_true", help="the ResNet norms write e4m3 (the FP8 mode)")
-    p.add_argument("--staged", action="store_true", help="also time the staged kernel where it takes the call")
     p.add_argument("--only", type=lambda t: t.split(","), help="the calls of these arch:HxW levels, e.g. sd15:64x64")
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
@@ -103,8 +100,6 @@ def main():
         # kernel at each warp count.
         variants = {"default": (None, None), "cluster": ("cluster", None)}
         variants.update({f"cluster w{nw}": ("cluster", nw) for nw in args.cluster_warps})
-        if args.staged and staged.refusal(x, H * W, GROUPS, C // GROUPS) is None:
-            variants.update({f"staged w{nw}": ("staged", nw) for nw in (4, 8)})
         for name, (path, nw) in variants.items():
             gn.CLUSTER_CTAS_PER_SM = 0 if path is None else cluster_ctas_per_sm
             row["max_err"][name] = (run(path, nw).float() - ref.float()).abs().max().item()
@@ -120,7 +115,6 @@ def main():
         saved[arch] = saved.get(arch, 0.0) + count * gain
         saved[arch + " taken"] = saved.get(arch + " taken", 0.0) + count * gain * row["taken"]
         by_warps = " ".join(f"w{nw} {row['us'][f'cluster w{nw}']:.1f}" for nw in args.cluster_warps)
-        by_warps += "".join(f"; {name} {us:.1f}" for name, us in row["us"].items() if name.startswith("staged"))
         what = f"{arch} {N}x{C1}{'+' + str(C2) if C2 else ''}x{H}x{W} {form:6s}{' e4m3' if e4m3 else ''}"
         print(f"{what} x{count}: default "
               f"{row['us']['default']:.1f} cluster {row['us']['cluster']:.1f} (w{row['cluster_warps']}) us; "

@@ -12,9 +12,8 @@ warps). Every variant is checked against the reference before it is timed.
 --rules: the split kernels' channel-block and tile rules (group_norm.SPLIT_MAX_BLOCK_C and SPLIT_TILE_ELEMS, and
 CONCAT_* for concatenations: the launcher's own, "now", against fixed pairs for every call, such as "256/8192",
 the rule before the twenty-seventh session) at the split GroupNorm calls of SD1.5 and SDXL at CFG batch 2 and 16
-and of the VAE decoder, and the staged kernel (kernels/group_norm_staged.py) where it takes the call, instead of
-the knobs at SD1.5's calls. (A LayerNorm rule by row width was timed the same way in that session and lost in the
-UNet call.)
+and of the VAE decoder, instead of the knobs at SD1.5's calls. (A LayerNorm rule by row width was timed the same
+way in that session and lost in the UNet call.)
 """
 
 import argparse
@@ -27,8 +26,6 @@ import torch
 from _timing import graph_time_us  # first: it puts the checkout on the path
 from sdaccel.kernels.group_norm import group_norm_reference, launch_group_norm, pick_channel_block
 from sdaccel.kernels.layer_norm import launch_layer_norm, layer_norm_reference
-
-from sdaccel.kernels import group_norm_staged as staged
 
 gn_module = importlib.import_module("sdaccel.kernels.group_norm")  # the package re-exports the function by this name
 
@@ -101,8 +98,6 @@ def rules(args, randn, timed):
             set_rule(default if rule is None else rule * 2)
             us[name] = time_checked("split")
         set_rule(default)
-        if staged.refusal(x, H * W, GROUPS, (C1 + C2) // GROUPS) is None:  # the staged kernel, where it takes it
-            us["staged"] = time_checked("staged")
         print(f"GN {arch:8s} {N}x{C1}{'+' + str(C2) if C2 else ''}x{H}x{W} {form:6s} "
               + " ".join(f"{k} {v:7.1f}" for k, v in us.items()), flush=True)
         results["group_norm"].append({"arch": arch, "shape": [N, C1, C2, H, W], "form": form, "us": us})

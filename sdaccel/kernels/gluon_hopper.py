@@ -18,18 +18,12 @@ try:
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
 
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy  # noqa: F401 - cp.async
-
-    # Triton 3.6 (the GPU machine's) names the TMA copies async_copy_*; 3.9 renamed them async_load / async_store,
-    # and the cp.async copy async_load as well.
+    # Triton 3.6 (the GPU machine's) names the TMA copies async_copy_*; 3.9 renamed them async_load / async_store.
     tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-    cp_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
-    # A CTA's __syncthreads: thread_barrier in 3.6, barrier in 3.9.
-    thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 except ImportError:  # pragma: no cover - Triton without Gluon (< 3.5), or CPU-only installs
     gluon = gl = TensorDescriptor = fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None
-    tma_load = tma_store = async_copy = cp_async_load = thread_barrier = None
+    tma_load = tma_store = None
 
 
 def available(device: torch.device | None = None) -> bool:

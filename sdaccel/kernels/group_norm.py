@@ -49,7 +49,6 @@ import torch.nn.functional as F
 
 from . import compiling, launchable, next_pow2, parallel_target, register_triton_op, sm_count, use_triton
 from . import group_norm_cluster as cluster
-from . import group_norm_staged as staged
 from .fp8 import E4M3, check_fp8_output, quantize_e4m3_reference
 
 try:
@@ -526,9 +525,6 @@ CLUSTER_CTAS_PER_SM = 4
 # kernel, 4.95 with these calls on the cluster kernel at its e4m3 warps (group_norm_cluster.E4M3_VALUES_PER_THREAD),
 # the same error against fp32.
 CLUSTER_TAKES_E4M3 = True
-# The default's paths that the staged kernel (kernels/group_norm_staged.py: a block of groups staged in a cluster's
-# shared memory, one read, one launch) replaces where it can take the call. Empty until it is timed on a GPU.
-STAGED_TAKES: tuple = ()
 
 
 def cluster_takes(x: torch.Tensor, num_groups: int, hw: int, group_size: int) -> bool:
@@ -589,13 +585,10 @@ def launch_group_norm(
     ``path``: "single" (one program per sample and group holding the group in
     registers), "looped" (one program per sample and group, two sweeps over
     its rows), "split" (statistics and normalize kernels over chunks of rows),
-    "cluster" (sm_90: each group held by a cluster of CTAs; no skip),
-    "staged" (sm_90: a block of groups staged in a cluster's shared memory;
-    no skip; dense channels_last);
+    "cluster" (sm_90: each group held by a cluster of CTAs; no skip);
     None picks by size: single where the group fits (``single_pass_fits``),
     else looped for few rows (``looped_fits``; the cluster kernel instead
-    where ``cluster_takes``), else split; the staged kernel instead of those
-    named in STAGED_TAKES where it takes the call.
+    where ``cluster_takes``), else split.
     ``tile_elems`` (elements per loop iteration), ``num_warps`` and
     ``loop_stages`` (tiles of the row loop in flight; None: LOOP_STAGES) tune
     the looped and split kernels, ``rows_per_chunk`` and ``channel_block``
@@ -659,25 +652,12 @@ def launch_group_norm(
         if (path == "looped" and skip is None and (CLUSTER_TAKES_E4M3 or not fp8) and not traceable
                 and cluster_takes(x, num_groups, HW, group_size)):  # which asks cluster.refusal
             path = "cluster"
-        if (path in STAGED_TAKES and skip is None and not traceable
-                and staged.refusal(x, HW, num_groups, group_size) is None):
-            path = "staged"
-    elif path == "staged":
-        problem = staged.refusal(x, HW, num_groups, group_size)
-        if problem:
-            raise ValueError(f"group_norm (staged): {problem}")
     elif path == "cluster":  # asked for by name: checked here, once, as cluster_takes checks the default's choice
         problem = cluster.refusal(x, HW, group_size)
         if problem:
             raise ValueError(f"group_norm (cluster): {problem}")
-    if path not in ("single", "looped", "split", "cluster", "staged"):
+    if path not in ("single", "looped", "split", "cluster"):
         raise ValueError(f"unknown group_norm path {path!r}")
-    if path == "staged":
-        if skip is not None:
-            raise ValueError("the staged GroupNorm takes no skip")
-        staged.launch_group_norm_staged(x, concat, add, s, weight, bias, out, num_groups, eps, silu, out_scale,
-                                        add_strides, e4m3=e4m3 if fp8 else None, num_warps=num_warps)
-        return out, s
     if path == "cluster":
         if skip is not None:
             raise ValueError("the cluster GroupNorm takes no skip")

@@ -116,7 +116,7 @@ def check_e4m3():
 @pytest.fixture
 def gn_inputs():
     """inputs(shape, dtype, seed=0) -> (x, weight, bias, add) on the GPU, x channels_last with a mean: a GroupNorm
-    call's operands as the UNet's ResNet blocks pass them (the cluster and staged kernels' tests)."""
+    call's operands as the UNet's ResNet blocks pass them (the cluster kernel's tests)."""
 
     def inputs(shape, dtype, seed=0):
         N, C, H, W = shape
