@@ -7,11 +7,11 @@ cross-attention, cuDNN at 1024 and 4096 tokens), on Hopper sdaccel's Gluon kerne
 asynchronous wgmma, FlashAttention-3's layout: kernels/flash_attention_sm90.py; head dims cuDNN pads only), and, when
 installed, the `flash_attn` package's kernel and FlashAttention-4's CuTe-DSL kernels (`flash-attn-4`; head dims
 padded to 16, not 64). Past head dim 256 (the VAE mid block's one head of 512), where only the memory-efficient
-backend is left, two cuBLAS GEMMs and a softmax over chunks of query rows (matmul_softmax_attention). Which is fastest depends on head dim (SD1.5 uses 40/80/160, SD2/SDXL 64), sequence lengths
-and the GPU. The first call with a new shape times each candidate that accepts it, checks it against the others'
-result (one that disagrees is dropped: correctness first), and remembers the winner by name, so the engine cache can
-store it. All of them keep the softmax in fp32, which is what SD2.1's "attention upcast" needs to stay finite in
-fp16.
+backend is left, two cuBLAS GEMMs and a softmax over chunks of query rows (matmul_softmax_attention). Which is
+fastest depends on head dim (SD1.5 uses 40/80/160, SD2/SDXL 64), sequence lengths and the GPU. The first call with
+a new shape times each candidate that accepts it, checks it against the others' result (one that disagrees is
+dropped: correctness first), and remembers the winner by name, so the engine cache can store it. All of them keep
+the softmax in fp32, which is what SD2.1's "attention upcast" needs to stay finite in fp16.
 """
 
 from __future__ import annotations

@@ -283,4 +283,5 @@ def test_matmul_softmax_attention_on_the_gpu_is_as_close_to_fp32_as_sdpa(batch, 
     sdpa = _sdpa(q, k, v)
     assert torch.isfinite(out).all()
     error, sdpa_error = ((t.float() - ref).abs().max().item() for t in (out, sdpa))
-    assert error <= 2 * sdpa_error + 1e-3, (error, sdpa_error)
+    # On an H200: 1.2-1.4x SDPA's error at logits of std 1; with fp16 scores (the first version) it was 2-3.3x.
+    assert error <= 1.5 * sdpa_error + 1e-5, (error, sdpa_error)
