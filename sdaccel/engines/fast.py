@@ -211,7 +211,9 @@ class FastEngine(Engine):
     def _rebuild_fused(components: Components) -> dict[str, int]:
         """Rebuild, in place, what the fused modules derive from the weights: packed QKV/KV, combined biases,
         packed time projections."""
-        from .fused_modules import FusedAttention, FusedResnetBlock, FusedTransformerBlock, TimeEmbeddingProjections
+        from .fused_modules import (
+            FusedAttention, FusedResnetBlock, FusedTransformer2D, FusedTransformerBlock, TimeEmbeddingProjections,
+        )
 
         packed = rebuilt = 0
         for module in [*components.unet.modules(), *components.vae.modules()]:
@@ -220,8 +222,8 @@ class FastEngine(Engine):
                 packed += 1
             elif isinstance(module, FusedTransformerBlock):
                 module.refresh()  # the feed-forward's e4m3 weights in FP8 mode (nothing otherwise)
-            elif isinstance(module, (FusedResnetBlock, TimeEmbeddingProjections)):
-                module.refresh()  # combined biases, packed time projections
+            elif isinstance(module, (FusedResnetBlock, TimeEmbeddingProjections, FusedTransformer2D)):
+                module.refresh()  # combined biases (proj_out's folded into the ResNet block's), packed projections
                 rebuilt += 1
         return {"packed_attention": packed, "rebuilt_resnet_parts": rebuilt}
 

@@ -133,6 +133,9 @@ class FusedResnetBlock(nn.Module):
         self.conv2_fp16: HostFp16 | None = None
         self.fp8_scales: Fp8Scales | None = None  # a reference to the model's scales (not a submodule)
         self.fp8_site = 0  # this block's first slot in them
+        # fold_proj_out_biases: the next transformer's proj_out, whose bias this block's output carries (a reference,
+        # not a submodule).
+        self.folded_layer: nn.Module | None = None
         if self.split_biases:
             # conv2's bias plus the shortcut conv's: one buffer, rebuilt in place by refresh().
             self.register_buffer("out_bias", self._out_bias(), persistent=False)
@@ -151,10 +154,20 @@ class FusedResnetBlock(nn.Module):
 
     def _out_bias(self) -> torch.Tensor:
         b = self.block
-        bias = b.conv2.bias if b.conv2.bias is not None else torch.zeros_like(b.conv2.weight[:, 0, 0, 0])
-        if b.conv_shortcut is not None and b.conv_shortcut.bias is not None:
-            bias = bias + b.conv_shortcut.bias
-        return (bias * self.stream_scale).detach()
+        weight = b.conv2.weight
+        terms = [b.conv2.bias, b.conv_shortcut.bias if b.conv_shortcut is not None else None,
+                 self.folded_layer.bias if self.folded_layer is not None else None]
+        bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device)
+        for term in terms:
+            if term is not None:
+                bias = bias + term.float()  # summed in fp32, rounded once
+        return (bias * self.stream_scale).to(weight.dtype).detach()
+
+    def fold_bias_of(self, layer: nn.Module) -> None:
+        """Add `layer`'s bias (the next transformer's proj_out) to this block's output: see fold_proj_out_biases."""
+        object.__setattr__(self, "folded_layer", layer)
+        with torch.no_grad():
+            self.out_bias.copy_(self._out_bias())
 
     def can_scale_stream(self) -> bool:
         return self.split_biases and self.block.time_emb_proj is None
@@ -613,6 +626,19 @@ class FusedTransformer2D(nn.Module):
         super().__init__()
         self.model = model
         self.blocks = nn.ModuleList(FusedTransformerBlock(b, fp32_attention) for b in model.transformer_blocks)
+        # take_folded_bias: -proj_out's bias, which the input then carries (None: it does not).
+        self.register_buffer("neg_out_bias", None, persistent=False)
+
+    def take_folded_bias(self) -> None:
+        """The input arrives with proj_out's bias added (fold_proj_out_biases): the norm takes it off again (its
+        per-channel add), and proj_out's GEMM accumulates onto the input in place, whose bias is then the output's."""
+        self.register_buffer("neg_out_bias", -self.model.proj_out.bias.detach().clone(), persistent=False)
+
+    def refresh(self) -> None:
+        """Rebuild -proj_out's bias in place (captured CUDA graphs read its address)."""
+        if self.neg_out_bias is not None:
+            with torch.no_grad():
+                self.neg_out_bias.copy_(-self.model.proj_out.bias)
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -632,14 +658,18 @@ class FusedTransformer2D(nn.Module):
         m = self.model
         batch, channels, height, width = x.shape
         x = x.contiguous(memory_format=torch.channels_last)
-        h = group_norm(x, m.norm.num_groups, m.norm.weight, m.norm.bias, m.norm.eps)
+        h = group_norm(x, m.norm.num_groups, m.norm.weight, m.norm.bias, m.norm.eps, add=self.neg_out_bias)
         tokens = h.permute(0, 2, 3, 1).reshape(batch, height * width, channels)  # free: NHWC memory
         tokens = F.linear(tokens, self._linear_weight(m.proj_in), m.proj_in.bias)
         for block in self.blocks:
             tokens = block(tokens, encoder_hidden_states)
         residual = x.permute(0, 2, 3, 1).reshape(batch, height * width, channels)
         residual = repeat_batch(residual, tokens.shape[0])  # the blocks widened the latents to both CFG halves
-        out = bias_add_(F.linear(tokens, self._linear_weight(m.proj_out)), m.proj_out.bias, residual)
+        if self.neg_out_bias is not None:  # residual + proj_out's bias, written by the ResNet block before
+            out = residual.reshape(-1, channels).addmm_(tokens.reshape(-1, tokens.shape[-1]),
+                                                        self._linear_weight(m.proj_out).t())
+        else:
+            out = bias_add_(F.linear(tokens, self._linear_weight(m.proj_out)), m.proj_out.bias, residual)
         out = out.view(-1, height, width, channels).permute(0, 3, 1, 2)  # NCHW view of NHWC memory
         return Transformer2DModelOutput(sample=out) if return_dict else (out,)
 
@@ -655,6 +685,7 @@ def fuse_modules(root: nn.Module, fp32_attention: bool = False, fp8: bool = Fals
     (conv_out); fp8_host_weights: their fp16 weights wait in host memory until a shape runs them in fp16 (on a
     GPU: fp8.HostFp16)."""
     counts = _fuse_children(root, fp32_attention)
+    counts["folded_out_biases"] = fold_proj_out_biases(root) if FOLD_PROJ_OUT_BIAS else 0
     # One packed time-embedding projection for all of the model's fused ResNet blocks (they share temb).
     blocks = [m for m in root.modules() if isinstance(m, FusedResnetBlock) and m.block.time_emb_proj is not None]
     counts["time_projections"] = 0
@@ -690,6 +721,33 @@ def fuse_modules(root: nn.Module, fp32_attention: bool = False, fp8: bool = Fals
         counts["fp8_blocks"], counts["fp8_resnets"], on_host = _enable_fp8(root, last, fp8_convs, fp8_host_weights)
         counts["fp8_host_weights_MB"] = on_host >> 20
     return counts
+
+
+# diffusers' blocks whose forward runs resnets[i] and then attentions[i] on its output, which nothing else reads (the
+# mid block too: resnets[0], then attentions[i] and resnets[i + 1] in turn).
+RESNET_THEN_TRANSFORMER = ("CrossAttnDownBlock2D", "CrossAttnUpBlock2D", "UNetMidBlock2DCrossAttn")
+# Off: each transformer adds proj_out's bias and the residual in a pass of its own (bench_unet.py's fast-nofold).
+FOLD_PROJ_OUT_BIAS = True
+
+
+def fold_proj_out_biases(root: nn.Module) -> int:
+    """Where a fused ResNet block's output goes only to a fused transformer, the transformer's proj_out bias joins the
+    block's output bias (its convolution's epilogue adds it for free); the transformer's norm subtracts it again with
+    its per-channel add, and proj_out's GEMM accumulates onto that input in place (cuBLAS's beta = 1): the separate
+    bias + residual pass after proj_out goes (16 a SD1.5 UNet call). Returns how many pairs were folded."""
+    folded = 0
+    for block in root.modules():
+        if type(block).__name__ not in RESNET_THEN_TRANSFORMER:
+            continue
+        for resnet, transformer in zip(block.resnets, block.attentions):
+            if (isinstance(resnet, FusedResnetBlock) and resnet.split_biases and resnet.stream_scale == 1.0
+                    and resnet.folded_layer is None and isinstance(transformer, FusedTransformer2D)
+                    and transformer.neg_out_bias is None and transformer.model.proj_out.bias is not None
+                    and resnet.block.conv2.out_channels == transformer.model.proj_out.bias.numel()):
+                resnet.fold_bias_of(transformer.model.proj_out)
+                transformer.take_folded_bias()
+                folded += 1
+    return folded
 
 
 def _clear_per_call(module: nn.Module, *args) -> None:

@@ -104,6 +104,44 @@ def test_fused_resnet_block_matches_diffusers_block():
     torch.testing.assert_close(got_again, want_again, rtol=1e-4, atol=1e-4)
 
 
+def test_proj_out_bias_folded_into_the_resnet_block_before(monkeypatch):
+    """Each transformer's proj_out bias rides on the ResNet block's output before it (its conv epilogue adds it), the
+    transformer's norm takes it off, proj_out accumulates onto its input in place: no bias + residual pass, the
+    same output as diffusers' and as the unfolded modules'."""
+    import copy
+
+    import sdaccel.engines.fused_modules as fm
+
+    comps = build_synthetic(get_spec("sd15-tiny"))
+    unet = comps.unet
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in unet.parameters():  # non-zero biases everywhere, proj_out's too
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    reference = copy.deepcopy(unet)
+    unfolded = copy.deepcopy(unet)
+    counts = fuse_modules(unet)
+    assert counts["folded_out_biases"] == counts["transformer"] == 4
+    monkeypatch.setattr(fm, "FOLD_PROJ_OUT_BIAS", False)
+    assert fuse_modules(unfolded)["folded_out_biases"] == 0
+    transformer = unet.down_blocks[0].attentions[0]
+    resnet = unet.down_blocks[0].resnets[0]
+    assert resnet.folded_layer is transformer.model.proj_out
+    torch.testing.assert_close(transformer.neg_out_bias, -transformer.model.proj_out.bias)
+    calls, bias_add_ = [], fm.bias_add_
+    monkeypatch.setattr(fm, "bias_add_", lambda *a, **k: calls.append(1) or bias_add_(*a, **k))
+    x = torch.randn(2, 4, 16, 16, generator=gen)
+    ctx = torch.randn(2, 77, unet.config.cross_attention_dim, generator=gen)
+    with torch.no_grad():
+        want = reference(x, 500, encoder_hidden_states=ctx).sample
+        got = unet(x, 500, encoder_hidden_states=ctx).sample
+        folded_calls = len(calls)
+        plain = unfolded(x, 500, encoder_hidden_states=ctx).sample
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, plain, rtol=1e-5, atol=1e-5)
+    assert folded_calls == 0 and len(calls) == 4  # the unfolded transformers' bias + residual passes
+
+
 def test_up_blocks_read_skip_connections_in_place_and_keep_freeu():
     """Fused up blocks hand each ResNet block its skip connection as a second source (no torch.cat). FreeU, set
     and unset through the UNet as diffusers users do, still applies: its factors reach diffusers' own forward."""
@@ -414,12 +452,12 @@ def test_refresh_weights_after_a_lora_style_merge(exact_fp32):
         for name, p in pipe.components.unet.named_parameters():
             # attention, feed-forward, and the ResNet parts the fused blocks combine (time projection, conv biases)
             if any(key in name for key in ("attn1.to_q.weight", "attn2.to_v.weight", "ff.net.2.weight",
-                                           "time_emb_proj.weight", "conv1.bias", "conv2.bias")):
+                                           "time_emb_proj.weight", "conv1.bias", "conv2.bias", "proj_out.bias")):
                 p.data = p.data + 0.05 * torch.randn(p.shape, generator=gen).to(p)
     stale = fast("a cat", steps=2, scheduler="ddim", output="latent").latents
     counts = fast.refresh_weights()
     assert counts["copied"] >= 5 and counts["packed_attention"] == 8  # self- and cross-attention of 4 blocks
-    assert counts["rebuilt_resnet_parts"] >= 2
+    assert counts["rebuilt_resnet_parts"] >= 2 + 4  # and the 4 transformers' folded proj_out biases
     assert block.attn1.packed_weight.data_ptr() == packed_at
     fresh = fast("a cat", steps=2, scheduler="ddim", output="latent").latents
     reference = eager("a cat", steps=2, scheduler="ddim", output="latent").latents
