@@ -38,9 +38,9 @@ Variants (the ablation ladder):
                  fp16 rule, at most 16), as its e4m3 rule does without a concatenation
   fast-gnwide    fast with the split GroupNorm kernels' channel blocks and tiles of before the twenty-seventh
                  session at every call (256 lanes, 8192 values: group_norm.SPLIT_MAX_BLOCK_C, SPLIT_TILE_ELEMS)
-  fast-nofold    fast without proj_out's bias folded into the ResNet block before each transformer
-                 (fused_modules.FOLD_PROJ_OUT_BIAS off: a bias + residual pass after each proj_out, as before the
-                 twenty-eighth session)
+  fast-fold      fast with proj_out's bias folded into the ResNet block before each transformer
+                 (fused_modules.FOLD_PROJ_OUT_BIAS on: no bias + residual pass after proj_out; prepared in the
+                 twenty-eighth session, off by default until timed)
   fast-fp8       fast with fp8=True: the transformer blocks' Q/K/V, cross Q and feed-forward GEMMs and the ResNet
                  blocks' convolutions in e4m3, their inputs written in e4m3 by the norm and GEGLU kernels
                  (engines/fp8.py; opt-in, outside the numerics rule)
@@ -156,7 +156,7 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
         "fast-fp8-noconv": lambda: get_engine("fast", fp8=True, fp8_convs=False),
         "fast-gnw16": lambda: get_engine("fast"),
         "fast-gnwide": lambda: get_engine("fast"),
-        "fast-nofold": lambda: get_engine("fast"),
+        "fast-fold": lambda: get_engine("fast"),
         "fast-convbare": lambda: get_engine("fast"),
         "fast-attnv1": lambda: get_engine("fast"),
         "fast-attnv2": lambda: get_engine("fast"),
@@ -189,7 +189,7 @@ def kernel_knobs(name: str):
                              (gn, "SPLIT_TILE_ELEMS", gn.CONCAT_TILE_ELEMS)],
              "fast-gnw16": [(gn_cluster, "warps_for", warps_at_16_values)],
              "fast-convbare": [(convolution, "PICK_WITH_EPILOGUE", False)],
-             "fast-nofold": [(fused_modules, "FOLD_PROJ_OUT_BIAS", False)],
+             "fast-fold": [(fused_modules, "FOLD_PROJ_OUT_BIAS", True)],
              "fast-nocluster": [(gn, "CLUSTER_CTAS_PER_SM", 0)],
              "fast-fp8-gnlooped": [(gn, "CLUSTER_TAKES_E4M3", False)],
              "fast-fp8-gnw32": [(gn_cluster, "E4M3_VALUES_PER_THREAD", gn_cluster.VALUES_PER_THREAD)]}.get(name, [])

@@ -215,17 +215,20 @@ class FastEngine(Engine):
             FusedAttention, FusedResnetBlock, FusedTransformer2D, FusedTransformerBlock, TimeEmbeddingProjections,
         )
 
-        packed = rebuilt = 0
+        packed = rebuilt = folded = 0
         for module in [*components.unet.modules(), *components.vae.modules()]:
             if isinstance(module, FusedAttention):
                 module.refresh()  # and its e4m3 copy in FP8 mode
                 packed += 1
             elif isinstance(module, FusedTransformerBlock):
                 module.refresh()  # the feed-forward's e4m3 weights in FP8 mode (nothing otherwise)
-            elif isinstance(module, (FusedResnetBlock, TimeEmbeddingProjections, FusedTransformer2D)):
-                module.refresh()  # combined biases (proj_out's folded into the ResNet block's), packed projections
+            elif isinstance(module, (FusedResnetBlock, TimeEmbeddingProjections)):
+                module.refresh()  # combined biases (a folded proj_out bias among them), packed time projections
                 rebuilt += 1
-        return {"packed_attention": packed, "rebuilt_resnet_parts": rebuilt}
+            elif isinstance(module, FusedTransformer2D) and module.neg_out_bias is not None:
+                module.refresh()  # -proj_out's bias, for its norm
+                folded += 1
+        return {"packed_attention": packed, "rebuilt_resnet_parts": rebuilt, "folded_out_biases": folded}
 
     def save_cache(self) -> None:
         if self.cache is not None:

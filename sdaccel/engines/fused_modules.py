@@ -726,8 +726,9 @@ def fuse_modules(root: nn.Module, fp32_attention: bool = False, fp8: bool = Fals
 # diffusers' blocks whose forward runs resnets[i] and then attentions[i] on its output, which nothing else reads (the
 # mid block too: resnets[0], then attentions[i] and resnets[i + 1] in turn).
 RESNET_THEN_TRANSFORMER = ("CrossAttnDownBlock2D", "CrossAttnUpBlock2D", "UNetMidBlock2DCrossAttn")
-# Off: each transformer adds proj_out's bias and the residual in a pass of its own (bench_unet.py's fast-nofold).
-FOLD_PROJ_OUT_BIAS = True
+# Off until timed on a GPU (twenty-eighth session: built and tested on the CPU only; bench_unet.py's fast-fold turns it
+# on): each transformer adds proj_out's bias and the residual in a pass of its own.
+FOLD_PROJ_OUT_BIAS = False
 
 
 def fold_proj_out_biases(root: nn.Module) -> int:
