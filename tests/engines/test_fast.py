@@ -104,20 +104,21 @@ def test_fused_resnet_block_matches_diffusers_block():
     torch.testing.assert_close(got_again, want_again, rtol=1e-4, atol=1e-4)
 
 
-def test_proj_out_bias_folded_into_the_resnet_block_before(monkeypatch):
+def test_proj_out_bias_folded_into_the_resnet_block_before(monkeypatch, exact_fp32):
     """Each transformer's proj_out bias rides on the ResNet block's output before it (its conv epilogue adds it), the
     transformer's norm takes it off, proj_out accumulates onto its input in place: no bias + residual pass, the
-    same output as diffusers' and as the unfolded modules'."""
+    same output as diffusers' and as the unfolded modules'. On a GPU machine through the kernels, in fp32."""
     import copy
 
     import sdaccel.engines.fused_modules as fm
 
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     comps = build_synthetic(get_spec("sd15-tiny"))
-    unet = comps.unet
+    unet = comps.unet.to(device)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in unet.parameters():  # non-zero biases everywhere, proj_out's too
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+            p.add_(0.05 * torch.randn(p.shape, generator=gen).to(p))
     reference = copy.deepcopy(unet)
     unfolded = copy.deepcopy(unet)
     assert fuse_modules(unfolded)["folded_out_biases"] == 0  # off by default until timed on a GPU
@@ -130,8 +131,8 @@ def test_proj_out_bias_folded_into_the_resnet_block_before(monkeypatch):
     torch.testing.assert_close(transformer.neg_out_bias, -transformer.model.proj_out.bias)
     calls, bias_add_ = [], fm.bias_add_
     monkeypatch.setattr(fm, "bias_add_", lambda *a, **k: calls.append(1) or bias_add_(*a, **k))
-    x = torch.randn(2, 4, 16, 16, generator=gen)
-    ctx = torch.randn(2, 77, unet.config.cross_attention_dim, generator=gen)
+    x = torch.randn(2, 4, 16, 16, generator=gen).to(device)
+    ctx = torch.randn(2, 77, unet.config.cross_attention_dim, generator=gen).to(device)
     with torch.no_grad():
         want = reference(x, 500, encoder_hidden_states=ctx).sample
         got = unet(x, 500, encoder_hidden_states=ctx).sample
