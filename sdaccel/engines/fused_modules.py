@@ -154,14 +154,15 @@ class FusedResnetBlock(nn.Module):
 
     def _out_bias(self) -> torch.Tensor:
         b = self.block
-        weight = b.conv2.weight
-        terms = [b.conv2.bias, b.conv_shortcut.bias if b.conv_shortcut is not None else None,
-                 self.folded_layer.bias if self.folded_layer is not None else None]
-        bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device)
-        for term in terms:
-            if term is not None:
-                bias = bias + term.float()  # summed in fp32, rounded once
-        return (bias * self.stream_scale).to(weight.dtype).detach()
+        terms = [t for t in (b.conv2.bias, b.conv_shortcut.bias if b.conv_shortcut is not None else None,
+                             self.folded_layer.bias if self.folded_layer is not None else None) if t is not None]
+        if not terms:
+            return torch.zeros_like(b.conv2.weight[:, 0, 0, 0]).detach()
+        bias = terms[0].float()
+        for term in terms[1:]:
+            bias = bias + term.float()  # summed in fp32, rounded once (the biases, not the weights: in FP8 mode
+            # those may wait on the host)
+        return (bias * self.stream_scale).to(terms[0].dtype).detach()
 
     def fold_bias_of(self, layer: nn.Module) -> None:
         """Add `layer`'s bias (the next transformer's proj_out) to this block's output: see fold_proj_out_biases."""
