@@ -131,14 +131,18 @@ def matmul_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
     rows = max(1, min(length, MATMUL_SCORES_BYTES // (batch * heads * keys * 4)))
     k_t = k3.transpose(1, 2)
     ignored = torch.empty((), dtype=torch.float32, device=q.device)  # baddbmm's input, read with weight beta = 0
+    scale = head_dim ** -0.5
+    if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+        def scores_of(q_rows):  # fp16/bf16 operands, fp32 output (aten's baddbmm.dtype: CUDA only)
+            return torch.baddbmm(ignored, q_rows, k_t, torch.float32, beta=0.0, alpha=scale)
+    else:
+        k_t = k_t.float()  # once, not per chunk
+
+        def scores_of(q_rows):
+            return torch.baddbmm(ignored, q_rows.float(), k_t, beta=0.0, alpha=scale)
     for start in range(0, length, rows):
         stop = min(length, start + rows)
-        if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
-            # fp16/bf16 operands, fp32 output (aten's baddbmm.dtype: CUDA only)
-            scores = torch.baddbmm(ignored, q3[:, start:stop], k_t, torch.float32, beta=0.0, alpha=head_dim ** -0.5)
-        else:
-            scores = torch.baddbmm(ignored, q3[:, start:stop].float(), k_t.float(), beta=0.0, alpha=head_dim ** -0.5)
-        out[:, start:stop] = torch.bmm(softmax_rows(scores, q.dtype), v3)
+        out[:, start:stop] = torch.bmm(softmax_rows(scores_of(q3[:, start:stop]), q.dtype), v3)
     return out.view(batch, heads, length, head_dim)
 
 

@@ -36,9 +36,9 @@ def softmax_rows_reference(x: torch.Tensor, out_dtype: torch.dtype) -> torch.Ten
 
 if triton is not None:
 
-    # Rows are not specialized on: no recompile per batch or resolution (kernels/__init__.py).
-    @triton.jit(do_not_specialize=["rows"])
-    def _softmax_rows_kernel(x_ptr, out_ptr, rows, cols, BLOCK: tl.constexpr):
+    # One program a row: the row count is the grid's, never the kernel's (no recompile per batch or resolution).
+    @triton.jit
+    def _softmax_rows_kernel(x_ptr, out_ptr, cols, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         mask = offs < cols
@@ -66,5 +66,5 @@ def softmax_rows(x: torch.Tensor, out_dtype: torch.dtype = torch.float16, *,
         block = next_pow2(cols)
         # 16 values a thread up to 8192 columns, then 16 warps (32 values a thread at SDXL's 16384 keys).
         num_warps = num_warps or max(1, min(16, block // 512))
-        _softmax_rows_kernel[(rows,)](x, out, rows, cols, BLOCK=block, num_warps=num_warps)
+        _softmax_rows_kernel[(rows,)](x, out, cols, BLOCK=block, num_warps=num_warps)
     return out

@@ -71,6 +71,48 @@ def hopper():
         pytest.skip(reason)
 
 
+@pytest.fixture
+def gn_inputs():
+    """inputs(shape, dtype, seed=0) -> (x, weight, bias, add) on the GPU, x channels_last with a mean: a GroupNorm
+    call's operands as the UNet's ResNet blocks pass them."""
+
+    def inputs(shape, dtype, seed=0):
+        N, C, H, W = shape
+        g = torch.Generator().manual_seed(seed)
+        x = (torch.randn(shape, generator=g) * 1.5 + 0.3).to("cuda", dtype)
+        x = x.contiguous(memory_format=torch.channels_last)
+        w = (1 + 0.5 * torch.randn(C, generator=g)).to("cuda", dtype)
+        b = (0.5 * torch.randn(C, generator=g)).to("cuda", dtype)
+        add = torch.randn(N, C, generator=g).to("cuda", dtype)
+        return x, w, b, add
+
+    return inputs
+
+
+@pytest.fixture
+def check_graph_replay():
+    """check(run, x, new_values): run() captured once in a CUDA graph (warmed on a side stream, as capture asks),
+    then x refilled from each of new_values and the graph replayed: its output equals a launch outside the graph,
+    bit for bit (the engine's graphs)."""
+
+    def check(run, x, new_values):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            run()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = run()
+        for values in new_values:
+            x.copy_(values)
+            graph.replay()
+            torch.cuda.synchronize()
+            torch.testing.assert_close(out, run(), rtol=0, atol=0)
+
+    return check
+
+
 def _check(y, x, groups, w, b, check_against_reference, what, **kw):
     ref = gn_module.group_norm_reference(x, groups, w, b, **kw)
     up = {k: (v.float() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}

@@ -7,7 +7,7 @@ from sdaccel.kernels import softmax as m
 k = m._softmax_rows_kernel
 for block in (4096, 16384, 32768, 65536):
     for nw in (8, 16, 32):
-        sig = {"x_ptr": "*fp32", "out_ptr": "*fp16", "rows": "i32", "cols": "i32", "BLOCK": "constexpr"}
+        sig = {"x_ptr": "*fp32", "out_ptr": "*fp16", "cols": "i32", "BLOCK": "constexpr"}
         c = triton.compile(ASTSource(fn=k, signature=sig, constexprs={"BLOCK": block}),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": nw})
         f = tempfile.NamedTemporaryFile(suffix=".cubin", delete=False); f.write(c.asm["cubin"]); f.close()
