@@ -38,15 +38,16 @@ Variants (the ablation ladder):
                  fp16 rule, at most 16), as its e4m3 rule does without a concatenation
   fast-gnwide    fast with the split GroupNorm kernels' channel blocks and tiles of before the twenty-seventh
                  session at every call (256 lanes, 8192 values: group_norm.SPLIT_MAX_BLOCK_C, SPLIT_TILE_ELEMS)
-  fast-fold      fast with proj_out's bias folded into the ResNet block before each transformer
-                 (fused_modules.FOLD_PROJ_OUT_BIAS on: no bias + residual pass after proj_out; prepared in the
-                 twenty-eighth session, off by default until timed)
+  fast-nofold    fast without proj_out's bias folded into the ResNet block before each transformer
+                 (fused_modules.FOLD_PROJ_OUT_BIAS off: a bias + residual pass after each proj_out, as before the
+                 twenty-ninth session)
   fast-fp8       fast with fp8=True: the transformer blocks' Q/K/V, cross Q and feed-forward GEMMs and the ResNet
                  blocks' convolutions in e4m3, their inputs written in e4m3 by the norm and GEGLU kernels
                  (engines/fp8.py; opt-in, outside the numerics rule)
   fast-fp8-noconv   fast-fp8 with the ResNet blocks' convolutions left in fp16 (fp8_convs=False)
   fast-fp8-gnlooped  fast-fp8 with the norms that write e4m3 kept from the cluster GroupNorm (on the looped kernel
                  at small batches; group_norm.CLUSTER_TAKES_E4M3 off)
+  fast-fp8-nofold    fast-fp8 without proj_out's bias folded into the ResNet block before each transformer
   fast-fp8-gnw32 fast-fp8 with the cluster GroupNorm's e4m3 calls at 32 values a thread, as its fp16 ones (the
                  rule before the twenty-sixth session; group_norm_cluster.E4M3_VALUES_PER_THREAD)
   compile-ro     torch.compile(mode="reduce-overhead"), compile time reported separately
@@ -156,12 +157,13 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
         "fast-fp8-noconv": lambda: get_engine("fast", fp8=True, fp8_convs=False),
         "fast-gnw16": lambda: get_engine("fast"),
         "fast-gnwide": lambda: get_engine("fast"),
-        "fast-fold": lambda: get_engine("fast"),
+        "fast-nofold": lambda: get_engine("fast"),
         "fast-convbare": lambda: get_engine("fast"),
         "fast-attnv1": lambda: get_engine("fast"),
         "fast-attnv2": lambda: get_engine("fast"),
         "fast-attnv3": lambda: get_engine("fast"),
         "fast-fp8-gnlooped": lambda: get_engine("fast", fp8=True),
+        "fast-fp8-nofold": lambda: get_engine("fast", fp8=True),
         "fast-fp8-gnw32": lambda: get_engine("fast", fp8=True),
         "compile-ro": lambda: get_engine("compile", mode="reduce-overhead"),
         "onnxruntime": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=True),
@@ -189,7 +191,8 @@ def kernel_knobs(name: str):
                              (gn, "SPLIT_TILE_ELEMS", gn.CONCAT_TILE_ELEMS)],
              "fast-gnw16": [(gn_cluster, "warps_for", warps_at_16_values)],
              "fast-convbare": [(convolution, "PICK_WITH_EPILOGUE", False)],
-             "fast-fold": [(fused_modules, "FOLD_PROJ_OUT_BIAS", True)],
+             "fast-nofold": [(fused_modules, "FOLD_PROJ_OUT_BIAS", False)],
+             "fast-fp8-nofold": [(fused_modules, "FOLD_PROJ_OUT_BIAS", False)],
              "fast-nocluster": [(gn, "CLUSTER_CTAS_PER_SM", 0)],
              "fast-fp8-gnlooped": [(gn, "CLUSTER_TAKES_E4M3", False)],
              "fast-fp8-gnw32": [(gn_cluster, "E4M3_VALUES_PER_THREAD", gn_cluster.VALUES_PER_THREAD)]}.get(name, [])

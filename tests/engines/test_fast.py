@@ -121,7 +121,8 @@ def test_proj_out_bias_folded_into_the_resnet_block_before(monkeypatch, exact_fp
             p.add_(0.05 * torch.randn(p.shape, generator=gen).to(p))
     reference = copy.deepcopy(unet)
     unfolded = copy.deepcopy(unet)
-    assert fuse_modules(unfolded)["folded_out_biases"] == 0  # off by default until timed on a GPU
+    monkeypatch.setattr(fm, "FOLD_PROJ_OUT_BIAS", False)
+    assert fuse_modules(unfolded)["folded_out_biases"] == 0
     monkeypatch.setattr(fm, "FOLD_PROJ_OUT_BIAS", True)
     counts = fuse_modules(unet)
     assert counts["folded_out_biases"] == counts["transformer"] == 4
