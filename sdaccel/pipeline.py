@@ -17,6 +17,7 @@ from .device import dtype_name, resolve_device, resolve_dtype
 from .engines import Engine, get_engine
 from .errors import UsageError
 from .models.components import Components
+from .quality.guard import output_checks
 from .schedulers import canonical, make_scheduler
 from .timing import StageTimer, StageTimings
 
@@ -31,6 +32,7 @@ class GenerationResult:
     timings: StageTimings
     params: dict[str, Any] = field(default_factory=dict)
     decoded_finite: torch.Tensor | None = None  # device-side "decoder output had no NaN/Inf" flag
+    checks: torch.Tensor | None = None  # the output guard's flags, queued on the device (quality.guard.output_checks)
     guard: Any = None  # quality.guard.GuardReport when the call was guarded
 
 
@@ -186,6 +188,9 @@ class Pipeline:
                 decoded = self.stages.decode(latents / spec.vae_scaling_factor)
                 decoded_finite = torch.isfinite(decoded).all()  # read later, with the image: no sync here
                 image = ((decoded / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
+        # Queued before the call's one sync, the guard's reductions run back to back behind the decode (a few us);
+        # queued after it, each small kernel waited on its own launch.
+        checks = output_checks(latents, decoded_finite, image)
         timings = timer.result(steps=steps)
 
         params = dict(prompt=prompts[0], negative_prompt=negatives[0], steps=steps, guidance=guidance,
@@ -193,7 +198,7 @@ class Pipeline:
                       model=self.components.source, engine=self.engine.name, dtype=dtype_name(self.dtype))
         images = _to_pil(image) if output == "pil" else []
         return GenerationResult(images=images, image_tensor=image, latents=latents, timings=timings, params=params,
-                                decoded_finite=decoded_finite)
+                                decoded_finite=decoded_finite, checks=checks)
 
     def _denoise(self, sched, latents, cond: Conditioning, guidance: float, cfg: bool, step_gen: torch.Generator,
                  callback: StepCallback | None, progress: bool) -> torch.Tensor:

@@ -103,6 +103,31 @@ def test_inspect_output_reads_the_device_once(monkeypatch):
     assert report.image_issues == ["image 0: black (max value 0 < 8)", "image 1: black (max value 0 < 8)"]
 
 
+def test_read_checks_splits_what_output_checks_queued():
+    lat, img = torch.randn(2, 4, 8, 8), torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8)
+    img[1] = 3  # black
+    checks = guard.output_checks(lat, torch.tensor(True), img)
+    assert checks.shape == (1 + 1 + 2 * 2,)
+    report = guard.read_checks(checks, decoded=True)
+    assert report.latents_finite and report.image_finite is True
+    assert report.image_issues == ["image 1: black (max value 3 < 8)"]
+    latent_only = guard.read_checks(guard.output_checks(lat * float("nan")), decoded=False)
+    assert latent_only.failed_component == "unet" and latent_only.image_finite is None
+
+
+def test_the_pipeline_queues_the_checks_before_its_one_sync(tiny_pipe, monkeypatch):
+    """The guard's reductions are queued behind the decode, before the call waits for the GPU; run_guarded then only
+    reads them (once queued after that wait, each small kernel waited on its own launch: ~1 ms at batch 1)."""
+    from sdaccel import timing
+
+    events, result_of, statistics = [], timing.StageTimer.result, guard.image_statistics
+    monkeypatch.setattr(timing.StageTimer, "result", lambda self, **k: events.append("sync") or result_of(self, **k))
+    monkeypatch.setattr(guard, "image_statistics", lambda image: events.append("statistics") or statistics(image))
+    result = run_guarded(tiny_pipe(), PROMPT, steps=STEPS, output="tensor")
+    assert events == ["statistics", "sync"]
+    assert result.checks is not None and result.guard.ok and result.guard.image_finite is True
+
+
 # ---------------------------------------------------------------------------------------------- run_guarded
 
 
