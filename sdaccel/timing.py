@@ -24,18 +24,22 @@ class StageTimings:
     decode: float = 0.0
     total: float = 0.0
     steps: int = 0
+    # UNet evaluations in the denoising loop: the scheduler's timesteps, not always `steps` (diffusers' PNDM, SD1.x's
+    # default, evaluates its first step twice: 51 for 50 steps). 0: not recorded, taken as `steps`.
+    unet_calls: int = 0
 
     @property
-    def unet_steps_per_s(self) -> float:
-        return self.steps / self.denoise if self.denoise > 0 else 0.0
+    def unet_calls_per_s(self) -> float:
+        """UNet evaluations a second of the denoise stage (what diffusers' progress bar counts as it/s)."""
+        return (self.unet_calls or self.steps) / self.denoise if self.denoise > 0 else 0.0
 
     def line(self) -> str:
         return (f"text {self.text * 1e3:.1f} ms | denoise {self.denoise * 1e3:.1f} ms "
-                f"({self.unet_steps_per_s:.1f} it/s) | decode {self.decode * 1e3:.1f} ms | total {self.total:.3f} s")
+                f"({self.unet_calls_per_s:.1f} it/s) | decode {self.decode * 1e3:.1f} ms | total {self.total:.3f} s")
 
     def as_dict(self) -> dict[str, float]:
         return {"text_s": self.text, "denoise_s": self.denoise, "decode_s": self.decode, "total_s": self.total,
-                "steps": self.steps, "unet_it_s": self.unet_steps_per_s}
+                "steps": self.steps, "unet_calls": self.unet_calls or self.steps, "unet_it_s": self.unet_calls_per_s}
 
 
 @dataclass
@@ -58,9 +62,9 @@ class StageTimer:
         finally:
             self._marks.append((name, start, self._now()))
 
-    def result(self, steps: int = 0) -> StageTimings:
+    def result(self, steps: int = 0, unet_calls: int = 0) -> StageTimings:
         """Read the stage times; on a GPU this waits for the last event (call after the work is queued)."""
-        out = StageTimings(steps=steps)
+        out = StageTimings(steps=steps, unet_calls=unet_calls)
         if not self._marks:
             return out
         for name, start, end in self._marks:

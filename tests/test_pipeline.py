@@ -37,9 +37,14 @@ def test_same_seed_same_image_other_seed_other_image(pipes, arch):
 
 
 @pytest.mark.parametrize("scheduler", ["ddim", "pndm", "euler", "Euler a", "DPM++ 2M", "unipc", "lcm", "heun"])
-def test_schedulers_by_name(pipes, scheduler):
-    result = pipes["sd15-tiny"]("a cat", steps=3, scheduler=scheduler, output="latent")
+def test_schedulers_by_name(pipes, scheduler, monkeypatch):
+    pipe, calls = pipes["sd15-tiny"], []
+    stage = pipe.stages.unet
+    monkeypatch.setattr(pipe.stages, "unet", lambda *a, **k: calls.append(1) or stage(*a, **k))
+    result = pipe("a cat", steps=3, scheduler=scheduler, output="latent")
     assert torch.isfinite(result.latents).all() and result.images == []
+    # The timings count the UNet evaluations the loop made (PNDM: 4 for 3 steps; Heun: two a step but the last).
+    assert result.timings.unet_calls == len(calls) >= 3
 
 
 def test_guidance_at_most_one_skips_the_unconditional_batch(pipes):

@@ -25,7 +25,9 @@ COLUMNS: tuple[str, ...] = (
     "first_run_device_MB", "second_run_device_MB",
     # timed runs (end-to-end wall clock, synchronised) and per-stage medians (CUDA events on a GPU)
     "runs", "latency_mean_s", "latency_median_s", "latency_p90_s", "latency_min_s", "latency_max_s",
-    "text_median_s", "denoise_median_s", "decode_median_s", "unet_it_s", "images_per_min",
+    # unet_calls: the UNet evaluations of one image's loop (the scheduler's timesteps: PNDM's 50 steps make 51);
+    # unet_it_s: those a second of the denoise stage's median
+    "text_median_s", "denoise_median_s", "decode_median_s", "unet_calls", "unet_it_s", "images_per_min",
     # the GPU during the timed runs (gpu_clocks.py): its SM clock (median, lowest, the most it can reach), power,
     # temperature and what held its clock down ("" for nothing)
     "gpu_sm_mhz_median", "gpu_sm_mhz_min", "gpu_sm_mhz_max", "gpu_power_w_max", "gpu_temperature_c_max",
@@ -42,7 +44,7 @@ COLUMNS: tuple[str, ...] = (
 # "unavailable" the engine cannot run on this machine.
 STATUSES = ("ok", "oom", "error", "unavailable")
 
-INT_COLUMNS = frozenset({"height", "width", "steps", "batch_size", "cold_start_batch", "runs"})
+INT_COLUMNS = frozenset({"height", "width", "steps", "batch_size", "cold_start_batch", "runs", "unet_calls"})
 FLOAT_COLUMNS = frozenset(
     name for name in COLUMNS
     if name.endswith(("_s", "_MB")) and name not in {"warmup_s"}

@@ -92,6 +92,7 @@ def measure_batch(pipe, cfg: BenchConfig, batch: int, probe: MemoryProbe, first:
         timed = [run_once(pipe, cfg, batch, seed=i, probe=probe) for i in range(cfg.runs)]
     second = (warmups + timed)[0]
     latency = summarize([r.wall_s for r in timed])
+    unet_calls = timed[0].timings.unet_calls or timed[0].timings.steps  # the scheduler's timesteps (PNDM: steps + 1)
     stages = {name: summarize([getattr(r.timings, name) for r in timed]) for name in ("text", "denoise", "decode")}
     return dict(
         first_run_s=first.wall_s, warmup_s=[r.wall_s for r in warmups],
@@ -101,7 +102,8 @@ def measure_batch(pipe, cfg: BenchConfig, batch: int, probe: MemoryProbe, first:
         latency_p90_s=latency["p90"], latency_min_s=latency["min"], latency_max_s=latency["max"],
         text_median_s=stages["text"]["median"], denoise_median_s=stages["denoise"]["median"],
         decode_median_s=stages["decode"]["median"],
-        unet_it_s=cfg.steps / stages["denoise"]["median"] if stages["denoise"]["median"] > 0 else None,
+        unet_calls=unet_calls,
+        unet_it_s=unet_calls / stages["denoise"]["median"] if stages["denoise"]["median"] > 0 else None,
         images_per_min=batch * 60 / latency["median"], stage_stats=stages, **clocks.fields(),
     )
 

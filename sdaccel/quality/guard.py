@@ -1,7 +1,8 @@
 """Output guard: is a finished generation finite, and is its image more than one flat colour?
 
 Checked ONCE per generation, after the denoising loop and the decode, never inside the loop: the flags are reduced
-on the device and fetched together in one small device->host copy (`inspect_output`). A hit names the component
+on the device (`output_checks`, which the pipeline queues behind its decode) and fetched together in one small
+device->host copy (`read_checks`; `inspect_output` does both). A hit names the component
 that failed, and the remedy is specific to it:
   latents non-finite  -> the UNet overflowed (SD2.1-style fp16 attention): re-run the denoising with fp32 attention
   decoded non-finite  -> the VAE overflowed (SDXL-style fp16 decoder): decode the same latents again in fp32
