@@ -1,7 +1,9 @@
 """Why the FP8 pipeline's denoising steps (4.90-4.92 ms at batch 1) are slower than bench_unet's FP8 UNet call
 (4.83-4.85), when in fp16 the steps (5.11) beat the call (5.13-5.17): one process, the same picks for both.
 (a) generate at batch 1, its denoise / 50; (b) the whole UNet stage, as bench_unet calls it; (c) the loop plan's
-step (stages.unet_steps), as the pipeline calls it. Both with the latents once (CFG prefix) and one text context."""
+step (stages.unet_steps), as the pipeline calls it. Both with the latents once (CFG prefix) and one text context.
+Answer (call 7): no step is slower; PNDM evaluates the UNet 51 times for 50 steps, and ~45 us a step run between
+the step graphs (benchmarks/README.md, twenty-ninth session)."""
 import sys
 
 import torch
