@@ -729,8 +729,7 @@ def fuse_modules(root: nn.Module, fp32_attention: bool = False, fp8: bool = Fals
 RESNET_THEN_TRANSFORMER = ("CrossAttnDownBlock2D", "CrossAttnUpBlock2D", "UNetMidBlock2DCrossAttn")
 # On since the twenty-ninth session (H200, one UNet call alternated in one process, bench_unet.py fast vs fast-nofold):
 # SD1.5 at CFG batch 2 5.17-5.21 -> 5.13-5.17 ms, at 16 29.84-29.95 -> 29.68-29.78, SDXL at 2 29.05-29.07 ->
-# 29.02-29.04, FP8 at 2 4.90-4.91 -> 4.83-4.85; the same error against fp32 (1.34e-3 -> 1.35e-3) and 50-100 MB less
-# memory above the weights.
+# 29.02-29.04, FP8 at 2 4.90-4.91 -> 4.83-4.85; the same error against fp32 (1.34e-3 -> 1.35e-3) and memory.
 FOLD_PROJ_OUT_BIAS = True
 
 
