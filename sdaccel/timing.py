@@ -29,9 +29,14 @@ class StageTimings:
     unet_calls: int = 0
 
     @property
+    def evaluations(self) -> int:
+        """The UNet evaluations of the loop: unet_calls when recorded, else steps."""
+        return self.unet_calls or self.steps
+
+    @property
     def unet_calls_per_s(self) -> float:
         """UNet evaluations a second of the denoise stage (what diffusers' progress bar counts as it/s)."""
-        return (self.unet_calls or self.steps) / self.denoise if self.denoise > 0 else 0.0
+        return self.evaluations / self.denoise if self.denoise > 0 else 0.0
 
     def line(self) -> str:
         return (f"text {self.text * 1e3:.1f} ms | denoise {self.denoise * 1e3:.1f} ms "
@@ -39,7 +44,7 @@ class StageTimings:
 
     def as_dict(self) -> dict[str, float]:
         return {"text_s": self.text, "denoise_s": self.denoise, "decode_s": self.decode, "total_s": self.total,
-                "steps": self.steps, "unet_calls": self.unet_calls or self.steps, "unet_it_s": self.unet_calls_per_s}
+                "steps": self.steps, "unet_calls": self.evaluations, "unet_it_s": self.unet_calls_per_s}
 
 
 @dataclass

@@ -92,7 +92,7 @@ def measure_batch(pipe, cfg: BenchConfig, batch: int, probe: MemoryProbe, first:
         timed = [run_once(pipe, cfg, batch, seed=i, probe=probe) for i in range(cfg.runs)]
     second = (warmups + timed)[0]
     latency = summarize([r.wall_s for r in timed])
-    unet_calls = timed[0].timings.unet_calls or timed[0].timings.steps  # the scheduler's timesteps (PNDM: steps + 1)
+    unet_calls = timed[0].timings.evaluations  # the scheduler's timesteps (PNDM: steps + 1)
     stages = {name: summarize([getattr(r.timings, name) for r in timed]) for name in ("text", "denoise", "decode")}
     return dict(
         first_run_s=first.wall_s, warmup_s=[r.wall_s for r in warmups],

@@ -135,7 +135,7 @@ def inspect_output(latents: torch.Tensor, decoded_finite: torch.Tensor | bool | 
 
 def _inspect_result(result) -> GuardReport:
     """The checks the pipeline queued with the result (GenerationResult.checks), else computed now."""
-    if getattr(result, "checks", None) is not None:
+    if result.checks is not None:
         return read_checks(result.checks, result.decoded_finite is not None)
     return inspect_output(result.latents, result.decoded_finite, result.image_tensor)
 
