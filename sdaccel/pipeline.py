@@ -219,7 +219,7 @@ class Pipeline:
             pred = unet(i, model_in)
             if cfg:
                 uncond, text = pred.chunk(2)
-                pred = uncond + guidance * (text - uncond)
+                pred = torch.lerp(uncond, text, guidance)  # uncond + guidance * (text - uncond): one kernel, not 3
             latents = sched.step(pred, t, latents, return_dict=False, **_step_kwargs(sched, step_gen))[0]
             if callback is not None:
                 callback(i, t, latents)

@@ -10,7 +10,10 @@ embeddings and projections of all the loop's steps at once; each step then only 
 the shared modules read in their pinned mode, and the time embedding's modules return, instead of computing.
 
 The buffers belong to the plan, one set per shape, and are reused by every later image of that shape: a captured
-CUDA graph reads them at the addresses it saw when it was captured.
+CUDA graph reads them at the addresses it saw when it was captured. The UNet's other inputs (the timestep, the
+context, SDXL's pooled text and size conditioning) are such buffers too, written once per image: a step's graph
+takes only the latents, and each step copies two tensors in (the latents, its row of time projections) where it
+copied five (about 3 us each on the GPU, between the step graphs).
 """
 
 from __future__ import annotations
@@ -84,15 +87,18 @@ class _Buffers:
     kv: torch.Tensor | None  # (B', tokens, K/V widths): every cross-attention's K/V, written once per image
     step: torch.Tensor | None  # (rows, E + C): this step's time embedding and projections, copied in per step
     returns: list[tuple[nn.Module, torch.Tensor]]  # what the time embedding's modules return while pinned
+    # (timestep, context, text_embeds, time_ids) as the UNet stage takes them, written once per image. The
+    # timestep is the loop's first: with the time embedding pinned (plan_refusal says when it is) no kernel reads it.
+    inputs: tuple[torch.Tensor | None, ...]
 
 
 class LoopPlanner:
     """Stages.plan_loop for a fused UNet: `planner(timesteps, context, text_embeds, time_ids)` -> the loop's step.
 
     `stage` is the UNet stage (latents, timestep, context, text_embeds, time_ids) -> fp32 output, run here with the
-    shared modules pinned to the plan's buffers. `wrap` turns the planned call into what the steps call (the fast
-    engine's CUDA graphs and side-by-side kernel build); the planned call takes the buffers' key as its last
-    argument, so that a graph is captured per shape.
+    shared modules pinned to the plan's buffers and the other inputs read from them. `wrap` turns the planned call
+    (latents, key) into what the steps call (the fast engine's CUDA graphs and side-by-side kernel build); the key
+    names the buffers, so that a graph is captured per shape.
     """
 
     def __init__(self, unet: nn.Module, stage: UNetStage, dtype: torch.dtype,
@@ -110,12 +116,12 @@ class LoopPlanner:
         self.time_width = self.time_projections.packed_weight.shape[1] if self.time_projections is not None else 0
         self.call = wrap(self.planned_call) if wrap is not None else self.planned_call
 
-    def planned_call(self, sample, timestep, context, text_embeds, time_ids, key: tuple) -> torch.Tensor:
+    def planned_call(self, sample: torch.Tensor, key: tuple) -> torch.Tensor:
         buffers = self.buffers[key]
         projections = None if buffers.step is None else buffers.step[:, self.time_width:]
         with _pinned(self.context_projections, buffers.kv), _pinned(self.time_projections, projections), \
                 _returning(buffers.returns):
-            return self.stage(sample, timestep, context, text_embeds, time_ids)
+            return self.stage(sample, *buffers.inputs)
 
     def step_rows(self, timesteps: torch.Tensor, text_embeds, time_ids) -> torch.Tensor:
         """Every step's time embedding and time projections side by side, (steps, rows, E + C): what the UNet's
@@ -131,7 +137,7 @@ class LoopPlanner:
         act = emb if unet.time_embed_act is None else unet.time_embed_act(emb)
         return torch.cat([emb, self.time_projections.project(act)], dim=-1)
 
-    def _buffers(self, kv: torch.Tensor | None, rows: torch.Tensor | None) -> _Buffers:
+    def _buffers(self, kv: torch.Tensor | None, rows: torch.Tensor | None, inputs: tuple) -> _Buffers:
         step = None if rows is None else torch.empty_like(rows[0])
         returns = []
         if step is not None:
@@ -142,7 +148,8 @@ class LoopPlanner:
             if unet.config.addition_embed_type == "text_time":
                 returns += [(unet.add_time_proj, step.new_zeros(n, 1)),
                             (unet.add_embedding, step.new_zeros(n, self.time_width))]
-        return _Buffers(None if kv is None else torch.empty_like(kv), step, returns)
+        return _Buffers(None if kv is None else torch.empty_like(kv), step, returns,
+                        tuple(None if t is None else torch.empty_like(t) for t in inputs))
 
     def __call__(self, timesteps: torch.Tensor, context: torch.Tensor, text_embeds: torch.Tensor | None = None,
                  time_ids: torch.Tensor | None = None) -> UNetStep:
@@ -156,19 +163,22 @@ class LoopPlanner:
                 rows = self.step_rows(timesteps, text_embeds, time_ids)
                 if current is not None:
                     rows.record_stream(current)  # read by the steps' copies on the caller's stream
-            key = (None if kv is None else tuple(kv.shape), None if rows is None else tuple(rows.shape[1:]))
+            inputs = (timesteps[0], context, text_embeds, time_ids)
+            key = (None if kv is None else tuple(kv.shape), None if rows is None else tuple(rows.shape[1:]),
+                   *(None if t is None else (tuple(t.shape), t.dtype) for t in inputs))
             if key not in self.buffers:
-                self.buffers[key] = self._buffers(kv, rows)
-                for buffer in (self.buffers[key].kv, self.buffers[key].step):
+                made = self.buffers[key] = self._buffers(kv, rows, inputs)
+                for buffer in (made.kv, made.step, *made.inputs):
                     if buffer is not None and current is not None:
                         buffer.record_stream(current)  # allocated here, read by the caller's stream's replays
             buffers = self.buffers[key]
-            if kv is not None:
-                buffers.kv.copy_(kv)  # once per image
+            for buffer, value in ((buffers.kv, kv), *zip(buffers.inputs, inputs)):
+                if buffer is not None:
+                    buffer.copy_(value)  # once per image
 
         def step(i: int, sample: torch.Tensor) -> torch.Tensor:
             if rows is not None:
                 buffers.step.copy_(rows[i])
-            return self.call(sample, timesteps[i], context, text_embeds, time_ids, key)
+            return self.call(sample, key)
 
         return step

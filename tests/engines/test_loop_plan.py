@@ -59,6 +59,14 @@ def test_plan_matches_per_step_calls_and_projects_once_per_image(arch):
         a, b = plain(prompt, **kw), planned(prompt, **kw)
         torch.testing.assert_close(b.latents, a.latents, rtol=1e-4, atol=1e-4)
     assert set(plain_calls.values()) == {6} and set(planned_calls.values()) == {2}  # per step, against per image
+    # A step hands its (graphed) call the latents alone: the timestep, context and SDXL's conditioning wait in the
+    # plan's buffers, written once per image, and the result above is the per-step calls' all the same.
+    plan, handed = planned.stages.plan_loop, []
+    call = plan.call
+    plan.call = lambda *args: handed.append(args) or call(*args)
+    planned("a cat", **kw)
+    assert len(handed) == 3 and all(len(args) == 2 and args[1] in plan.buffers for args in handed)
+    plan.call = call
     buffers = dict(planned.stages.plan_loop.buffers)
     assert len(buffers) == 1
     planned("a cat", batch_size=2, **kw)  # a new shape: its own buffers; the first shape's stay where they are
