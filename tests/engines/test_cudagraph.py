@@ -102,3 +102,62 @@ def test_reports_show_captured_shapes_not_an_object_address():
     graphed = GraphedCallable(lambda *a: None, pool=object())  # a pool handle is only used when capturing
     graphed.graphs[input_signature((torch.zeros(2, 4, 64, 64), torch.tensor(5.0), 7.5))] = None
     assert repr(graphed) == "1 CUDA graph(s), inputs: ['2x4x64x64; scalar']"
+
+
+def _scheduled_loop(runs: list, coefficients=(0.5, 2.0, -1.0, 0.25)):
+    """A stand-in denoising loop: host-side constants per step (as a scheduler's), small kernels, a counter of how
+    often its Python ran."""
+    def loop(x, weight):
+        runs.append(1)
+        for c in coefficients:
+            x = torch.lerp(x, x * c + 1.0, weight)
+        return x
+    return loop
+
+
+@pytest.mark.gpu
+def test_loop_graphs_capture_the_second_call_and_replay_from_then_on():
+    from sdaccel.engines.cudagraph import LoopGraphs
+
+    loops, runs = LoopGraphs(torch.cuda.graph_pool_handle()), []
+    loop = _scheduled_loop(runs)
+    x, weight = torch.randn(2, 4, 8, 8, device="cuda"), torch.full((), 0.75, device="cuda")
+    expected = loop(x, weight)
+    outs = [loops(("k",), loop, x, weight) for _ in range(2)]
+    assert len(runs) == 3 and len(loops.graphs) == 1  # the first call as it is, the second captured
+    x2, weight2 = torch.randn_like(x), torch.full((), 0.25, device="cuda")
+    out3 = loops(("k",), loop, x2, weight2)  # replayed: the Python loop does not run
+    assert len(runs) == 3
+    for out in outs:
+        torch.testing.assert_close(out, expected)  # copies: the replay with other inputs left them alone
+    torch.testing.assert_close(out3, _scheduled_loop([])(x2, weight2))
+    assert repr(loops) == "1 whole-loop CUDA graph(s), 0 loop(s) left uncaptured"
+
+
+@pytest.mark.gpu
+def test_loop_graphs_leave_random_draws_and_failed_captures_uncaptured():
+    from sdaccel.engines.cudagraph import LoopGraphs
+
+    loops, resets = LoopGraphs(torch.cuda.graph_pool_handle()), []
+    gen = torch.Generator("cuda")
+    x = torch.randn(1, 4, 8, 8, device="cuda")
+
+    def noisy(x):  # an ancestral scheduler: noise from the call's generator at each step
+        return x + torch.randn(x.shape, device="cuda", generator=gen)
+
+    def syncing(x):  # a loop that reads a device value on the host
+        return x * float(x.sum().item() > 0)
+
+    for name, loop in (("noisy", noisy), ("syncing", syncing)):
+        for _ in range(3):
+            gen.manual_seed(0)
+            expected = loop(x)
+            gen.manual_seed(0)
+            torch.testing.assert_close(loops((name,), loop, x, generator=gen, reset=lambda: resets.append(1)),
+                                       expected)
+    assert loops.graphs == {} and len(resets) == 2  # one capture tried per key
+    # Seen from the generator's state after the capture (or, should a torch version refuse such a draw in capture,
+    # from its error): either way the loop runs as it is, its draws those of the call's generator.
+    assert loops.refused[("noisy",)] == "the scheduler draws random numbers at each step" or \
+        loops.refused[("noisy",)].startswith("capture failed")
+    assert loops.refused[("syncing",)].startswith("capture failed")
