@@ -182,7 +182,7 @@ class Pipeline:
         with timer.stage("denoise"):
             sched.set_timesteps(steps)  # on the host: the scheduler's arithmetic never waits for the GPU
             latents = latents * sched.init_noise_sigma
-            latents = self._denoise(sched, steps, latents, cond, guidance, cfg, step_gen, callback, progress)
+            latents = self._denoise(sched, latents, cond, guidance, cfg, step_gen, callback, progress)
         with timer.stage("decode"):
             image = decoded_finite = None
             if output != "latent":
@@ -201,41 +201,29 @@ class Pipeline:
         return GenerationResult(images=images, image_tensor=image, latents=latents, timings=timings, params=params,
                                 decoded_finite=decoded_finite, checks=checks)
 
-    def _denoise(self, sched, steps: int, latents, cond: Conditioning, guidance: float, cfg: bool,
-                 step_gen: torch.Generator, callback: StepCallback | None, progress: bool) -> torch.Tensor:
+    def _denoise(self, sched, latents, cond: Conditioning, guidance: float, cfg: bool, step_gen: torch.Generator,
+                 callback: StepCallback | None, progress: bool) -> torch.Tensor:
         # Host copies of the timesteps for the scheduler's arithmetic, device copies for the UNet: no per-step sync.
         timesteps_host = sched.timesteps.tolist()
         timesteps_dev = sched.timesteps.to(self.device, non_blocking=True)
+        steps = range(len(timesteps_host))
         unet = self.stages.unet_steps(timesteps_dev, cond.context, cond.text_embeds, cond.time_ids)
-        indices = range(len(timesteps_host))
         if progress:
             from tqdm.auto import tqdm
 
-            indices = tqdm(indices, desc="denoising", unit="step", leave=False)
-
-        def loop(latents: torch.Tensor, weight: float | torch.Tensor) -> torch.Tensor:
-            for i in indices:
-                t = timesteps_host[i]
-                model_in = torch.cat([latents, latents]) if cfg and not self.stages.unet_takes_cfg_once else latents
-                model_in = sched.scale_model_input(model_in, t)
-                pred = unet(i, model_in)
-                if cfg:
-                    uncond, text = pred.chunk(2)
-                    pred = torch.lerp(uncond, text, weight)  # uncond + weight * (text - uncond): one kernel, not 3
-                latents = sched.step(pred, t, latents, return_dict=False, **_step_kwargs(sched, step_gen))[0]
-                if callback is not None:
-                    callback(i, t, latents)
-            return latents
-
-        if self.stages.graph_loop is None or callback is not None or progress:
-            return loop(latents, guidance)
-        # One graph for the whole loop (engines/cudagraph.py LoopGraphs): the guidance weight is an input, so that
-        # it can change without a new capture; what the scheduler computes on the host is in the key.
-        key = (type(sched).__name__, id(sched), tuple(timesteps_host), tuple(latents.shape), cfg,
-               *(None if t is None else tuple(t.shape) for t in (cond.context, cond.text_embeds, cond.time_ids)))
-        weight = torch.full((), guidance, dtype=torch.float32, device=self.device)
-        return self.stages.graph_loop(key, loop, latents, weight, generator=step_gen,
-                                      reset=lambda: sched.set_timesteps(steps))
+            steps = tqdm(steps, desc="denoising", unit="step", leave=False)
+        for i in steps:
+            t = timesteps_host[i]
+            model_in = torch.cat([latents, latents]) if cfg and not self.stages.unet_takes_cfg_once else latents
+            model_in = sched.scale_model_input(model_in, t)
+            pred = unet(i, model_in)
+            if cfg:
+                uncond, text = pred.chunk(2)
+                pred = torch.lerp(uncond, text, guidance)  # uncond + guidance * (text - uncond): one kernel, not 3
+            latents = sched.step(pred, t, latents, return_dict=False, **_step_kwargs(sched, step_gen))[0]
+            if callback is not None:
+                callback(i, t, latents)
+        return latents
 
 
 def _step_kwargs(sched, generator) -> dict[str, Any]:

@@ -110,30 +110,3 @@ def test_matches_diffusers_pipeline_on_the_same_weights(arch, saved_folder):
         kwargs["negative_prompt"] = None  # SDXL's zeroed unconditional embedding, as in ours
     theirs = ref("a small house", **kwargs).images
     torch.testing.assert_close(ours.latents, theirs, rtol=1e-4, atol=1e-4)
-
-
-def test_the_whole_loop_goes_to_graph_loop_with_what_its_key_needs(monkeypatch):
-    """An engine's graph_loop (the fast engine's whole-loop CUDA graph) gets the loop, the latents and the guidance
-    weight as a tensor, and a key naming the scheduler, its timesteps and the shapes; calls with a step callback
-    or a progress bar bypass it. A refused capture runs the loop again after reset: the same image."""
-    pipe = sdaccel.load("synthetic:sd15-tiny")
-    kw = dict(steps=3, scheduler="pndm", output="latent", seed=3)
-    expected = pipe("a cat", **kw).latents
-    calls = []
-
-    def graph_loop(key, loop, latents, weight, generator=None, reset=None):
-        calls.append((key, latents.shape, weight))
-        loop(latents, weight)  # as a capture that was refused: the scheduler's state has moved on ...
-        reset()  # ... and is put back before the loop runs for real
-        return loop(latents, weight)
-
-    monkeypatch.setattr(pipe.stages, "graph_loop", graph_loop)
-    torch.testing.assert_close(pipe("a cat", **kw).latents, expected, rtol=1e-6, atol=1e-6)
-    (key, shape, weight), = calls
-    assert key[0] == "PNDMScheduler" and len(key[2]) == 4 and key[3] == tuple(shape) == (1, 4, 32, 32)
-    assert torch.is_tensor(weight) and weight.item() == pipe.spec.guidance
-    pipe("a cat", callback=lambda *a: None, **kw)
-    pipe("a cat", progress=True, **kw)
-    assert len(calls) == 1
-    pipe("a cat", **{**kw, "steps": 4})
-    assert len(calls) == 2 and calls[1][0] != key

@@ -36,10 +36,6 @@ class Stages:
     # Optional: (timesteps, context, text_embeds, time_ids) -> UNetStep for one image's loop, from an engine that
     # computes what every step shares once before it (the fast engine's loop_plan.py). None: each step calls unet.
     plan_loop: Callable[..., UNetStep] | None = None
-    # Optional: (key, loop, *inputs, generator=...) -> loop(*inputs), the whole denoising loop replayed as one CUDA
-    # graph from the second image with the same key on (cudagraph.LoopGraphs). Offered only with plan_loop, whose
-    # steps read every per-image input from buffers at fixed addresses; the pipeline uses it only without callbacks.
-    graph_loop: Callable[..., torch.Tensor] | None = None
 
     def unet_steps(self, timesteps: torch.Tensor, context: torch.Tensor, text_embeds: torch.Tensor | None = None,
                    time_ids: torch.Tensor | None = None) -> UNetStep:

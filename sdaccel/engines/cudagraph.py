@@ -130,8 +130,6 @@ class GraphedCallable:
         return f"{len(self.graphs)} CUDA graph(s), inputs: {shapes}"
 
     def __call__(self, *args):
-        if torch.cuda.is_current_stream_capturing():  # inside a LoopGraphs capture: its graph records the call
-            return self.fn(*args)
         key = input_signature(args)
         entry = self.graphs.get(key)
         if entry is None:
@@ -145,75 +143,3 @@ class GraphedCallable:
                 buffer.copy_(value, non_blocking=True)
         entry.graph.replay()
         return entry.output
-
-
-class LoopGraphs:
-    """Whole denoising loops, each replayed as one CUDA graph: `loops(key, loop, *inputs, generator=g)`.
-
-    Between two step graphs a step launches about 15 small kernels one by one (guidance, the scheduler's update,
-    the step's input copies), ~45 us on an H200 where each takes a few us to launch and run; inside one graph they
-    run back to back, and the step graphs' launches go too. The first call with a key runs `loop` as it is (its
-    step graphs are captured then; picks and autotuning happen); the second captures the whole loop, with the
-    scheduler's host-side arithmetic run once into the graph as constants, which is why the key must name
-    everything that arithmetic reads (the scheduler, its timesteps) and the inputs' shapes; every later call copies
-    `inputs` in and replays. `loop` must read every other per-image tensor from buffers at fixed addresses
-    (loop_plan.py), launch no graph capture of its own, and not sync with the host.
-
-    A loop that draws random numbers (an ancestral scheduler's per-step noise, from `generator`) is not captured:
-    its draws would be frozen into the graph. That is seen from the generator's state after the capture, and the
-    key then always runs as `loop`; so does a loop whose capture fails. The output is copied out of the graph's
-    memory, which the next replay overwrites.
-    """
-
-    def __init__(self, pool, before_capture: Callable[[], None] | None = None, max_graphs: int = 8):
-        self.pool = pool
-        self.before_capture = before_capture  # as GraphedCallable's
-        self.max_graphs = max_graphs
-        self.graphs: dict[tuple, _Captured] = {}
-        self.seen: set[tuple] = set()
-        self.refused: dict[tuple, str] = {}  # key -> why it runs uncaptured
-
-    def __repr__(self) -> str:
-        return f"{len(self.graphs)} whole-loop CUDA graph(s), {len(self.refused)} loop(s) left uncaptured" + (
-            f" ({'; '.join(sorted(set(self.refused.values())))})" if self.refused else "")
-
-    def __call__(self, key: tuple, loop: Callable[..., torch.Tensor], *inputs: torch.Tensor,
-                 generator: torch.Generator | None = None, reset: Callable[[], None] | None = None) -> torch.Tensor:
-        """reset: puts back the host-side state the loop's Python advances (the scheduler's), after a capture
-        that was refused and before the loop then runs as it is."""
-        entry = self.graphs.get(key)
-        if entry is None:
-            first = key not in self.seen
-            self.seen.add(key)
-            if first or key in self.refused or len(self.graphs) >= self.max_graphs:
-                return loop(*inputs)
-            entry = self._capture(key, loop, inputs, generator)
-            if entry is None:
-                if reset is not None:
-                    reset()
-                return loop(*inputs)
-        for buffer, value in zip(entry.inputs, inputs):
-            buffer.copy_(value, non_blocking=True)
-        entry.graph.replay()
-        return entry.output.clone()
-
-    def _capture(self, key: tuple, loop: Callable[..., torch.Tensor], inputs, generator) -> _Captured | None:
-        if self.before_capture is not None:
-            self.before_capture()
-        static = [t.clone() for t in inputs]
-        state = generator.get_state() if generator is not None else None
-        graph = torch.cuda.CUDAGraph()
-        side_stream().wait_stream(torch.cuda.current_stream())  # the clones above, and the plan's buffers
-        try:
-            with torch.cuda.graph(graph, pool=self.pool, stream=side_stream()):
-                output = loop(*static)
-        except RuntimeError as exc:  # e.g. a scheduler that syncs with the host; the loop runs as it is
-            self.refused[key] = f"capture failed: {(str(exc).splitlines() or [type(exc).__name__])[0][:120]}"
-        else:
-            if state is None or torch.equal(generator.get_state(), state):
-                entry = self.graphs[key] = _Captured(graph, static, output)
-                return entry
-            self.refused[key] = "the scheduler draws random numbers at each step"
-        if state is not None:
-            generator.set_state(state)
-        return None

@@ -32,10 +32,6 @@ Options (each can be switched off for ablations):
   loop_plan    compute what every step of one image's loop shares once before it (loop_plan.py): the text
                context's K/V for every cross-attention, and all steps' time embeddings and projections at once
                (SD1.5 on an H100: 38 us a step at batch 1; SDXL: 340 us)
-  graph_loop   with loop_plan and CUDA graphs: from the second image of a shape, step count and scheduler on,
-               the whole denoising loop (UNet steps, guidance, the scheduler's update) is one graph replay
-               (cudagraph.LoopGraphs), not a replay per step with ~15 small kernels launched between; not for calls
-               with a step callback or progress bar, nor for schedulers that draw noise at each step
   fp32_ops     ("attention",): q, k, v and softmax in fp32 (slower; for models whose attention overflows fp16)
   fp8          opt-in, off by default: the transformer blocks' main GEMMs and, on sm_90, the ResNet blocks' 3x3
                convolutions in e4m3 (fp8.py). Outside the numerics rule the default meets: check images first
@@ -139,7 +135,7 @@ class FastEngine(Engine):
                  gemm_geglu: str = "auto", conv: str = "auto", vae_dtype: str = "auto",
                  compile_workers: int | None = None, share_cfg_prefix: bool = True, loop_plan: bool = True,
                  cold_picks: bool = True, fp8: bool = False, fp8_convs: bool = True, fp8_host_weights: bool = True,
-                 graph_loop: bool = True, allow_cpu: bool = False):
+                 allow_cpu: bool = False):
         unknown = set(fp32_ops) - FP32_OPS
         if unknown:
             raise UsageError(f"unknown fp32 op(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(FP32_OPS))}")
@@ -159,9 +155,6 @@ class FastEngine(Engine):
         self.compile_workers = compile_workers
         self.share_cfg_prefix = share_cfg_prefix
         self.loop_plan = loop_plan
-        if not isinstance(graph_loop, bool):
-            raise UsageError(f"graph_loop must be True or False, got {graph_loop!r}")
-        self.graph_loop = graph_loop
         self.cold_picks = cold_picks
         if not isinstance(fp8, bool):
             raise UsageError(f"fp8 must be True or False, got {fp8!r}")
@@ -250,7 +243,7 @@ class FastEngine(Engine):
     def options(self):
         # Where weights wait changes neither results nor picks: not part of the engine cache's key.
         return {**self._output_options(), "compile_workers": self.compile_workers,
-                "fp8_host_weights": self.fp8_host_weights, "graph_loop": self.graph_loop}
+                "fp8_host_weights": self.fp8_host_weights}
 
     def _output_options(self):
         """The options that change what the engine computes or picks: the engine cache's key (how many processes
@@ -392,7 +385,7 @@ class FastEngine(Engine):
         if not graphed:
             planner = plan_with(lambda fn: fn)
             return dataclasses.replace(stages, plan_loop=planner)
-        from .cudagraph import GraphedCallable, LoopGraphs
+        from .cudagraph import GraphedCallable
 
         pool = torch.cuda.graph_pool_handle()
 
@@ -414,9 +407,6 @@ class FastEngine(Engine):
             graphed = GraphedCallable(encode, pool, **graph_opts)
             # Text embeddings are read at every step, after other graphs have replayed: hand out copies.
             encoders.append(lambda ids, g=graphed: tuple(t.clone() for t in g(ids)))
-        # The whole loop as one graph needs the plan: its steps read every per-image input at fixed addresses.
-        loops = LoopGraphs(pool, before_capture=restore_replaced) if planner and self.graph_loop else None
-        graphs = {"unet": unet, "decode": decode, **({"unet_loop": planner.call} if planner else {}),
-                  **({"loop": loops} if loops else {})}
+        graphs = {"unet": unet, "decode": decode, **({"unet_loop": planner.call} if planner else {})}
         return dataclasses.replace(stages, text_encoders=encoders, unet=unet, decode=decode, plan_loop=planner,
-                                   graph_loop=loops, info=dict(stages.info, graphs=graphs))
+                                   info=dict(stages.info, graphs=graphs))

@@ -90,9 +90,6 @@ class _Buffers:
     # (timestep, context, text_embeds, time_ids) as the UNet stage takes them, written once per image. The
     # timestep is the loop's first: with the time embedding pinned (plan_refusal says when it is) no kernel reads it.
     inputs: tuple[torch.Tensor | None, ...]
-    # steps -> (steps, rows, E + C): every step's rows, written once per image, from which `step` is copied: a loop
-    # captured whole (cudagraph.LoopGraphs) reads them here.
-    all_rows: dict[int, torch.Tensor]
 
 
 class LoopPlanner:
@@ -152,7 +149,7 @@ class LoopPlanner:
                 returns += [(unet.add_time_proj, step.new_zeros(n, 1)),
                             (unet.add_embedding, step.new_zeros(n, self.time_width))]
         return _Buffers(None if kv is None else torch.empty_like(kv), step, returns,
-                        tuple(None if t is None else torch.empty_like(t) for t in inputs), {})
+                        tuple(None if t is None else torch.empty_like(t) for t in inputs))
 
     def __call__(self, timesteps: torch.Tensor, context: torch.Tensor, text_embeds: torch.Tensor | None = None,
                  time_ids: torch.Tensor | None = None) -> UNetStep:
@@ -164,6 +161,8 @@ class LoopPlanner:
                 kv = self.context_projections.project(context.to(self.dtype))
             if self.time_projections is not None:
                 rows = self.step_rows(timesteps, text_embeds, time_ids)
+                if current is not None:
+                    rows.record_stream(current)  # read by the steps' copies on the caller's stream
             inputs = (timesteps[0], context, text_embeds, time_ids)
             key = (None if kv is None else tuple(kv.shape), None if rows is None else tuple(rows.shape[1:]),
                    *(None if t is None else (tuple(t.shape), t.dtype) for t in inputs))
@@ -173,20 +172,13 @@ class LoopPlanner:
                     if buffer is not None and current is not None:
                         buffer.record_stream(current)  # allocated here, read by the caller's stream's replays
             buffers = self.buffers[key]
-            all_rows = None
-            if rows is not None:
-                if rows.shape[0] not in buffers.all_rows:
-                    buffers.all_rows[rows.shape[0]] = torch.empty_like(rows)
-                    if current is not None:
-                        buffers.all_rows[rows.shape[0]].record_stream(current)
-                all_rows = buffers.all_rows[rows.shape[0]]
-            for buffer, value in ((buffers.kv, kv), (all_rows, rows), *zip(buffers.inputs, inputs)):
+            for buffer, value in ((buffers.kv, kv), *zip(buffers.inputs, inputs)):
                 if buffer is not None:
                     buffer.copy_(value)  # once per image
 
         def step(i: int, sample: torch.Tensor) -> torch.Tensor:
-            if all_rows is not None:
-                buffers.step.copy_(all_rows[i])
+            if rows is not None:
+                buffers.step.copy_(rows[i])
             return self.call(sample, key)
 
         return step
