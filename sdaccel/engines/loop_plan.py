@@ -13,7 +13,7 @@ The buffers belong to the plan, one set per shape, and are reused by every later
 CUDA graph reads them at the addresses it saw when it was captured. The UNet's other inputs (the timestep, the
 context, SDXL's pooled text and size conditioning) are such buffers too, written once per image: a step's graph
 takes only the latents, and each step copies two tensors in (the latents, its row of time projections) where it
-copied five (about 3 us each on the GPU, between the step graphs).
+copied four (SDXL: six), a few us each on the GPU between the step graphs.
 """
 
 from __future__ import annotations
