@@ -12,8 +12,8 @@ the shared modules read in their pinned mode, and the time embedding's modules r
 The buffers belong to the plan, one set per shape, and are reused by every later image of that shape: a captured
 CUDA graph reads them at the addresses it saw when it was captured. The UNet's other inputs (the timestep, the
 context, SDXL's pooled text and size conditioning) are such buffers too, written once per image: a step's graph
-takes only the latents, and each step copies two tensors in (the latents, its row of time projections) where it
-copied four (SDXL: six), a few us each on the GPU between the step graphs.
+takes only the latents, and each step copies two tensors in (the latents, its row of time projections, or without
+time projections its timestep) where it copied four (SDXL: six), a few us each on the GPU between the step graphs.
 """
 
 from __future__ import annotations
@@ -87,8 +87,9 @@ class _Buffers:
     kv: torch.Tensor | None  # (B', tokens, K/V widths): every cross-attention's K/V, written once per image
     step: torch.Tensor | None  # (rows, E + C): this step's time embedding and projections, copied in per step
     returns: list[tuple[nn.Module, torch.Tensor]]  # what the time embedding's modules return while pinned
-    # (timestep, context, text_embeds, time_ids) as the UNet stage takes them, written once per image. The
-    # timestep is the loop's first: with the time embedding pinned (plan_refusal says when it is) no kernel reads it.
+    # (timestep, context, text_embeds, time_ids) as the UNet stage takes them, written once per image; the
+    # timestep also at every step where the plan has no time projections (the call then embeds it). With them, the
+    # time embedding's modules return the step's row and no kernel reads the timestep.
     inputs: tuple[torch.Tensor | None, ...]
 
 
@@ -179,6 +180,8 @@ class LoopPlanner:
         def step(i: int, sample: torch.Tensor) -> torch.Tensor:
             if rows is not None:
                 buffers.step.copy_(rows[i])
+            else:
+                buffers.inputs[0].copy_(timesteps[i])
             return self.call(sample, key)
 
         return step

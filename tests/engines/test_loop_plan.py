@@ -74,6 +74,18 @@ def test_plan_matches_per_step_calls_and_projects_once_per_image(arch):
     assert all(planned.stages.plan_loop.buffers[key] is value for key, value in buffers.items())
 
 
+def test_a_plan_without_time_projections_hands_each_step_its_timestep():
+    """K/V pinned, the time embedding computed in the call: then the call must see each step's own timestep, which
+    the plan writes into its buffer per step (the other inputs once per image)."""
+    planned, plain = _pipe("sd15-tiny"), _pipe("sd15-tiny", loop_plan=False)
+    plan = planned.stages.plan_loop
+    plan.time_projections, plan.time_width = None, 0
+    kw = dict(steps=3, scheduler="euler", output="latent")
+    torch.testing.assert_close(planned("a cat", **kw).latents, plain("a cat", **kw).latents, rtol=1e-4, atol=1e-4)
+    (key, buffers), = plan.buffers.items()
+    assert buffers.step is None and key[1] is None
+
+
 def test_plan_without_guidance_and_after_a_weight_change():
     planned, plain = _pipe("sd15-tiny"), _pipe("sd15-tiny", loop_plan=False)
     kw = dict(steps=2, scheduler="ddim", output="latent")
