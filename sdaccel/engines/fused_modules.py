@@ -167,8 +167,13 @@ class FusedResnetBlock(nn.Module):
     def fold_bias_of(self, layer: nn.Module) -> None:
         """Add `layer`'s bias (the next transformer's proj_out) to this block's output: see fold_proj_out_biases."""
         object.__setattr__(self, "folded_layer", layer)
-        with torch.no_grad():
-            self.out_bias.copy_(self._out_bias())
+        self._rebuild_out_bias()
+
+    def _rebuild_out_bias(self) -> None:
+        """The combined output bias, rebuilt in place (captured CUDA graphs read its address)."""
+        if self.split_biases:
+            with torch.no_grad():
+                self.out_bias.copy_(self._out_bias())
 
     def can_scale_stream(self) -> bool:
         return self.split_biases and self.block.time_emb_proj is None
@@ -205,9 +210,7 @@ class FusedResnetBlock(nn.Module):
     def refresh(self) -> None:
         """Rebuild the combined bias and the e4m3 weights (and fp16 copies kept on the GPU) in place: captured CUDA
         graphs read their addresses."""
-        if self.split_biases:
-            with torch.no_grad():
-                self.out_bias.copy_(self._out_bias())
+        self._rebuild_out_bias()
         if self.conv1_fp8 is not None:
             self.conv1_fp8.refresh(conv_rows(self.block.conv1))
             self.conv2_fp8.refresh(conv_rows(self.block.conv2))
