@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# The seeds' ablation table for the fast engine, end to end: synthetic SD1.5, 512x512, 50 steps, batch 1 and 8,
-# each row adding one optimization to the one above, each in its own `sdaccel bench` invocation (fresh processes,
-# one shared cache folder: the Triton kernels are built once):
+# The ablation table of benchmarks/README.md ("What each optimization bought"), end to end: synthetic SD1.5, 512x512,
+# 50 steps, batch 1 and 8, each row adding one optimization to the one above, each in its own `sdaccel bench`
+# invocation (fresh processes, one shared cache folder: the Triton kernels are built once). Results go to
+# benchmarks/results/<card>/<date>-ablation/<row>/ unless a folder is given:
 #   eager                 diffusers' modules, fp16, channels_last, PyTorch's SDPA
 #   + CUDA graphs         fast with fused=0 attention=sdpa: one graph per stage and shape, nothing fused
 #   + attention pick      fast with fused=0: the fastest correct attention kernel per shape
-#   + fused kernels       fast with conv=cudnn: GroupNorm(+SiLU) NHWC, SkipLayerNorm, BiasSplitGelu, BiasAdd,
-#                         packed QKV/KV, time and text projections in one GEMM each
-#   + convolution pick    fast with share_cfg_prefix=0: cuDNN or im2col + one cuBLAS GEMM per convolution shape
+#   + fused kernels       fast with conv=cudnn share_cfg_prefix=0: the fused ResNet and transformer blocks (NHWC
+#                         GroupNorm+SiLU, SkipLayerNorm, GEGLU and the Gluon GEMM + GEGLU, bias and residual adds,
+#                         packed QKV/KV) and the loop plan
+#   + convolution pick    fast with share_cfg_prefix=0: cuDNN, im2col + one cuBLAS GEMM, or sdaccel's Gluon sm_90
+#                         implicit-GEMM convolution, the fastest per convolution shape
 #   + shared CFG prefix   fast: CFG's latents once, the halves' common prefix computed once (the default engine)
 #   + FP8 (opt-in)        fast with fp8=1: the transformer blocks' GEMMs and the ResNet blocks' 3x3 convolutions in
-#                         e4m3 where they time faster (engines/fp8.py); outside the numerics rule, hence not default
+#                         e4m3 where they time faster; about 40x fp16's error, hence opt-in
 #   benchmarks/run_ablation_gpu.sh [OUT_DIR]     env: RUNS (3), BATCH_SIZES (1,8)
 set -euo pipefail
 cd "$(dirname "$0")/.."

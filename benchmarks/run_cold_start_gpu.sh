@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The fast engine's cold start with its Triton kernels compiled by their launches, one after another
-# (compile_workers=0: the baseline), and side by side in worker processes (the default), each from empty caches,
-# one after the other on the same machine; --restart adds the second start with the caches warm.
-#   benchmarks/run_cold_start_gpu.sh [OUT_DIR]       (tar OUT_DIR on the device machine: it returns 8 files)
+# The parallel-compile row of benchmarks/README.md's ablation: the fast engine's cold start with its Triton kernels
+# compiled by their launches, one after another (compile_workers=0: the baseline), and side by side in worker
+# processes (the default), each from empty caches, one after the other on the same machine; --restart adds the
+# second start with the caches warm. Results go to benchmarks/results/<card>/<date>-cold-start/workers-*/.
+#   benchmarks/run_cold_start_gpu.sh [OUT_DIR]
 #   env: MODEL (synthetic:sd15), STEPS (50), WORKERS ("0 auto")
 set -euo pipefail
 cd "$(dirname "$0")/.."

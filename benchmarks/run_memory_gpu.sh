@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The fast engine's first-run memory with and without the cap on cuDNN's autotuning workspace, next to eager, on
-# the GPU machine. Every engine and setting in a fresh process (cuDNN keeps its picks per process).
+# The workspace-cap row of benchmarks/README.md's ablation: the fast engine's first-run memory with and without the
+# cap on cuDNN's autotuning workspace, next to eager, on the GPU machine. Every engine and setting in a fresh process
+# (cuDNN keeps its picks per process). Results go to benchmarks/results/<card>/<date>-memory/ unless OUT_DIR is set:
 #   sd15/         sdaccel bench, synthetic SD1.5 512x512, 50 steps, batch 1 and 8: eager, fast (capped)
 #   sd15-nocap/   fast with fast.workspace_mb=0 (no cap)
 #   sdxl/, sdxl-nocap/   the same for synthetic SDXL 1024x1024, 30 steps, batch 1

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# ONNX Runtime (CUDA EP) against the torch engines on the GPU machine, in one command that fits a 10-minute limit:
+# The ONNX Runtime table of benchmarks/README.md: ONNX Runtime (CUDA EP) against the torch engines on the GPU
+# machine, in one command that fits a 10-minute limit:
 #   1. preflight   GPU, packages, and onnxruntime's CUDAExecutionProvider really created (seconds, not after minutes
 #                  of export): preflight.json
 #   2. optimize    sdaccel optimize --provider cuda --fp16 into $DIR, timed: optimize.json (wall time, per-component
@@ -45,10 +46,10 @@ else
   SIZE_ARGS=(--height 512 --width 512); STEPS=${STEPS:-50}; ENGINES=${ENGINES:-eager,onnxruntime,fast,compile}
   COMPILE_ARGS=(--compile-mode reduce-overhead)
   UNET_VARIANTS=${UNET_VARIANTS:-onnxruntime,fast,eager}; UNET_ITERS=${UNET_ITERS:-30}
-  # "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3", as run_bench_gpu.sh names its folders
-  card=$( (nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo gpu) | head -n 1 \
-         | tr '[:upper:]' '[:lower:]' | tr -cs 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')
-  out=${OUT_DIR:-"benchmarks/results/${card:-gpu}-$(date -u +%Y-%m-%d)-onnx"}
+  # benchmarks/results/<card>/<date>-onnxruntime/, as the other run_*_gpu.sh scripts name their folders
+  . benchmarks/gpu_card.sh
+  card=$(card_name || echo gpu)
+  out=${OUT_DIR:-"benchmarks/results/${card:-gpu}/$(date -u +%Y-%m-%d)-onnxruntime"}
 fi
 DIR=${DIR:-"/tmp/sdaccel-onnx/${ARCH}-${PROVIDER}-${DTYPE}"}
 mkdir -p "$out"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# SDXL with its VAE decoded in fp16, activations scaled down by 2^-8 (engines/vae_scaling.py; vae_dtype "auto"),
+# The VAE-scaling row of benchmarks/README.md's ablation: SDXL with its VAE decoded in fp16, activations scaled
+# down by 2^-8 (the fast engine's vae_dtype "auto"),
 # against the fp32 decode diffusers uses for that VAE (vae_dtype=fp32), one after the other on the same machine and
 # cache folder (the second run reuses the UNet's Triton kernels): latency, decode time, memory, PSNR against eager
-# fp32 (--quality).
+# fp32 (--quality). Results go to benchmarks/results/<card>/<date>-vae-scaling/sdxl-vae-*/.
 #   benchmarks/run_vae_scaling_gpu.sh [OUT_DIR]     env: RUNS (3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
