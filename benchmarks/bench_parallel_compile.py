@@ -1,5 +1,5 @@
 """How long the fast engine's Triton kernels take to build: one after another in this process (what the launches
-do with compile_workers=0), or side by side in worker processes (kernels/precompile.py).
+do with compile_workers=0), or side by side in worker processes (engines/fast/compile_workers.py).
 
 One dry run of the pipeline (text encoder, UNet, VAE decode) records the kernels a first image needs; then each
 variant builds all of them (and, on Triton <= 3.6, their C launchers) into an empty Triton cache of its own.
@@ -37,7 +37,8 @@ def main(argv=None) -> int:
 
     import sdaccel
     from sdaccel.engines.fast import FastEngine
-    from sdaccel.kernels import precompile
+    from sdaccel.engines.fast import compile_workers
+    from sdaccel.kernels.recording import recording_kernels
 
     if not torch.cuda.is_available():
         print("bench_parallel_compile: needs a CUDA GPU", file=sys.stderr)
@@ -45,7 +46,7 @@ def main(argv=None) -> int:
     pipe = sdaccel.load(args.model, engine=FastEngine(cuda_graphs=False, compile_workers=0), device="cuda",
                         dtype="fp16")
     start = time.perf_counter()
-    with precompile.recording_kernels() as specs:
+    with recording_kernels() as specs:
         pipe("a dry run", steps=1, output="tensor", guard=False)
     torch.cuda.synchronize()
     record_s = time.perf_counter() - start
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
             for spec in specs:
                 t0 = time.perf_counter()
                 try:  # what a launch builds: the kernel and (Triton <= 3.6) its C launcher
-                    precompile._build_launcher(precompile._jit_function(spec.module, spec.name).preload(spec.data))
+                    compile_workers._build_launcher(compile_workers._jit_function(spec.module, spec.name).preload(spec.data))
                 except Exception as exc:  # noqa: BLE001 - reported
                     failures.append(f"{spec.name}: {exc}")
                 per_kernel.append(time.perf_counter() - t0)
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
                        startup_s=0.0, compile_s=sum(per_kernel), failures=failures,
                        slowest=sorted(((round(t, 2), s.name) for t, s in zip(per_kernel, specs)), reverse=True)[:8])
         else:
-            row = precompile.compile_in_workers(specs, workers).as_dict()
+            row = compile_workers.compile_in_workers(specs, workers).as_dict()
         row["wall_s"] = time.perf_counter() - start
         rows.append(row)
         print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}))

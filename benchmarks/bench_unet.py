@@ -3,53 +3,40 @@
     python benchmarks/bench_unet.py --arch sd15 --batch 2 --variants eager,eager-graph,fast-nofuse,fast,compile-ro \
         --out $OUT/unet_sd15.json
 
-Variants (the ablation ladder):
+Variants (the ablation ladder; each but the GroupNorm ones is an engine option, `sdaccel engines fast`):
   eager          diffusers UNet, fp16, channels_last, SDPA
   eager-graph    eager + one CUDA graph over the call (launch overhead removed, nothing fused)
   fast-nofuse    sdaccel fast engine without the fused blocks (attention pick + CUDA graph)
-  fast-noattn    fast engine with PyTorch's own SDPA dispatch instead of the per-shape pick
-  fast           sdaccel fast engine: fused kernels + attention pick + CUDA graph
-  fast-nocap     fast without the cap on cuDNN's autotuning workspace (run it in its own process: cuDNN keeps
-                 its picks per process, so after `fast` nothing would be tuned again)
-  fast-ffpick    fast with gemm_geglu="triton": the plain-Triton fused GEMM + GEGLU kernels timed too
+  fast-noattn    fast engine with PyTorch's own SDPA dispatch instead of the per-shape pick (attention="sdpa")
+  fast-nograph   fast without CUDA graphs
+  fast           sdaccel fast engine: fused kernels + kernel picks + CUDA graph
+  fast-nocap     fast without the cap on cuDNN's autotuning workspace (workspace_mb=0; run it in its own process:
+                 cuDNN keeps its algorithm choices per process, so after `fast` nothing would be tuned again)
   fast-ffsplit   fast with gemm_geglu="split": the feed-forward's GEMM + GEGLU always as cuBLAS + the GEGLU kernel
-                 (the default, "auto", times one warp-specialized Gluon kernel against it per shape on sm_90). Run it
-                 in its own process: the picks are process-wide
+                 (the default times one warp-specialized Gluon kernel against it per shape on sm_90)
   fast-hotpick   fast with cold_picks=False: the convolution and feed-forward picks time their candidates back to
-                 back, weights in L2 (before the eleventh session); run it in its own process
-  fast-cudnn     fast with cuDNN for every convolution (no per-shape pick against im2col + cuBLAS GEMM); run it in
-                 its own process (the picks are process-wide)
+                 back, weights in L2
+  fast-cudnn     fast with cuDNN for every convolution (conv="cudnn")
   fast-convgemm  fast with conv="gemm": cuDNN against im2col + cuBLAS only, without sdaccel's Gluon convolution
-                 (sm_90); run it in its own process
   fast-cfgtwice  fast with share_cfg_prefix=False: the CFG batch's two halves computed in full (an even --batch is
                  CFG's: the same latents twice; fast takes them once and computes the part before the first
                  cross-attention once)
+  fast-nofold    fast with fold_biases=False: a bias + residual pass after each transformer's proj_out
   fast-gnsplit   fast with every GroupNorm too large for the single-pass kernel on the split statistics + normalize
                  kernels (none on the looped kernel: one program per sample and group, one launch)
   fast-nocluster fast with the cluster GroupNorm off (kernels/group_norm_cluster.py, Hopper): the groups it takes at
                  small batches go to the looped kernel
-  fast-convbare  fast with each convolution picked without its bias and residual (convolution.PICK_WITH_EPILOGUE
-                 off: the pick before the twenty-sixth session)
-  fast-attnv1, fast-attnv2, fast-attnv3   fast with the Gluon attention kernel's two engine configs (the 4096-
-                 and the 1024-token one) in ROW_SUMS mode 1, 2 or 3 (kernels/flash_attention_sm90.py's notes),
-                 its attention picks timed afresh (none taken from the process's earlier variants or the engine
-                 cache, nothing written to the cache)
   fast-gnw16     fast with the cluster GroupNorm at 16 values a thread at every call (twice the warps of its
                  fp16 rule, at most 16), as its e4m3 rule does without a concatenation
-  fast-gnwide    fast with the split GroupNorm kernels' channel blocks and tiles of before the twenty-seventh
-                 session at every call (256 lanes, 8192 values: group_norm.SPLIT_MAX_BLOCK_C, SPLIT_TILE_ELEMS)
-  fast-nofold    fast without proj_out's bias folded into the ResNet block before each transformer
-                 (fused_modules.FOLD_PROJ_OUT_BIAS off: a bias + residual pass after each proj_out, as before the
-                 twenty-ninth session)
+  fast-gnwide    fast with the split GroupNorm kernels' channel blocks at 256 lanes and tiles of 8192 values
+                 (group_norm.SPLIT_MAX_BLOCK_C, SPLIT_TILE_ELEMS at the concatenations' values)
   fast-fp8       fast with fp8=True: the transformer blocks' Q/K/V, cross Q and feed-forward GEMMs and the ResNet
                  blocks' convolutions in e4m3, their inputs written in e4m3 by the norm and GEGLU kernels
-                 (engines/fp8.py; opt-in, outside the numerics rule)
+                 (engines/fast/fp8.py; opt-in, outside the numerics rule)
   fast-fp8-noconv   fast-fp8 with the ResNet blocks' convolutions left in fp16 (fp8_convs=False)
-  fast-fp8-gnlooped  fast-fp8 with the norms that write e4m3 kept from the cluster GroupNorm (on the looped kernel
-                 at small batches; group_norm.CLUSTER_TAKES_E4M3 off)
-  fast-fp8-nofold    fast-fp8 without proj_out's bias folded into the ResNet block before each transformer
-  fast-fp8-gnw32 fast-fp8 with the cluster GroupNorm's e4m3 calls at 32 values a thread, as its fp16 ones (the
-                 rule before the twenty-sixth session; group_norm_cluster.E4M3_VALUES_PER_THREAD)
+  fast-fp8-nofold   fast-fp8 with fold_biases=False
+  fast-fp8-gnw32 fast-fp8 with the cluster GroupNorm's e4m3 calls at 32 values a thread, as its fp16 ones
+                 (group_norm_cluster.E4M3_VALUES_PER_THREAD)
   compile-ro     torch.compile(mode="reduce-overhead"), compile time reported separately
   onnxruntime    ONNX Runtime CUDA EP over an `sdaccel optimize --provider cuda --fp16` folder (--onnx-folder; without
                  it the engine builds one in its cache first), IO binding, CUDA graph per shape
@@ -146,24 +133,18 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
         "fast": lambda: get_engine("fast"),
         "fast-cfgtwice": lambda: get_engine("fast", share_cfg_prefix=False),
         "fast-nocap": lambda: get_engine("fast", workspace_mb=0),  # cuDNN autotunes with all free memory
-        "fast-ffpick": lambda: get_engine("fast", gemm_geglu="triton"),
         "fast-ffsplit": lambda: get_engine("fast", gemm_geglu="split"),
         "fast-hotpick": lambda: get_engine("fast", cold_picks=False),
         "fast-cudnn": lambda: get_engine("fast", conv="cudnn"),
         "fast-convgemm": lambda: get_engine("fast", conv="gemm"),
+        "fast-nofold": lambda: get_engine("fast", fold_biases=False),
         "fast-gnsplit": lambda: get_engine("fast"),
         "fast-nocluster": lambda: get_engine("fast"),
-        "fast-fp8": lambda: get_engine("fast", fp8=True),
-        "fast-fp8-noconv": lambda: get_engine("fast", fp8=True, fp8_convs=False),
         "fast-gnw16": lambda: get_engine("fast"),
         "fast-gnwide": lambda: get_engine("fast"),
-        "fast-nofold": lambda: get_engine("fast"),
-        "fast-convbare": lambda: get_engine("fast"),
-        "fast-attnv1": lambda: get_engine("fast"),
-        "fast-attnv2": lambda: get_engine("fast"),
-        "fast-attnv3": lambda: get_engine("fast"),
-        "fast-fp8-gnlooped": lambda: get_engine("fast", fp8=True),
-        "fast-fp8-nofold": lambda: get_engine("fast", fp8=True),
+        "fast-fp8": lambda: get_engine("fast", fp8=True),
+        "fast-fp8-noconv": lambda: get_engine("fast", fp8=True, fp8_convs=False),
+        "fast-fp8-nofold": lambda: get_engine("fast", fp8=True, fold_biases=False),
         "fast-fp8-gnw32": lambda: get_engine("fast", fp8=True),
         "compile-ro": lambda: get_engine("compile", mode="reduce-overhead"),
         "onnxruntime": lambda: get_engine("onnxruntime", folder=onnx_folder, cuda_graph=True),
@@ -175,12 +156,10 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
 
 @contextlib.contextmanager
 def kernel_knobs(name: str):
-    """Module-level kernel switches a variant runs under, from its build through its graphs' capture to its timing
+    """GroupNorm tuning constants a variant runs under, from its build through its graphs' capture to its timing
     (captured graphs keep the kernels they were captured with; later variants get the defaults back)."""
     gn = importlib.import_module("sdaccel.kernels.group_norm")  # the package re-exports the function by this name
     gn_cluster = importlib.import_module("sdaccel.kernels.group_norm_cluster")
-    from sdaccel.engines import convolution, fused_modules
-
     rule = gn_cluster.warps_for
 
     def warps_at_16_values(hw, group_size, e4m3=False, concat=False):
@@ -190,24 +169,8 @@ def kernel_knobs(name: str):
              "fast-gnwide": [(gn, "SPLIT_MAX_BLOCK_C", gn.CONCAT_MAX_BLOCK_C),
                              (gn, "SPLIT_TILE_ELEMS", gn.CONCAT_TILE_ELEMS)],
              "fast-gnw16": [(gn_cluster, "warps_for", warps_at_16_values)],
-             "fast-convbare": [(convolution, "PICK_WITH_EPILOGUE", False)],
-             "fast-nofold": [(fused_modules, "FOLD_PROJ_OUT_BIAS", False)],
-             "fast-fp8-nofold": [(fused_modules, "FOLD_PROJ_OUT_BIAS", False)],
              "fast-nocluster": [(gn, "CLUSTER_CTAS_PER_SM", 0)],
-             "fast-fp8-gnlooped": [(gn, "CLUSTER_TAKES_E4M3", False)],
              "fast-fp8-gnw32": [(gn_cluster, "E4M3_VALUES_PER_THREAD", gn_cluster.VALUES_PER_THREAD)]}.get(name, [])
-    if name.startswith("fast-attnv"):
-        from sdaccel.engines import attention, fast
-        from sdaccel.engines.kernel_pick import ShapePicks
-        from sdaccel.kernels import flash_attention_sm90 as sm90
-
-        mode = int(name.removeprefix("fast-attnv"))
-        knobs = [(sm90, "DEFAULT_CONFIG", (*sm90.DEFAULT_CONFIG[:6], mode)),
-                 (sm90, "SHORT_CONFIG", (*sm90.SHORT_CONFIG[:5], False, mode)),  # (BM, BN, warps, stages, regs)
-                 (attention, "_KERNELS", {}),  # the candidates built again, with the configs above
-                 (attention, "_PICKS", ShapePicks(attention.DEFAULT, enabled=True)),  # timed afresh ...
-                 (fast, "restore_backends", lambda choices: None),  # ... not restored from the engine cache ...
-                 (fast.FastEngine, "save_cache", lambda self: None)]  # ... nor written to it for later variants
     saved = [(module, attr, getattr(module, attr)) for module, attr, _ in knobs]
     try:
         for module, attr, value in knobs:
@@ -220,11 +183,7 @@ def kernel_knobs(name: str):
 
 def measure_variant(name: str, spec, dtype, inputs, refs, args) -> dict:
     with kernel_knobs(name):
-        row = _measure_variant(name, spec, dtype, inputs, refs, args)
-        if name.startswith("fast-attnv"):  # its own picks, which the knobs put back afterwards
-            from sdaccel.engines.attention import chosen_backends
-            row["attention_backends"] = chosen_backends()
-        return row
+        return _measure_variant(name, spec, dtype, inputs, refs, args)
 
 
 def _measure_variant(name: str, spec, dtype, inputs, refs, args) -> dict:
@@ -258,7 +217,7 @@ def _measure_variant(name: str, spec, dtype, inputs, refs, args) -> dict:
                call_peak_MB=mb(torch.cuda.max_memory_allocated() - base) if on_gpu() else None,
                device_used_MB=mb(free_before - torch.cuda.mem_get_info()[0]) if on_gpu() else None,
                fusions=getattr(engine, "fusion_counts", {}) or stages.info.get("fused_ops", {}).get("unet", {}))
-    if name.startswith("fast"):  # what the per-shape picks chose (process-wide: every fast variant so far)
+    if name.startswith("fast"):  # what this variant's engine picked per shape
         row["picks"] = engine.report()
     if name.startswith("onnxruntime"):  # how its sessions ran: stream ordering, CUDA graph or why not
         row["engine_info"] = {k: stages.info.get(k) for k in ("sessions", "notes", "folder", "built")}
@@ -315,18 +274,6 @@ def main():
         if on_gpu():
             torch.cuda.empty_cache()
         torch._dynamo.reset()
-    from sdaccel.engines import convolution, feed_forward
-    from sdaccel.engines.attention import chosen_backends
-    from sdaccel.engines.fp8 import chosen_blocks
-
-    result["attention_backends"] = chosen_backends()
-    result["feed_forward_paths"] = feed_forward.chosen_paths()
-    result["convolution_paths"] = convolution.chosen_paths()
-    result["fp8_blocks"] = chosen_blocks()  # the FP8 variants' transformer blocks: e4m3 or fp16 per shape
-    print(json.dumps(result["fp8_blocks"], indent=1))
-    print(json.dumps(result["feed_forward_paths"], indent=1))
-    print(json.dumps({k: v for k, v in result["convolution_paths"].items() if v != convolution.CUDNN}, indent=1))
-    print(json.dumps(result["attention_backends"], indent=1))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -142,7 +142,7 @@ def main():
     ap.add_argument("--arch", default="sd15")
     ap.add_argument("--batch", type=int, default=2, help="UNet batch (2 = one image with CFG)")
     ap.add_argument("--engine", default="eager", help="eager, or fast (profiled without CUDA graphs)")
-    ap.add_argument("--gemm-geglu", choices=["auto", "triton", "split"], default="auto",
+    ap.add_argument("--gemm-geglu", choices=["auto", "split"], default="auto",
                     help="fast: the feed-forward's GEMM + GEGLU as the engine's option of that name")
     ap.add_argument("--stage", choices=["unet", "decode"], default="unet",
                     help="decode: the VAE decoder instead (batch = images)")
@@ -187,16 +187,17 @@ def main():
         unet = comps.vae.decoder.to(memory_format=torch.channels_last)
         inputs = [(x,) for x, *_ in inputs]
     if args.engine == "fast":
-        from sdaccel.engines import feed_forward
-        from sdaccel.engines.fused_modules import cfg_prefix_refusal, fuse_modules
-        from sdaccel.engines.kernel_pick import set_l2_eviction
+        from sdaccel.engines.fast.cfg_prefix import cfg_prefix_refusal
+        from sdaccel.engines.fast.fp8_blocks import FP8Settings
+        from sdaccel.engines.fast.fuse import fuse_modules
+        from sdaccel.engines.fast.picks import KernelPicks
 
         torch.backends.cudnn.benchmark = True
-        feed_forward.set_mode(args.gemm_geglu)
-        # The picks timed as the engine times them, with the weights out of L2 (engines/kernel_pick.py); before
-        # the twentieth session this script timed them back to back, so its picks could differ from the engine's.
-        set_l2_eviction(unet.parameters())
-        print("fusions", fuse_modules(unet, fp8=args.fp8 != "off", fp8_convs=args.fp8 == "on"), flush=True)
+        picks = KernelPicks.build(gemm_geglu=args.gemm_geglu)
+        fp8 = None if args.fp8 == "off" else FP8Settings(convs=args.fp8 == "on")
+        print("fusions", fuse_modules(unet, picks, fp8=fp8), flush=True)
+        # The picks timed as the engine times them, with the weights out of L2 (engines/fast/kernel_pick.py).
+        picks.eviction.track(unet.parameters())
         refusal = "--cfg-twice" if args.cfg_twice else cfg_prefix_refusal(unet)
         if args.stage == "unet" and args.batch % 2 == 0 and refusal is None:
             inputs = [(x[:args.batch // 2], t, c, extra) for x, t, c, extra in inputs]  # as the engine's stage

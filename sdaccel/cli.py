@@ -31,14 +31,28 @@ def _add_model_args(p: argparse.ArgumentParser, default_model: str | None = None
     p.add_argument("--compile-mode", help="torch.compile mode for the compile engine (default: reduce-overhead on "
                                           "GPU, default on CPU)")
     p.add_argument("--fp32-ops", help="fast engine: comma-separated ops kept in fp32 (attention)")
+    p.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the engine (repeatable; `sdaccel engines NAME` lists them), e.g. fp8=1")
 
 
 def engine_options(engine: str, args) -> dict:
+    """The options `engine` is built with: --compile-mode, --fp32-ops, then --engine-opt KEY=VALUE (or
+    ENGINE.KEY=VALUE naming this engine), checked against the engine's options."""
+    from .engines.options import parse_engine_opts
+
+    options: dict = {}
     if engine == "compile" and getattr(args, "compile_mode", None):
-        return {"mode": args.compile_mode}
+        options["mode"] = args.compile_mode
     if engine == "fast" and getattr(args, "fp32_ops", None):
-        return {"fp32_ops": [op.strip() for op in args.fp32_ops.split(",") if op.strip()]}
-    return {}
+        options["fp32_ops"] = tuple(op.strip() for op in args.fp32_ops.split(",") if op.strip())
+    items = []
+    for item in getattr(args, "engine_opt", None) or []:
+        target = item.partition("=")[0]
+        if "." in target and target.partition(".")[0].strip().lower() != engine:
+            raise SdaccelError(f"--engine-opt {item!r} names another engine than --engine {engine}")
+        items.append(item if "." in target else f"{engine}.{item}")
+    options.update(parse_engine_opts(items).get(engine, {}))
+    return options
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="torch, CUDA, GPU and the engines usable here")
     info.add_argument("--json", action="store_true")
     info.set_defaults(func=cmd_info)
+
+    engines = sub.add_parser("engines", help="the engines, or one engine's options (name, type, default, meaning)")
+    engines.add_argument("name", nargs="?", help="an engine: list its options")
+    engines.set_defaults(func=cmd_engines)
 
     for register in _extra_commands():
         register(sub)
@@ -164,8 +182,8 @@ def cmd_generate(args) -> int:
 def machine_info() -> dict:
     import torch
 
-    from . import __version__
     from .device import resolve_device
+    from .version import __version__
     from .engines import available_engines
 
     device = resolve_device(None)
@@ -196,6 +214,26 @@ def cmd_info(args) -> int:
                 print(f"engine {name:12s} {state}")
         else:
             print(f"{key:18s} {value}")
+    return 0
+
+
+def cmd_engines(args) -> int:
+    from .engines import ENGINES
+
+    if not args.name:
+        for name in ENGINES:
+            print(f"{name:12s} {ENGINES[name].description}")
+        print("options of one engine: sdaccel engines NAME")
+        return 0
+    name = args.name.strip().lower()
+    if name not in ENGINES:
+        raise SdaccelError(f"unknown engine {args.name!r}; available: {', '.join(sorted(ENGINES))}")
+    print(f"{name}: {ENGINES[name].description}")
+    for row in ENGINES[name].Config.describe():
+        default = (",".join(row.default) or "()") if isinstance(row.default, tuple) else row.default
+        choices = f" ({' | '.join(row.choices)})" if row.choices else ""
+        print(f"  {row.name} = {default}  [{row.type}{choices}]\n      {row.help}")
+    print(f"set with --engine-opt KEY=VALUE (generate) or --engine-opt {name}.KEY=VALUE (bench, compare)")
     return 0
 
 

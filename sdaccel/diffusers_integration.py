@@ -15,9 +15,8 @@ from .device import resolve_dtype
 from .engines import get_engine
 from .errors import UsageError
 from .models.components import Components
-from .models.loading import _spec_from_modules
+from .models.loading import _spec_from_modules, detect_arch
 from .models.registry import get_spec
-from .models.loading import detect_arch
 
 _PASSTHROUGH_KWARGS = ("cross_attention_kwargs", "down_block_additional_residuals", "mid_block_additional_residual",
                        "down_intrablock_additional_residuals", "encoder_attention_mask", "attention_mask",
@@ -48,11 +47,11 @@ def accelerate(pipe, engine="eager", dtype=None, **engine_options: Any):
     device = pipe.unet.device
     dt = resolve_dtype(dtype or pipe.unet.dtype, device)
     eng = get_engine(engine, device, **engine_options)
-    if getattr(eng, "vae_dtype", None) == "auto" and components.spec.vae_force_upcast:
+    if getattr(eng.config, "vae_dtype", None) == "auto" and components.spec.vae_force_upcast:
         # diffusers' SDXL pipeline casts a force_upcast VAE it finds in fp16 to fp32 around every decode: under it
-        # the fast engine's scaled fp16 decode (engines/vae_scaling.py) would be cast back and forth at each call.
-        # "auto" here means what that pipeline wants: fp32.
-        eng.vae_dtype = "fp32"
+        # the fast engine's scaled fp16 decode (engines/fast/vae_scaling.py) would be cast back and forth at each
+        # call. "auto" here means what that pipeline wants: fp32.
+        eng = type(eng)(eng.config.replace(vae_dtype="fp32"))
     stages = eng.prepare(components, dt, device)
     unet, vae = pipe.unet, pipe.vae
     original_forward, original_decode = unet.forward, vae.decode

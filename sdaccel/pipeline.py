@@ -4,6 +4,10 @@ The loop never waits for the GPU: the scheduler gets host-side timesteps (comput
 through the stages' per-image steps (Stages.unet_steps: an engine may compute what every step shares once), guidance
 is one batched call (uncond + cond; a UNet stage that shares the halves' common prefix takes the latents
 once), and the only synchronisation is fetching the finished images.
+
+A Pipeline computes; it does not judge its output. `sdaccel.load()` wraps it in the output guard (quality/guard.py),
+which hands the pipeline its device-side checks to queue behind the decode (`output_checks`) and repairs a
+non-finite result through the engine.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ from .device import dtype_name, resolve_device, resolve_dtype
 from .engines import Engine, get_engine
 from .errors import UsageError
 from .models.components import Components
-from .quality.guard import output_checks
 from .schedulers import canonical, make_scheduler
 from .timing import StageTimer, StageTimings
 
 StepCallback = Callable[[int, float, torch.Tensor], None]  # (step index, timestep, latents after the step)
+# (final latents, decoded-finite flag or None, uint8 image or None) -> flags on the device, without a sync
+OutputChecks = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor]
 
 
 @dataclass
@@ -32,8 +37,8 @@ class GenerationResult:
     timings: StageTimings
     params: dict[str, Any] = field(default_factory=dict)
     decoded_finite: torch.Tensor | None = None  # device-side "decoder output had no NaN/Inf" flag
-    checks: torch.Tensor | None = None  # the output guard's flags, queued on the device (quality.guard.output_checks)
-    guard: Any = None  # quality.guard.GuardReport when the call was guarded
+    checks: torch.Tensor | None = None  # Pipeline.output_checks' flags, queued on the device behind the decode
+    guard: Any = None  # the output guard's verdict (quality.guard.GuardReport) when the call was guarded
 
 
 @dataclass
@@ -78,10 +83,15 @@ def _as_list(value: str | list[str] | None, n: int, what: str) -> list[str]:
 
 
 class Pipeline:
-    """A loaded model on one engine. Call it like a diffusers pipeline; it returns a GenerationResult."""
+    """A loaded model on one engine. Call it like a diffusers pipeline; it returns a GenerationResult.
+
+    output_checks: a function queued right after the decode, before the call's one sync, whose device tensor
+    becomes GenerationResult.checks (the output guard's reductions: queued after the sync, each small kernel waited
+    on its own launch, about 1 ms at batch 1 on an H200)."""
 
     def __init__(self, components: Components, engine: str | Engine = "eager", dtype: str | torch.dtype | None = None,
-                 device: str | torch.device | None = None, **engine_options: Any):
+                 device: str | torch.device | None = None, output_checks: OutputChecks | None = None,
+                 **engine_options: Any):
         self.components = components
         self.spec = components.spec
         self.device = resolve_device(device)
@@ -90,6 +100,7 @@ class Pipeline:
             raise UsageError("fp16 needs a GPU; use fp32 or bf16 on the CPU")
         self.engine = get_engine(engine, self.device, **engine_options)
         self.stages = self.engine.prepare(components, self.dtype, self.device)
+        self.output_checks = output_checks
         self._schedulers: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------------------------ pieces
@@ -129,18 +140,11 @@ class Pipeline:
 
     # ------------------------------------------------------------------------------------------------ the call
 
-    def __call__(self, prompt: str | list[str], negative_prompt: str | list[str] | None = None, *,
-                 guard: bool = True, strict: bool = False, **kwargs: Any) -> GenerationResult:
-        """Generate (keyword arguments as in `generate`), then check the output once for NaN/Inf and black or flat
-        images. A non-finite result is repaired in fp32 (attention upcast, or an fp32 VAE decode) with a
-        PrecisionFallbackWarning; strict=True raises instead. The checks are queued behind the decode (a few small
-        kernels, nothing inside the denoising loop) and read with one tiny copy at the end; guard=False skips the
-        reading and the remedies. `sdaccel bench` times guarded calls, as users make them."""
-        if not guard:
-            return self.generate(prompt, negative_prompt, **kwargs)
-        from .quality.guard import run_guarded
-
-        return run_guarded(self, prompt, negative_prompt, strict=strict, **kwargs)
+    def __call__(self, prompt: str | list[str], negative_prompt: str | list[str] | None = None,
+                 **kwargs: Any) -> GenerationResult:
+        """`generate`. The output is not judged here: sdaccel.load() returns the pipeline inside the output guard,
+        whose call checks it once and repairs a non-finite result."""
+        return self.generate(prompt, negative_prompt, **kwargs)
 
     @torch.inference_mode()
     def generate(self, prompt: str | list[str], negative_prompt: str | list[str] | None = None, *,
@@ -189,9 +193,8 @@ class Pipeline:
                 decoded = self.stages.decode(latents / spec.vae_scaling_factor)
                 decoded_finite = torch.isfinite(decoded).all()  # read later, with the image: no sync here
                 image = ((decoded / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
-        # Queued before the call's one sync, the guard's reductions run back to back behind the decode (a few us);
-        # queued after it, each small kernel waited on its own launch.
-        checks = output_checks(latents, decoded_finite, image)
+        # Queued before the call's one sync, the checks run back to back behind the decode (a few us).
+        checks = None if self.output_checks is None else self.output_checks(latents, decoded_finite, image)
         timings = timer.result(steps=steps, unet_calls=len(sched.timesteps))
 
         params = dict(prompt=prompts[0], negative_prompt=negatives[0], steps=steps, guidance=guidance,

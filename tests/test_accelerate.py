@@ -60,9 +60,9 @@ def test_accelerate_keeps_an_sdxl_vae_in_fp32_for_the_pipelines_own_upcast(token
 
     pipe = diffusers_pipeline("sdxl-tiny", tokenizer_dir)
     sdaccel.accelerate(pipe, engine=FastEngine(allow_cpu=True))  # vae_dtype "auto"
-    assert pipe._sdaccel_engine.vae_dtype == "fp32" and pipe.vae.dtype == torch.float32
+    assert pipe._sdaccel_engine.config.vae_dtype == "fp32" and pipe.vae.dtype == torch.float32
     other = diffusers_pipeline("sdxl-tiny", tokenizer_dir)
     sdaccel.accelerate(other, engine=FastEngine(allow_cpu=True, vae_dtype="bf16"))
-    assert other._sdaccel_engine.vae_dtype == "bf16" and other.vae.dtype == torch.bfloat16
+    assert other._sdaccel_engine.config.vae_dtype == "bf16" and other.vae.dtype == torch.bfloat16
     images = pipe("a lighthouse", num_inference_steps=1, height=64, width=64, output_type="pt").images
     assert torch.isfinite(images).all()

@@ -38,6 +38,10 @@ def test_info_lists_engines():
     (["--engine", "warp"], "unknown engine 'warp'"),
     (["--model", "/no/such/model"], "/no/such/model: no such file or folder"),
     (["--steps", "many"], "invalid int value"),
+    (["--engine-opt", "channels_last=maybe"], "engine 'eager', option channels_last: expected a boolean"),
+    (["--engine-opt", "warp=9"], "engine 'eager' has no option 'warp'; its options: channels_last"),
+    (["--engine-opt", "fast.fp8=1"], "names another engine than --engine eager"),
+    (["--engine-opt", "noequals"], "expected ENGINE.KEY=VALUE"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
     proc = run("generate", "a cat", "--model", "synthetic:sd15-tiny", *args, "--out", str(tmp_path))
@@ -58,3 +62,23 @@ def test_empty_model_folder_is_one_line_and_exit_2(tmp_path):
 def test_unknown_subcommand():
     proc = run("paint")
     assert proc.returncode == 2 and proc.stderr.startswith("sdaccel: error:")
+
+
+def test_engines_lists_them_and_one_engines_options():
+    listing = run("engines")
+    assert listing.returncode == 0 and all(name in listing.stdout for name in ("eager", "compile", "fast", "onnxruntime"))
+    options = run("engines", "fast")
+    assert options.returncode == 0
+    assert "fp8 = False  [bool]" in options.stdout and "conv = auto  [str (auto | gemm | cudnn)]" in options.stdout
+    unknown = run("engines", "warp")
+    assert unknown.returncode == 2 and unknown.stderr.strip() == "sdaccel: error: unknown engine 'warp'; available: " \
+        "compile, eager, fast, onnxruntime"
+
+
+def test_generate_takes_engine_options(tmp_path):
+    proc = run("generate", "a cat", "--model", "synthetic:sd15-tiny", "--steps", "1", "--engine-opt",
+               "channels_last=0", "--engine-opt", "eager.channels_last=0", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "given twice" in proc.stderr  # the same option, spelled two ways
+    proc = run("generate", "a cat", "--model", "synthetic:sd15-tiny", "--steps", "1", "--engine-opt",
+               "channels_last=0", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr

@@ -2,7 +2,7 @@
 the head dim in two power-of-two parts (40 = 32 + 16, 80 = 64 + 16, 160 = 128 + 32), one row per tile config,
 vs PyTorch's scaled_dot_product_attention (the baseline), each of its backends alone, and FlashAttention-4's
 CuTe-DSL kernel when the flash-attn-4 package is installed; past head dim 256 (the VAE decoder's mid block), the
-engine's cuBLAS GEMMs + softmax (engines/attention.py's matmul_softmax_attention).
+engine's cuBLAS GEMMs + softmax (engines/fast/attention.py's matmul_softmax_attention).
 
     python benchmarks/kernels/bench_attention.py [--dtype fp16] [--csv out.csv]
 
@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from _timing import DTYPES, bench_pair, compare, finish, parse_args, start  # noqa: E402
 
-from sdaccel.engines.attention import MATMUL_MIN_HEAD_DIM, _flash_attn_cute, matmul_softmax_attention  # noqa: E402
+from sdaccel.engines.fast.attention import MATMUL_MIN_HEAD_DIM, _flash_attn_cute, matmul_softmax_attention  # noqa: E402
 from sdaccel.errors import first_line  # noqa: E402
 from sdaccel.kernels import flash_attention_sm90 as sm90  # noqa: E402
 from sdaccel.kernels.flash_attention import (  # noqa: E402
@@ -80,21 +80,15 @@ def _parse_config(name: str) -> tuple[int, int, int, int]:
 
 
 def _parse_sm90_config(name: str) -> tuple:
-    """'128x64w8s3' -> (128, 64, 8, 3); 'r80': at most 80 registers a thread; 'x2': two math partitions; 'v2':
-    ROW_SUMS 2 (kernels/flash_attention_sm90.py's notes)."""
-    name, _, row_sums = name.partition("v")
+    """'128x64w8s3' -> (128, 64, 8, 3); 'r80': at most 80 registers a thread; 'x2': two math partitions."""
     split = name.endswith("x2")
     base, _, regs = name.removesuffix("x2").partition("r")
-    cfg = _parse_config(base) + ((int(regs) if regs else None, True) if split else (int(regs),) if regs else ())
-    if row_sums:
-        cfg = cfg + (None, False)[len(cfg) - 4:] + (int(row_sums),)
-    return cfg
+    return _parse_config(base) + ((int(regs) if regs else None, True) if split else (int(regs),) if regs else ())
 
 
 def _sm90_name(cfg: tuple) -> str:
     regs = f"r{cfg[4]}" if len(cfg) > 4 and cfg[4] else ""
-    row_sums = f"v{cfg[6]}" if len(cfg) > 6 and cfg[6] else ""
-    return f"{config_name(cfg[:4])}{regs}{'x2' if len(cfg) > 5 and cfg[5] else ''}{row_sums}"
+    return f"{config_name(cfg[:4])}{regs}{'x2' if len(cfg) > 5 and cfg[5] else ''}"
 
 
 def main():
@@ -106,8 +100,8 @@ def main():
         p.add_argument("--configs", help="sdaccel tiles to time instead of CONFIGS, comma-separated "
                                          "BMxBNwWsS names (e.g. 128x64w8s3)")
         p.add_argument("--sm90-configs", help="tiles of the Gluon sm_90 kernel instead of its CONFIGS, "
-                                              "comma-separated BMxBNwWsS[rR][x2][vV] names (rR: at most R "
-                                              "registers a thread, x2: two math partitions, vV: ROW_SUMS V)")
+                                              "comma-separated BMxBNwWsS[rR][x2] names (rR: at most R "
+                                              "registers a thread, x2: two math partitions)")
 
     args = parse_args(__doc__, add_arguments=add_arguments)
     configs = [_parse_config(name) for name in args.configs.split(",")] if args.configs else CONFIGS

@@ -6,7 +6,7 @@ cuDNN leaves the GPU idle (small spatial sizes at CFG batch 2 give few output ti
 
 Shapes are collected from one call of the synthetic UNet (forward hooks on its Conv2d layers), so each row says
 how often the call runs it; the last lines sum count x time per impl. Times are CUDA-graph replays with the
-weights and the activation warm in L2, as the engine's own per-shape pick measures (engines/kernel_pick.py).
+weights and the activation warm in L2, as the engine's own per-shape pick measures (engines/fast/kernel_pick.py).
 Impls:
   cudnn        F.conv2d, channels_last input, no bias (the fused blocks add it elsewhere)
   gemm         1x1 convs only: the NHWC activation is already the (N*H*W, C) token matrix: one cuBLAS GEMM
@@ -28,7 +28,7 @@ import torch.nn.functional as F  # noqa: E402
 from _timing import environment  # noqa: E402
 from bench_unet import make_inputs  # noqa: E402
 
-from sdaccel.engines.kernel_pick import cuda_time_ms  # noqa: E402
+from sdaccel.engines.fast.kernel_pick import cuda_time_ms  # noqa: E402
 from sdaccel.kernels import conv_sm90  # noqa: E402
 from sdaccel.kernels.im2col import im2col_reference  # noqa: E402
 from sdaccel.models import build_synthetic, get_spec  # noqa: E402

@@ -1,5 +1,6 @@
 """Cross-attention (77 text tokens) at SD1.5 / SDXL shapes: every candidate of the engine's attention pick, and
-sdaccel's short-KV kernel over its tiles, timed as the pick times them (CUDA-graph replays, engines/kernel_pick.py).
+sdaccel's short-KV kernel over its tiles, timed as the pick times them (CUDA-graph replays,
+engines/fast/kernel_pick.py).
 
     python benchmarks/kernels/bench_cross_attention.py [--iters 50] [--csv out.csv]
 
@@ -17,8 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import torch  # noqa: E402
 
-from sdaccel.engines.attention import candidates  # noqa: E402
-from sdaccel.engines.kernel_pick import cuda_time_ms  # noqa: E402
+from sdaccel.engines.fast.attention import candidates  # noqa: E402
+from sdaccel.engines.fast.kernel_pick import cuda_time_ms  # noqa: E402
 from sdaccel.kernels.short_kv_attention import short_kv_attention, short_kv_attention_reference  # noqa: E402
 
 SHAPES = [  # (B, H, Lq, d)

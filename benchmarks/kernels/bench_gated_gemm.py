@@ -1,13 +1,12 @@
 """The feed-forward's first GEMM with its GEGLU gate, at SD1.5 (or SDXL) shapes: what sdaccel runs by default (cuBLAS
-GEMM, then the Triton BiasSplitGelu kernel), sdaccel's fused kernels (kernels/linear_geglu.py: the pointer
-kernel's and, on Hopper, the persistent TMA kernel's configs; on sm_90 kernels/linear_geglu_sm90.py's warp-specialized
-Gluon kernel's, alone with `--fused sm90`; `--fused none` leaves them out), the GEMM alone (the
-floor a fused kernel must approach), and quack-kernels' CuTe-DSL GEMM with a gated epilogue (one kernel, only the
-gated half written), when `quack` is installed (it comes with flash-attn-4). quack's row is a feasibility measurement:
-quack's "geglu" gates with the tanh approximation of GELU and takes the halves as [gate; up], where diffusers' GEGLU
-is [up; gate] with the exact (erf) GELU. Its row is checked against that formula, the others against diffusers'.
+GEMM, then the Triton BiasSplitGelu kernel), on sm_90 sdaccel's fused kernel (kernels/linear_geglu_sm90.py: the
+warp-specialized Gluon kernel, at each of its configs; `--fused none` leaves it out), the GEMM alone (the floor a
+fused kernel must approach), and quack-kernels' CuTe-DSL GEMM with a gated epilogue (one kernel, only the gated half
+written), when `quack` is installed (it comes with flash-attn-4). quack's row is a feasibility measurement: quack's
+"geglu" gates with the tanh approximation of GELU and takes the halves as [gate; up], where diffusers' GEGLU is
+[up; gate] with the exact (erf) GELU. Its row is checked against that formula, the others against diffusers'.
 
-    python benchmarks/kernels/bench_gated_gemm.py [--batch 2] [--model sd15|sdxl] [--fused all|tma|sweep|sm90|none]
+    python benchmarks/kernels/bench_gated_gemm.py [--batch 2] [--model sd15|sdxl] [--fused sm90|none]
                                                   [--l2 hot] [--csv out.csv]
 """
 
@@ -20,30 +19,18 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from _timing import DTYPES, bench_pair, compare, finish, parse_args, start  # noqa: E402
 
-from sdaccel.kernels import config_name  # noqa: E402
 from sdaccel.kernels.geglu import geglu  # noqa: E402
-from sdaccel.kernels.linear_geglu import CONFIGS, TMA_CONFIGS, linear_geglu, supports_tma  # noqa: E402
 from sdaccel.kernels import linear_geglu_sm90 as sm90  # noqa: E402
 
 # Tokens and width per UNet level with a transformer: SD1.5 at 512x512, SDXL at 1024x1024.
 LEVELS = {"sd15": [(4096, 320), (1024, 640), (256, 1280), (64, 1280)], "sdxl": [(4096, 640), (1024, 1280)]}
 
 
-# Larger tiles than the engine times (less L2 traffic per output, more registers and shared memory): `--fused sweep`.
-SWEEP_TMA_CONFIGS = ((256, 128, 64, 16, 2), (256, 128, 32, 16, 3), (256, 64, 64, 8, 3), (128, 128, 128, 8, 2))
-
-
 def _fused_impls(x, w, b, which: str) -> dict:
     """name -> callable for each fused config that compiles here (one that does not, e.g. out of shared memory,
     is reported and left out)."""
     candidates = {}
-    if which == "all":
-        for c in CONFIGS:
-            candidates[f"ptr-{config_name(c)}"] = lambda c=c: linear_geglu(x, w, b, config=c)
-    if which in ("all", "tma", "sweep") and supports_tma(x, w):
-        for c in TMA_CONFIGS + (SWEEP_TMA_CONFIGS if which == "sweep" else ()):
-            candidates[f"tma-{config_name(c)}"] = lambda c=c: linear_geglu(x, w, b, config=c, tma=True)
-    if which in ("all", "sm90") and sm90.supports(x, w) is None:
+    if which == "sm90" and sm90.supports(x, w) is None:
         for c in sm90.CONFIGS:
             candidates[f"sm90-{sm90.config_name(c)}"] = lambda c=c: sm90.linear_geglu_sm90(x, w, b, config=c)
     impls = {}
@@ -70,7 +57,7 @@ def main():
     def add_arguments(p):
         p.add_argument("--batch", type=int, default=2, help="UNet batch (CFG doubles images)")
         p.add_argument("--model", choices=sorted(LEVELS), default="sd15")
-        p.add_argument("--fused", choices=["all", "tma", "sweep", "sm90", "none"], default="all")
+        p.add_argument("--fused", choices=["sm90", "none"], default="sm90")
 
     args = parse_args(__doc__, add_arguments=add_arguments)
     dtype = DTYPES[args.dtype]
@@ -101,7 +88,7 @@ def main():
             fn = lambda: gemm_act(x, w.t(), bias=b, activation="geglu", concat_layout=("B",),  # noqa: E731
                                   store_preact=False)[1]
             try:
-                fn()  # compiles; quack 0.6.5 with CuTe DSL 4.8.1 raised a TypeError here (H100, 2026-11-26)
+                fn()  # compiles; quack 0.6.5 with CuTe DSL 4.8.1 raised a TypeError here on an H100
                 impls["quack-gated"] = fn
             except Exception as e:  # noqa: BLE001 - report and time the rest
                 print(f"# skip quack-gated on {shape}: {type(e).__name__}: {str(e).splitlines()[0][:160]}")

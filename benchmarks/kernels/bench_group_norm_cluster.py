@@ -1,9 +1,10 @@
 """The cluster GroupNorm (kernels/group_norm_cluster.py) against the launcher's other kernels at the UNet's own
 calls at CFG batch 2: where the launcher takes it (the looped kernel's calls) and the 64x64 level's, which go to the
 split kernels. Timed inside a CUDA graph (the way the engine runs them; microseconds per call, median of replays of
---calls back-to-back calls on one L2-resident input). "default": the launcher's pick with the cluster kernel off.
+--calls back-to-back calls on one L2-resident input). "default": the launcher's pick by size (default_path: the
+looped or split kernels), which the cluster kernel replaces where it is "taken" (cluster_takes).
 
-Forms, as engines/fused_modules.py calls them: "norm2" (ResNet norm2: + time embedding, SiLU), "norm1" (ResNet
+Forms, as engines/fast/resnet.py calls them: "norm2" (ResNet norm2: + time embedding, SiLU), "norm1" (ResNet
 norm1: SiLU), "concat" (an up block's norm1 reading [x, skip] in place and writing the sum), "plain" (a
 transformer's input norm: no SiLU). ``count`` is how many such calls one UNet call makes at CFG batch 2, so that the
 printed total is the saving per UNet call.
@@ -73,7 +74,6 @@ def main():
     args = p.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     rows, saved = [], {}
-    cluster_ctas_per_sm = gn.CLUSTER_CTAS_PER_SM
     for arch, N, C1, C2, H, W, form, count in CALLS:
         if args.only and f"{arch}:{H}x{W}" not in args.only:
             continue
@@ -85,32 +85,30 @@ def main():
         x, x2, w, b, add, silu, write_sum, ref = gn_call(randn, N, C1, C2, H, W, form)
         C = C1 + C2
         e4m3 = args.e4m3 and form != "plain"
-        scale, amax = torch.tensor([0.02], device="cuda"), torch.zeros(1, device="cuda")
+        e4m3_scale, amax = torch.tensor([0.02], device="cuda"), torch.zeros(1, device="cuda")
+        default_path = gn.default_path(H * W, C // GROUPS)
 
         def run(path, num_warps=None):
             y = launch_group_norm(x, GROUPS, w, b, 1e-5, silu, add, None, write_sum, path=path, concat=x2,
-                                  num_warps=num_warps, e4m3_scale=scale if e4m3 else None,
+                                  num_warps=num_warps, e4m3_scale=e4m3_scale if e4m3 else None,
                                   e4m3_amax=amax if e4m3 else None)[0]
-            return y.float() * scale if e4m3 else y
+            return y.float() * e4m3_scale if e4m3 else y
 
         row = {"arch": arch, "shape": [N, C1, C2, H, W], "form": form, "e4m3": e4m3, "count": count, "us": {},
                "max_err": {},
                "cluster_warps": cluster.warps_for(H * W, C // GROUPS, e4m3, x2 is not None)}
-        # "default" (the launcher's pick without the cluster kernel) and "cluster" (its warps_for); then the cluster
-        # kernel at each warp count.
-        variants = {"default": (None, None), "cluster": ("cluster", None)}
+        # "default" (the launcher's pick by size) and "cluster" (its warps_for); then the cluster kernel at each
+        # warp count.
+        variants = {"default": (default_path, None), "cluster": ("cluster", None)}
         variants.update({f"cluster w{nw}": ("cluster", nw) for nw in args.cluster_warps})
         for name, (path, nw) in variants.items():
-            gn.CLUSTER_CTAS_PER_SM = 0 if path is None else cluster_ctas_per_sm
             row["max_err"][name] = (run(path, nw).float() - ref.float()).abs().max().item()
             # Timed without run's dequantization: the kernel alone.
             row["us"][name] = graph_time_us(
                 lambda: launch_group_norm(x, GROUPS, w, b, 1e-5, silu, add, None, write_sum, path=path, concat=x2,
-                                          num_warps=nw, e4m3_scale=scale if e4m3 else None,
+                                          num_warps=nw, e4m3_scale=e4m3_scale if e4m3 else None,
                                           e4m3_amax=amax if e4m3 else None), args.calls, args.iters)
-        gn.CLUSTER_CTAS_PER_SM = cluster_ctas_per_sm
-        row["taken"] = (not gn.single_pass_fits(H * W, C // GROUPS) and gn.looped_fits(H * W)
-                        and (gn.CLUSTER_TAKES_E4M3 or not e4m3) and gn.cluster_takes(x, GROUPS, H * W, C // GROUPS))
+        row["taken"] = default_path == "looped" and gn.cluster_takes(x, GROUPS, H * W, C // GROUPS)
         gain = row["us"]["default"] - row["us"]["cluster"]
         saved[arch] = saved.get(arch, 0.0) + count * gain
         saved[arch + " taken"] = saved.get(arch + " taken", 0.0) + count * gain * row["taken"]

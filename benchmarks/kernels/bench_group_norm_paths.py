@@ -20,7 +20,8 @@ import sys
 import torch
 
 from _timing import graph_time_us
-from sdaccel.kernels.group_norm import group_norm_reference, launch_group_norm, single_pass_fits
+from sdaccel.kernels.group_norm import launch_group_norm, single_pass_fits
+from sdaccel.kernels.group_norm_reference import group_norm_reference
 
 GROUPS = 32
 SHAPES = [

@@ -1,8 +1,8 @@
 """The split GroupNorm kernels' and the LayerNorm kernel's launch knobs, swept at the UNet's own calls (CFG batch 2,
 graphed, L2-resident: microseconds per call), beside a plain copy of the same tensor (the floor: one read, one write).
 
-At SD1.5's 64x64 level a GroupNorm call takes 13-23 us for 5.2 MB in and out (benchmarks/README.md, twenty-fifth
-session), where a copy takes a few: this asks whether the launcher's defaults (kernels/group_norm.py's
+At SD1.5's 64x64 level a GroupNorm call takes 13-23 us for 5.2 MB in and out (on an H200), where a copy takes a
+few: this asks whether the launcher's defaults (kernels/group_norm.py's
 pick_channel_block, rows per chunk, warps, tile) leave time there, and the same of the LayerNorm's (tile_elems,
 warps). Every variant is checked against the reference before it is timed.
 
@@ -10,10 +10,11 @@ warps). Every variant is checked against the reference before it is timed.
     python benchmarks/kernels/bench_norm_sweep.py --rules [--json out.json]
 
 --rules: the split kernels' channel-block and tile rules (group_norm.SPLIT_MAX_BLOCK_C and SPLIT_TILE_ELEMS, and
-CONCAT_* for concatenations: the launcher's own, "now", against fixed pairs for every call, such as "256/8192",
-the rule before the twenty-seventh session) at the split GroupNorm calls of SD1.5 and SDXL at CFG batch 2 and 16
-and of the VAE decoder, instead of the knobs at SD1.5's calls. (A LayerNorm rule by row width was timed the same
-way in that session and lost in the UNet call.)
+CONCAT_* for concatenations: the launcher's own, "now", against fixed pairs (widest channel block / tile elements)
+for every call, such as "256/8192", the wide blocks the narrow ones replaced, passed to the launcher as its
+channel_block and tile_elems) at the split GroupNorm calls of SD1.5 and SDXL at CFG batch 2 and 16 and of the VAE
+decoder, instead of the knobs at SD1.5's calls. (A LayerNorm rule by row width, timed the same way, lost in the UNet
+call.)
 """
 
 import argparse
@@ -24,7 +25,8 @@ import json
 import torch
 
 from _timing import graph_time_us  # first: it puts the checkout on the path
-from sdaccel.kernels.group_norm import group_norm_reference, launch_group_norm, pick_channel_block
+from sdaccel.kernels.group_norm import launch_group_norm, pick_channel_block
+from sdaccel.kernels.group_norm_reference import group_norm_reference
 from sdaccel.kernels.layer_norm import launch_layer_norm, layer_norm_reference
 
 gn_module = importlib.import_module("sdaccel.kernels.group_norm")  # the package re-exports the function by this name
@@ -77,27 +79,25 @@ def gn_call(randn, N, C1, C2, H, W, form):
 
 def rules(args, randn, timed):
     results = {"group_norm": []}
-    names = ("SPLIT_MAX_BLOCK_C", "SPLIT_TILE_ELEMS", "CONCAT_MAX_BLOCK_C", "CONCAT_TILE_ELEMS")
-    default = tuple(getattr(gn_module, name) for name in names)
-
-    def set_rule(values):  # a fixed pair: for calls with a concatenation too
-        for name, value in zip(names, values):
-            setattr(gn_module, name, value)
     for arch, N, C1, C2, H, W, form in RULE_GN_CALLS:
         x, x2, w, b, add, silu, write_sum, ref = gn_call(randn, N, C1, C2, H, W, form)
 
-        def time_checked(path):  # us of one call on this path, NaN if it is wrong
+        def time_checked(**knobs):  # us of one split call with these launcher knobs, NaN if it is wrong
             def run():
-                return launch_group_norm(x, GROUPS, w, b, 1e-5, silu, add, None, write_sum, concat=x2, path=path)[0]
+                return launch_group_norm(x, GROUPS, w, b, 1e-5, silu, add, None, write_sum, concat=x2, path="split",
+                                         **knobs)[0]
 
             err = (run().float() - ref.float()).abs().max().item()
             return timed(run) if err < 2e-2 else float("nan")
 
         us = {}
         for name, rule in GN_RULES.items():
-            set_rule(default if rule is None else rule * 2)
-            us[name] = time_checked("split")
-        set_rule(default)
+            if rule is None:  # the launcher's own rule
+                us[name] = time_checked()
+            else:  # a fixed pair, for calls with a concatenation too
+                max_block_c, tile_elems = rule
+                us[name] = time_checked(channel_block=pick_channel_block(C1 + C2, GROUPS, max_block_c),
+                                        tile_elems=tile_elems)
         print(f"GN {arch:8s} {N}x{C1}{'+' + str(C2) if C2 else ''}x{H}x{W} {form:6s} "
               + " ".join(f"{k} {v:7.1f}" for k, v in us.items()), flush=True)
         results["group_norm"].append({"arch": arch, "shape": [N, C1, C2, H, W], "form": form, "us": us})

@@ -47,7 +47,8 @@ def register(subparsers) -> None:
 
 
 def config_from_args(args: argparse.Namespace):
-    from .config import BenchConfig, parse_engine_opts, parse_int_list, parse_name_list
+    from ..engines.options import parse_engine_opts
+    from .config import BenchConfig, parse_int_list, parse_name_list
 
     return BenchConfig(
         engines=None if args.engines is None else parse_name_list(args.engines, "--engines"),

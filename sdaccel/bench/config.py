@@ -7,10 +7,10 @@ output can say it: a CPU-only machine gets a tiny model and few steps, not a 50-
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..engines.options import check_engine_label, engine_kind, parse_engine_opts
 from ..errors import UsageError
 from ..models.registry import default_model
 
@@ -30,114 +30,6 @@ def parse_int_list(text: str, what: str) -> tuple[int, ...]:
     if not values:
         raise UsageError(f"{what} is empty")
     return values
-
-
-ENGINE_OPT_SYNTAX = "ENGINE.KEY=VALUE (e.g. onnxruntime.folder=/tmp/sd15-onnx)"
-# An engine of a run is named by a label: the engine's name, or NAME@TAG for the same engine once more under options
-# of its own (--engines fast,fast@fp8 --engine-opt fast@fp8.fp8=1: both in one run, each in its fresh process).
-_LABEL = re.compile(r"[a-z][a-z0-9_]*(@[a-z0-9_-]+)?")
-
-
-def engine_kind(label: str) -> str:
-    """The engine a label runs: "fast@fp8" -> "fast", "fast" -> "fast"."""
-    return label.split("@", 1)[0]
-
-
-def check_engine_label(label: str, what: str) -> str:
-    """`label` if it is NAME or NAME@TAG with NAME a known engine; a one-line UsageError otherwise."""
-    from ..engines import ENGINES
-
-    if not _LABEL.fullmatch(label):
-        raise UsageError(f"{what} {label!r}: expected an engine name or NAME@TAG (e.g. fast@fp8; TAG: letters, "
-                         "digits, _ and -)")
-    if engine_kind(label) not in ENGINES:
-        raise UsageError(f"unknown engine {engine_kind(label)!r}; available: {', '.join(sorted(ENGINES))}")
-    return label
-
-
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
-def parse_engine_opts(items, what: str = "--engine-opt") -> dict[str, dict[str, Any]]:
-    """["onnxruntime.folder=/x", "onnxruntime.cuda_graph=1"] -> {"onnxruntime": {"folder": "/x", "cuda_graph": True}}.
-    ENGINE may be a NAME@TAG label ("fast@fp8.fp8=1"): options of that label only.
-
-    Values are coerced by the engine's own default for that option (a bool option takes 1/0, true/false, yes/no,
-    on/off; a tuple option takes comma-separated items); options without a typed default get bool/int/float/str by
-    the look of the value ("none" is None). Bad syntax, an unknown engine or option: a one-line UsageError."""
-    options: dict[str, dict[str, Any]] = {}
-    for item in items or ():
-        text = str(item).strip()
-        target, sep, raw = text.partition("=")
-        engine, dot, key = target.strip().partition(".")
-        engine, key = engine.strip().lower(), key.strip()
-        if not sep or not dot or not engine or not key or not key.isidentifier():
-            raise UsageError(f"{what} {text!r}: expected {ENGINE_OPT_SYNTAX}")
-        if key in options.get(engine, {}):
-            raise UsageError(f"{what} {text!r}: {engine}.{key} is given twice")
-        _add_option(options, engine, key, raw.strip(), f"{what} {text!r}")
-    return options
-
-
-def _add_option(options: dict[str, dict[str, Any]], engine: str, key: str, value: Any, what: str) -> None:
-    """options[engine][key] = value, the engine (a label) and option checked against the engine's constructor; text
-    is typed after the option's default (coerce_option), a list (as JSON brings a tuple back) becomes a tuple."""
-    if "@" in engine:
-        check_engine_label(engine, what)
-    params = _engine_parameters(engine_kind(engine), what)
-    if key not in params:
-        raise UsageError(f"{what}: engine {engine!r} has no option {key!r}; its options: {', '.join(params) or 'none'}")
-    if isinstance(value, str):
-        value = coerce_option(value, params[key], what)
-    elif isinstance(value, list):
-        value = tuple(value)
-    options.setdefault(engine, {})[key] = value
-
-
-def _engine_parameters(engine: str, what: str) -> dict[str, Any]:
-    """Option name -> default (inspect.Parameter.empty when none) of an engine's constructor."""
-    import inspect
-
-    from ..engines import ENGINES
-
-    if engine not in ENGINES:
-        raise UsageError(f"{what}: unknown engine {engine!r}; available: {', '.join(sorted(ENGINES))}")
-    signature = inspect.signature(ENGINES[engine].__init__)
-    return {name: p.default for name, p in signature.parameters.items()
-            if name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-
-
-def coerce_option(raw: str, default: Any, what: str) -> Any:
-    """An option value from its text, typed after the option's default (see parse_engine_opts)."""
-    low = raw.lower()
-    if isinstance(default, bool):
-        if low in _TRUE or low in _FALSE:
-            return low in _TRUE
-        raise UsageError(f"{what}: expected a boolean (1/0, true/false, yes/no, on/off), got {raw!r}")
-    if isinstance(default, int):
-        try:
-            return int(raw)
-        except ValueError:
-            raise UsageError(f"{what}: expected an integer, got {raw!r}") from None
-    if isinstance(default, float):
-        try:
-            return float(raw)
-        except ValueError:
-            raise UsageError(f"{what}: expected a number, got {raw!r}") from None
-    if isinstance(default, (tuple, list)):
-        return tuple(part.strip() for part in raw.split(",") if part.strip())
-    if isinstance(default, str):
-        return raw
-    if low in ("none", "null"):
-        return None
-    if low in ("true", "false"):
-        return low == "true"
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw
 
 
 def parse_name_list(text: str, what: str) -> tuple[str, ...]:
@@ -216,37 +108,15 @@ class BenchConfig:
             raise UsageError("simulate_oom_at_batch must be >= 1")
 
     def _checked_engine_opts(self, given) -> dict[str, dict[str, Any]]:
-        """Engine options as {engine: {key: value}}, every engine and option name checked against the engine's
-        constructor, text values coerced (strings or a list of "ENGINE.KEY=VALUE" items are parsed)."""
+        """Engine options as {label: {key: value}}, every engine and option checked against the engine's Config
+        (text values parsed: a mapping, or "ENGINE.KEY=VALUE" items), and agreeing with --compile-mode."""
         if not given:
             return {}
-        if isinstance(given, str):
-            given = [given]
-        if not isinstance(given, dict):
-            return self._no_mode_clash(parse_engine_opts(given, "engine option"))
-        checked: dict[str, dict[str, Any]] = {}
-        for engine, options in given.items():
-            engine = str(engine).strip().lower()
-            if not isinstance(options, dict):
-                raise UsageError(f"engine options for {engine!r} must be a mapping of option names to values")
-            for key, value in options.items():
-                _add_option(checked, engine, key, value, f"engine option {engine}.{key}={value}")
-        return self._no_mode_clash(checked)
-
-    def _no_mode_clash(self, options: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """Options that agree with --compile-mode and that each engine's constructor accepts (engines check their
-        own values, e.g. an unknown onnxruntime provider): refused now, not in a worker minutes later."""
-        from ..engines import ENGINES
-
+        options = parse_engine_opts(given, "engine option")
         for engine, kwargs in options.items():
             mode = kwargs.get("mode") if engine_kind(engine) == "compile" else None
             if self.compile_mode and mode is not None and mode != self.compile_mode:
                 raise UsageError(f"--compile-mode {self.compile_mode} and engine option {engine}.mode={mode} disagree")
-            try:
-                # constructors only record and check their options: cheap, no side effects
-                ENGINES[engine_kind(engine)](**kwargs)
-            except (UsageError, TypeError, ValueError) as exc:
-                raise UsageError(f"engine option for {engine}: {exc}") from None
         return options
 
     # ------------------------------------------------------------------------------------------------ defaults

@@ -43,7 +43,7 @@ def nvidia_smi_gpus() -> list[dict[str, str]]:
 def source_digest(package: Path | None = None) -> str:
     """sha256 (first 16 hex digits) of the sdaccel package's Python sources, paths and contents: the code that ran,
     whatever .git says. A commit names it only for a clean checkout whose .git is current; a copy of a working
-    tree can carry an older .git (the lent GPU machine's did: twenty-fifth session) or edits not committed."""
+    tree can carry an older .git (a copy sent to a GPU machine can) or edits not committed."""
     root = package or Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
@@ -90,8 +90,8 @@ def _resolve_head(git_dir: Path) -> str | None:
 def environment(worker_gpu_name: str | None = None) -> dict:
     import torch
 
-    from .. import __version__
-    from ..engines.engine_cache import attention_packages
+    from ..version import __version__
+    from ..engines.fast.engine_cache import attention_packages
 
     gpus = nvidia_smi_gpus()
     return {

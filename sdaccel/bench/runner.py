@@ -22,7 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from .config import BenchConfig, engine_kind
+from ..engines.options import engine_kind
+from .config import BenchConfig
 from .memory import SOURCE_DESCRIPTIONS
 from .plots import write_plots
 from ..atomic import write_text
@@ -82,7 +83,7 @@ def run_bench(config: BenchConfig, *, isolate: bool = True, log: Callable[[str],
     """Benchmark every engine of `config`; write CSV, JSON, table and plots under config.out; return the rows."""
     import torch
 
-    from .. import __version__
+    from ..version import __version__
     from ..engines import available_engines
     from .environment import environment, git_commit
 

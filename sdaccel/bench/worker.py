@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from .config import BenchConfig, engine_kind
+from ..engines.options import engine_kind
+from .config import BenchConfig
 from .gpu_clocks import ClockMonitor
 from .memory import MemoryProbe, is_out_of_memory, release_memory, simulated_out_of_memory
 from .report import json_safe
@@ -159,6 +160,7 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
     from ..device import gpu_name, resolve_dtype, synchronize
     from ..models import load_components
     from ..pipeline import Pipeline
+    from ..quality.guard import GuardedPipeline
 
     device = torch.device(cfg.device)
     probe = MemoryProbe(device)  # device-wide baseline before anything is loaded
@@ -175,7 +177,8 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
             + (f", engine options {json.dumps(options, sort_keys=True)}" if options else ""))
         start = time.perf_counter()
         components = load_components(cfg.model, arch=cfg.arch, device=device, dtype=resolve_dtype(cfg.dtype, device))
-        pipe = Pipeline(components, engine=engine_kind(engine), dtype=cfg.dtype, device=device, **options)
+        pipe = GuardedPipeline(Pipeline(components, engine=engine_kind(engine), dtype=cfg.dtype, device=device,
+                                        **options))
         synchronize(device)
         load_s = time.perf_counter() - start
         first = run_once(pipe, cfg, first_batch, seed=0, probe=probe)

@@ -13,7 +13,9 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
+from ..errors import UsageError
 from ..models.components import Components
+from .options import EngineConfig
 
 TextStage = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # ids -> (hidden states, pooled)
 # (latents, timestep, context, text_embeds, time_ids) -> model output; inputs in any float dtype, output fp32.
@@ -54,8 +56,6 @@ def restore_weight_storages(pairs: list[tuple[torch.nn.Parameter, torch.Tensor]]
     """Weights replaced since `weight_storages` (`param.data = merged`, as a LoRA fuse does) are copied into the
     recorded memory and the parameter points at it again: captured graphs see the new values, no recapture.
     Returns how many were copied."""
-    from ..errors import UsageError
-
     copied = 0
     with torch.no_grad():
         for param, storage in pairs:
@@ -70,10 +70,20 @@ def restore_weight_storages(pairs: list[tuple[torch.nn.Parameter, torch.Tensor]]
 
 
 class Engine(ABC):
-    """Subclasses set `name`/`description`, and implement `prepare`; `unavailable_reason` says why one can't run."""
+    """One model on one engine. Subclasses set `name`, `description` and `Config` (their options: options.py) and
+    implement `prepare`; `unavailable_reason` says why one can't run on a device.
+
+    An engine object is made for one model: `prepare` binds it to that model's components, and what it decides while
+    it runs (kernel picks, captured graphs, caches) lives on the object, never in module globals. The remedies the
+    output guard applies go through `upcast_attention` and `drop_graphs`."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    Config: ClassVar[type[EngineConfig]] = EngineConfig
+
+    def __init__(self, config: EngineConfig | None = None, **options: Any):
+        self.config = self.Config.from_options(options, base=config, what=f"engine {self.name!r}")
+        self.components: Components | None = None  # set by prepare: the model this engine serves
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
@@ -86,7 +96,14 @@ class Engine(ABC):
 
     @abstractmethod
     def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
-        """Place/transform the modules and return the stage callables for this dtype and device."""
+        """Place/transform the modules and return the stage callables for this dtype and device. Subclasses call
+        `self.bind(components)` first."""
+
+    def bind(self, components: Components) -> None:
+        """Make this engine the one serving `components`; an engine prepared for another model is refused."""
+        if self.components is not None and self.components is not components:
+            raise UsageError(f"this {self.name} engine already serves another model: make one engine per model")
+        self.components = components
 
     def refresh_weights(self, components: Components) -> dict[str, int]:
         """Make prepared stages use weights the caller changed after prepare() (a LoRA fused in or out, a swapped
@@ -94,9 +111,26 @@ class Engine(ABC):
         this default does nothing. Returns what was updated, by kind."""
         return {}
 
+    def upcast_attention(self) -> int:
+        """From now on compute the UNet's attention in fp32 (scores and softmax), for a model whose attention
+        overflows fp16; returns how many attention layers were switched (0: this engine cannot, and nothing changed).
+        This default installs an fp32 attention processor in every diffusers Attention of the UNet, which engines
+        that run the modules' own forward (eager, torch.compile, which recompiles on the change) follow. Call
+        drop_graphs() after it."""
+        if self.components is None:
+            return 0
+        from .upcast_attention import upcast_diffusers_attention
+
+        return upcast_diffusers_attention(self.components.unet)
+
+    def drop_graphs(self) -> int:
+        """Forget every captured CUDA graph (they replay the kernels chosen before a change); the next call
+        captures again. Returns how many were dropped; engines without graphs of their own drop none."""
+        return 0
+
     def options(self) -> dict[str, Any]:
         """The engine's settings, recorded in benchmark rows and PNG metadata."""
-        return {}
+        return self.config.as_dict()
 
     def report(self) -> dict[str, Any]:
         """What the engine chose while it ran (e.g. a kernel per shape), for benchmark reports; read after the

@@ -2,46 +2,40 @@
 
 Modes are Inductor's: "default", "reduce-overhead" (CUDA graphs: the mode that pays on a launch-bound UNet),
 "max-autotune" / "max-autotune-no-cudagraphs" (minutes of autotuning). Compiling costs ~1 minute per new shape on an
-H100 for the SD1.5 UNet; Inductor's on-disk caches (kept under sdaccel's cache folder) shorten later starts.
+H100 for the SD1.5 UNet; Inductor's on-disk caches (kept under sdaccel's cache folder: engines/__init__.py)
+shorten later starts.
 """
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 
 import torch
 
-from ..errors import UsageError
 from ..models.components import Components
 from .base import Engine, Stages, restore_weight_storages, weight_storages
 from .eager import cast_stages, place_modules
+from .options import EngineConfig, option
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
-def use_persistent_cache() -> None:
-    """Point Inductor's caches at a stable folder so a second process start reuses compiled kernels.
-
-    Called when sdaccel.engines is imported: Inductor reads (and, on first use, sets) TORCHINDUCTOR_CACHE_DIR
-    early, so setting it later in prepare() would be too late."""
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache_root(), "inductor")
-
-
-def cache_root() -> str:
-    return os.environ.get("SDACCEL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "sdaccel")
+@dataclass(frozen=True)
+class CompileConfig(EngineConfig):
+    mode: str | None = option(None, "Inductor's mode; None: reduce-overhead (CUDA graphs) on a GPU, default on the "
+                                    "CPU", choices=MODES)
+    fullgraph: bool = option(True, "compile each stage as one graph (an unsupported op is an error, not a break)")
+    channels_last: bool = option(True, "UNet and VAE in NHWC memory (cuDNN's fast convolution layout)")
 
 
 class CompileEngine(Engine):
     name = "compile"
     description = "torch.compile (Inductor) of UNet and VAE decoder; mode reduce-overhead on GPU uses CUDA graphs"
 
-    def __init__(self, mode: str | None = None, fullgraph: bool = True, channels_last: bool = True):
-        if mode is not None and mode not in MODES:
-            raise UsageError(f"unknown compile mode {mode!r}; use one of {', '.join(MODES)}")
-        self.mode = mode
-        self.fullgraph = fullgraph
-        self.channels_last = channels_last
+    Config = CompileConfig
+
+    def __init__(self, config: CompileConfig | None = None, **options):
+        super().__init__(config, **options)
         self._mode_used: str | None = None
         self._weights: list = []
 
@@ -50,17 +44,18 @@ class CompileEngine(Engine):
         return {"copied": restore_weight_storages(self._weights)}
 
     def options(self):
-        return {"mode": self._mode_used or self.mode or "auto", "fullgraph": self.fullgraph}
+        return {**self.config.as_dict(), "mode": self._mode_used or self.config.mode or "auto"}
 
     def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
         # CUDA graphs don't exist on the CPU: "auto" means reduce-overhead on a GPU, default elsewhere.
-        mode = self.mode or ("reduce-overhead" if device.type == "cuda" else "default")
+        self.bind(components)
+        mode = self.config.mode or ("reduce-overhead" if device.type == "cuda" else "default")
         self._mode_used = mode
-        place_modules(components, dtype, device, self.channels_last)
+        place_modules(components, dtype, device, self.config.channels_last)
         self._weights = weight_storages(components)
         eager = cast_stages(components, dtype)
-        unet = torch.compile(eager.unet, mode=mode, fullgraph=self.fullgraph, dynamic=False)
-        decode = torch.compile(eager.decode, mode=mode, fullgraph=self.fullgraph, dynamic=False)
+        unet = torch.compile(eager.unet, mode=mode, fullgraph=self.config.fullgraph, dynamic=False)
+        decode = torch.compile(eager.decode, mode=mode, fullgraph=self.config.fullgraph, dynamic=False)
         graphs = "cudagraphs" in mode or mode == "reduce-overhead"
 
         def unet_call(*args, **kwargs):

@@ -6,10 +6,13 @@ What it does beyond diffusers' defaults is only what costs nothing: weights cast
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..models.components import Components, text_encoder_fn, unet_fn, vae_decode_fn
 from .base import Engine, Stages
+from .options import EngineConfig, option
 
 
 def vae_dtype_for(components: Components, dtype: torch.dtype, vae_dtype: torch.dtype | None = None) -> torch.dtype:
@@ -55,16 +58,17 @@ def cast_stages(components: Components, dtype: torch.dtype, vae_dtype: torch.dty
     return Stages(text_encoders=encoders, unet=unet, decode=decode, info={"vae_dtype": str(vae_dtype)})
 
 
+@dataclass(frozen=True)
+class EagerConfig(EngineConfig):
+    channels_last: bool = option(True, "UNet and VAE in NHWC memory (cuDNN's fast convolution layout)")
+
+
 class EagerEngine(Engine):
     name = "eager"
     description = "PyTorch eager: SDPA attention, channels_last, weights cast once (the baseline)"
-
-    def __init__(self, channels_last: bool = True):
-        self.channels_last = channels_last
-
-    def options(self):
-        return {"channels_last": self.channels_last}
+    Config = EagerConfig
 
     def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
-        place_modules(components, dtype, device, self.channels_last)
+        self.bind(components)
+        place_modules(components, dtype, device, self.config.channels_last)
         return cast_stages(components, dtype)

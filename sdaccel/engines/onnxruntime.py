@@ -22,6 +22,7 @@ not, and why) is in Stages.info["sessions"] and ["notes"].
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ import torch
 from ..errors import EngineUnavailableError, ModelLoadError, UsageError, first_line
 from ..models.components import Components
 from .base import Engine, Stages
+from .options import EngineConfig, option
 
 PROVIDER_CHOICES = ("auto", "cuda", "cpu")
 STREAM_CHOICES = ("auto", "sync")
@@ -238,21 +240,29 @@ class GraphedRunner:
         return entry
 
 
+@dataclass(frozen=True)
+class OnnxRuntimeConfig(EngineConfig):
+    provider: str = option("auto", "auto (CUDA on a GPU device, else CPU), cuda or cpu", choices=PROVIDER_CHOICES)
+    folder: str | None = option(None, "an `sdaccel optimize` folder to run (it must match model, provider, precision "
+                                      "and versions); None: optimize on first use into the cache")
+    cuda_graph: bool = option(False, "CUDA EP: one session per input shape with ORT's CUDA graph capture; a stage "
+                                     "that cannot be captured runs without")
+    stream: str = option("auto", "CUDA EP: auto runs ORT on a torch stream ordered by stream waits; sync has the "
+                                 "host wait before and after each run", choices=STREAM_CHOICES)
+
+
 class OnnxRuntimeEngine(Engine):
     name = "onnxruntime"
     description = ("ONNX Runtime over `sdaccel optimize` graphs: MultiHeadAttention (packed QKV/KV), GroupNorm, "
                    "SkipLayerNorm, BiasSplitGelu, NhwcConv fusions; CUDA EP with IO binding, optional CUDA graphs")
 
-    def __init__(self, provider: str = "auto", folder: str | Path | None = None, cuda_graph: bool = False,
-                 stream: str = "auto"):
-        if provider not in PROVIDER_CHOICES:
-            raise UsageError(f"unknown onnxruntime provider {provider!r}; use one of {', '.join(PROVIDER_CHOICES)}")
-        if stream not in STREAM_CHOICES:
-            raise UsageError(f"unknown onnxruntime stream mode {stream!r}; use one of {', '.join(STREAM_CHOICES)}")
-        self.provider = provider
-        self.folder = Path(folder).expanduser() if folder else None
-        self.cuda_graph = bool(cuda_graph)
-        self.stream = stream
+    Config = OnnxRuntimeConfig
+
+    def __init__(self, config: OnnxRuntimeConfig | None = None, **options):
+        if isinstance(options.get("folder"), Path):
+            options["folder"] = str(options["folder"])
+        super().__init__(config, **options)
+        self.folder = Path(self.config.folder).expanduser() if self.config.folder else None
         self._provider_used: str | None = None
 
     @classmethod
@@ -275,14 +285,19 @@ class OnnxRuntimeEngine(Engine):
         return None
 
     def options(self) -> dict[str, Any]:
-        return {"provider": self._provider_used or self.provider,
-                "folder": str(self.folder) if self.folder else None, "cuda_graph": self.cuda_graph,
-                "stream": self.stream}
+        return {**self.config.as_dict(), "provider": self._provider_used or self.config.provider,
+                "folder": str(self.folder) if self.folder else None}
+
+    def upcast_attention(self) -> int:
+        """None switched: an optimized folder's attention precision is fixed when it is built (`sdaccel optimize
+        --force-fp32-ops unet:MultiHeadAttention`), not by the modules this engine was given."""
+        return 0
 
     def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
         from ..onnx.optimize import OptimizeSettings, ensure_optimized
 
-        provider = resolve_provider(self.provider, device)
+        self.bind(components)
+        provider = resolve_provider(self.config.provider, device)
         self._provider_used = provider
         precision = _PRECISIONS[dtype]
         reason = self.dtype_unsupported_reason(torch.device("cpu") if provider == "cpu" else device, dtype)
@@ -297,8 +312,8 @@ class OnnxRuntimeEngine(Engine):
         notes: list[str] = []
         settings = OptimizeSettings(provider=provider, precision=precision)
         folder, manifest, built = ensure_optimized(components, settings, self.folder, log=notes.append)
-        graphs = self.cuda_graph and provider == "cuda"
-        if self.cuda_graph and not graphs:
+        graphs = self.config.cuda_graph and provider == "cuda"
+        if self.config.cuda_graph and not graphs:
             notes.append("cuda_graph needs the CUDA provider: ignored")
         sessions: dict[str, dict] = {}
 
@@ -308,14 +323,14 @@ class OnnxRuntimeEngine(Engine):
             sessions[name] = {}
             if graphs:
                 dims = {k: v["shape"] for k, v in entry["inputs"].items()}
-                return GraphedRunner(path, device, notes, name, dims, stream=self.stream, state=sessions[name])
-            run = SessionRunner(path, provider, device, stream=self.stream, notes=notes, label=name)
+                return GraphedRunner(path, device, notes, name, dims, stream=self.config.stream, state=sessions[name])
+            run = SessionRunner(path, provider, device, stream=self.config.stream, notes=notes, label=name)
             sessions[name].update(cuda_graph=False, ordering=run.describe())
             return run
 
         stages = _stages(components, manifest, runner, device)
         stages.info.update(provider=provider, precision=precision, folder=str(folder), built=built,
-                           cuda_graph=graphs, io_binding=True, stream=self.stream, sessions=sessions, notes=notes,
+                           cuda_graph=graphs, io_binding=True, stream=self.config.stream, sessions=sessions, notes=notes,
                            fused_ops={n: c["fused_ops"] for n, c in manifest["components"].items()})
         return stages
 

@@ -64,3 +64,26 @@ class UpcastAttnProcessor:
         if attn.residual_connection:
             out = out + residual
         return out / attn.rescale_output_factor
+
+
+# Processors whose computation UpcastAttnProcessor reproduces exactly (in fp32). Any other processor (IP-adapter,
+# custom ones) is left in place: replacing it would silently drop what it does.
+_REPLACEABLE = ("AttnProcessor2_0", "AttnProcessor", "UpcastAttnProcessor")
+
+
+def upcast_diffusers_attention(root: torch.nn.Module) -> int:
+    """Every diffusers Attention under `root` computes its attention in fp32 from now on, in place and for good (an
+    overflow would come back on the next prompt). Sets `upcast_attention` / `upcast_softmax` (which diffusers'
+    legacy processor honours) and installs UpcastAttnProcessor where the processor is a plain one (the default,
+    AttnProcessor2_0, ignores those flags). Returns how many processors were replaced."""
+    processor = UpcastAttnProcessor()
+    switched = 0
+    for attn in root.modules():
+        if type(attn).__name__ != "Attention" or not hasattr(attn, "processor"):
+            continue
+        attn.upcast_attention = True
+        attn.upcast_softmax = True
+        if type(attn.processor).__name__ in _REPLACEABLE:
+            attn.set_processor(processor)
+            switched += 1
+    return switched

@@ -11,6 +11,13 @@ Every kernel file has three layers:
 Beside each kernel lives ``<name>_reference``: plain torch, the thing the tests
 trust. The public ops fall back to it whenever Triton cannot run on the input
 (CPU tensor without ``TRITON_INTERPRET=1``, or Triton not installed).
+GroupNorm, with four kernel paths, spreads the layers over three files:
+group_norm_reference.py, group_norm_kernels.py (and group_norm_cluster.py, the
+sm_90 path) and group_norm.py (path choice, launcher, registered and public ops).
+
+Names: a kernel that writes e4m3 takes ``e4m3_scale`` and ``e4m3_amax``
+(kernels/fp8.py) in every layer; GroupNorm's float output multiplier is
+``output_scale``.
 
 Sizes (rows, pixels, sequence lengths, chunk counts) are marked ``do_not_specialize``. Triton otherwise compiles
 one kernel per pattern of its integer arguments (== 1, divisible by 16), and the tile choices a launcher derives
@@ -19,9 +26,10 @@ process meant 20-27 new compiles, 15-20 s before its first image on an H100 (ben
 Vectorization does not suffer: it follows the contiguous axis (channels, head dim), whose masks and strides stay
 specialized; only ``bias_add``'s flat element count, the bound of its contiguous axis, keeps its specialization.
 
-Note: ``sdaccel.kernels.group_norm`` (etc.) is the *function* re-exported
-below, which shadows the submodule attribute of the same name; reach a
-module with ``importlib.import_module("sdaccel.kernels.group_norm")``.
+Note: ``sdaccel.kernels.group_norm`` (etc., ``group_norm_reference`` too) is
+the *function* re-exported below, which shadows the submodule attribute of the
+same name; reach a module with
+``importlib.import_module("sdaccel.kernels.group_norm")``.
 """
 
 from __future__ import annotations
@@ -96,7 +104,8 @@ def register_triton_op(name: str, fn):
     ``fn`` must have type annotations (the op schema is inferred from them).
     """
     triton_op = getattr(torch.library, "triton_op", None)
-    # Compile workers (precompile.py) only build kernels: registering imports torch._dynamo, 4 s of their start.
+    # Compile workers (engines/fast/compile_workers.py) only build kernels: registering imports torch._dynamo, 4 s
+    # of their start.
     if triton_op is None or triton is None or os.environ.get(NO_OPS_ENV) == "1":
         return fn
     try:
@@ -142,7 +151,8 @@ def parallel_target(t: torch.Tensor) -> int:
 
 from .bias_add import bias_add, bias_add_, bias_add_reference  # noqa: E402
 from .geglu import geglu, geglu_reference  # noqa: E402
-from .group_norm import group_norm, group_norm_reference  # noqa: E402
+from .group_norm import group_norm  # noqa: E402
+from .group_norm_reference import group_norm_reference  # noqa: E402
 from .layer_norm import layer_norm, layer_norm_reference  # noqa: E402
 
 __all__ = [

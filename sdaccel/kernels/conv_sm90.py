@@ -5,7 +5,7 @@
 
 cuDNN's kernels for SD's 3x3 convolutions use 128 x 128 tiles. At SD1.5's 64x64 level at CFG batch 2 (8192 output
 pixels x 320 channels) that is 64 x 3 tiles, the third column tile half empty, in 1.45 waves over an H100's 132 SMs:
-33 us a convolution inside the UNet's graph, 450-520 TFLOP/s (eleventh session's graphed profile). Here a tile is
+33 us a convolution inside the UNet's graph, 450-520 TFLOP/s (a graphed profile). Here a tile is
 128 pixels x (BN_A + BN_B) channels, with BN_A + BN_B = 160 or 80 (two accumulators, since a Gluon tensor's sides
 are powers of two): 320 channels are two column tiles, and that convolution is 128 tiles, one wave.
 
@@ -23,9 +23,9 @@ are powers of two): 320 channels are two column tiles, and that convolution is 1
 
 conv2d_sm90_fp8 runs the same kernel on e4m3 x and W (wgmma m64nNk32), scales the products back by
 x_scale * w_scale and writes fp16 (or bf16), bias and residual added as above: the FP8 mode's ResNet convolutions,
-whose inputs GroupNorm + SiLU writes in e4m3 (engines/fp8.py).
+whose inputs GroupNorm + SiLU writes in e4m3 (engines/fast/fp8.py).
 
-Only for sm_90; the fast engine times it against cuDNN per shape (engines/convolution.py). The reference is
+Only for sm_90; the fast engine times it against cuDNN per shape (engines/fast/convolution.py). The reference is
 F.conv2d.
 """
 

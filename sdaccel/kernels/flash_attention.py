@@ -19,9 +19,10 @@ and every product is done per part: S = q0 k0^T + q1 k1^T, acc0 += p v0, acc1 +=
 padding of the second part with zeros, which add nothing to S and are never stored; one padding column of v can
 carry ones instead, so that the tensor cores also form the softmax's row sums.
 
-Measured on an H100 (benchmarks/README.md): faster than cuDNN at 256 tokens, head dim 160, and on cross-attention;
-5-9% slower at 4096 tokens, head dim 40, despite a quarter less arithmetic (cuDNN's Hopper kernel overlaps the
-softmax with the matrix products; this one does not). The engine times it per shape like every other candidate.
+Measured on an H100 (benchmarks/kernels/bench_attention.py): faster than cuDNN at 256 tokens, head dim 160, and on
+cross-attention; 5-9% slower at 4096 tokens, head dim 40, despite a quarter less arithmetic (cuDNN's Hopper kernel
+overlaps the softmax with the matrix products; this one does not). The engine times it per shape like every other
+candidate.
 
 Inputs are any (B, H, L, d) views whose last dimension is dense, e.g. head-split views of a packed QKV
 projection. The output is (B, H, Lq, d) backed by (B, Lq, H, d) memory, so merging heads afterwards

@@ -17,29 +17,21 @@ multiplied where cuDNN multiplies 64), but scheduled the way Hopper wants it, wh
   than both products, so hiding the products under it is where the time goes.
 - P stays in registers as the A operand of the P V product; S's accumulator layout is already its operand layout.
 
-What ptxas makes of the overlap, and the ROW_SUMS variants (a config's seventh field; the engine's configs keep 0,
-which the timings below kept). Offline (Triton 3.6's ptxas, sm_90a, head dim 40, DEFAULT_CONFIG; benchmarks/results/
-H200-2026-11-29/twentysixth-session/attention-issue/), a math warp's loop body is 279 SASS instructions, and ptxas
-places the wait for P_{j-1} V_{j-1} right after the wait for S_j and the row max: all 34 exponentials run after the
-product is done, at any register cap (80 to 128), with or without the slot-freeing arrive. PTX has them before the
-wait; the wait has no register operands in PTX (Triton's deps are a comment there), so ptxas may hoist it, and does.
-The overlap the step above describes only happens between partitions and CTAs, not within one.
-  0  as described above (what the engine runs)
-  1  the row sums on the tensor cores: P times a ones tile, one more asynchronous m64n8 product beside P V, instead
-     of 15 adds and 2 shuffle steps per row; 248 instructions, still no overlap
-  2  the row sums behind a branch that is always taken (j * BLOCK_N < Lk) but that ptxas cannot see through: the
-     basic block ends after the exponentials, and the wait stays below them; 280 instructions, all 34 before it
-  3  1 and 2: the conversion of P to fp16 behind the branch; 266 instructions, all 34 before the wait
-On an H200 (twenty-sixth session) the kernel is bound by no single pipe at head dim 40: with no exponentials at all it
-was only 9% faster, with 8 more FMA-pipe instructions per score 40% slower. Timed on an H200 (twenty-seventh
-session, bench_attention.py, ms; cuDNN in the same run): at 2 x 8 x 4096 x 40 modes 0-3 took 0.158 / 0.160 / 0.165 /
-0.166 (cuDNN 0.158), at 16 x 8 x 4096 x 40 1.226 / 1.196 / 1.254 / 1.281 (cuDNN 1.246; 0 and 1 within each other's
-spread), with SHORT_CONFIG at 2 x 8 x 1024 x 80 0.0207 / 0.0215 / 0.0247 / 0.0245 (cuDNN 0.0227). The restored
-overlap (2, 3) is slower everywhere: the hoisted wait was not what held the kernel back. Mode 1 is kept as a tested
-variant, not taken.
+What ptxas makes of the overlap. Compiled by Triton 3.6's ptxas for sm_90a (head dim 40, DEFAULT_CONFIG), a math
+warp's loop body is 279 SASS instructions, and ptxas places the wait for P_{j-1} V_{j-1} right after the wait for S_j
+and the row max: all 34 exponentials run after the product is done, at any register cap (80 to 128), with or without
+the slot-freeing arrive. PTX has them before the wait; the wait has no register operands in PTX (Triton's deps are a
+comment there), so ptxas may hoist it, and does. The overlap the step above describes only happens between partitions
+and CTAs, not within one. On an H200 the kernel is bound by no single pipe at head dim 40: with no exponentials at all
+it was only 9% faster, with 8 more FMA-pipe instructions per score 40% slower. Timed there (benchmarks/kernels/
+bench_attention.py, ms; cuDNN in the same process): 0.158 at 2 x 8 x 4096 x 40 (cuDNN 0.158), 1.226 at 16 x 8 x 4096 x
+40 (cuDNN 1.246), with SHORT_CONFIG 0.0207 at 2 x 8 x 1024 x 80 (cuDNN 0.0227). The row sums on the tensor cores (P
+times a ones tile) or behind an always-taken branch (which keeps the wait for P V below the exponentials) were tried
+and measured slower there (or, on the tensor cores at 16 x 8 x 4096 x 40, within the spread), so the kernel computes
+them in registers.
 
 Only for sm_90 (wgmma); the fast engine times it against cuDNN, FlashAttention and kernels/flash_attention.py per
-shape (engines/attention.py) and keeps the fastest. The reference is flash_attention's.
+shape (engines/fast/attention.py) and keeps the fastest. The reference is flash_attention's.
 """
 
 from __future__ import annotations
@@ -56,25 +48,22 @@ from .gluon_hopper import (  # noqa: F401 - gluon and available are part of this
 )
 from .gluon_hopper import tma_load as _tma_load
 
-ONES_N = gl.constexpr(8) if gl is not None else 8  # ROW_SUMS 1 and 3: the ones tile, wgmma's narrowest N
-ROW_SUMS_MODES = (0, 1, 2, 3)
 LOADER_REGS = regs(24)  # the producer warp only issues TMA copies
 SPLIT_CONSUMER_REGS = regs(104)  # SPLIT's second math partition
 
 __all__ = ["CONFIGS", "available", "default_config", "flash_attention_sm90", "flash_attention_reference", "supports"]
 
-# (BLOCK_M, BLOCK_N, num_warps, STAGES[, maxnreg[, SPLIT[, ROW_SUMS]]]) worth timing
+# (BLOCK_M, BLOCK_N, num_warps, STAGES[, maxnreg[, SPLIT]]) worth timing
 # (benchmarks/kernels/bench_attention.py).
 # num_warps counts the math warps (per partition with SPLIT); the producer warp comes on top. maxnreg caps the
 # registers a thread so that two CTAs share an SM (one's softmax beside the other's products); SPLIT puts the
-# block's two 64-row halves in two independent partitions. On an H100 (benchmarks/README.md, ninth session):
+# block's two 64-row halves in two independent partitions. On an H100:
 # SPLIT 128 x 64, 3 stages, 80 registers is the best at 4096 tokens, head dim 40 (cuDNN's speed at CFG batch 2,
 # 5% faster at 16); 64 x 128 at 128 registers at 1024 tokens, head dim 80 (9% faster than cuDNN); cuDNN stays
 # ahead at head dim 64.
 CONFIGS = [
     (128, 64, 4, 3, 80, True), (128, 64, 4, 2, 80, True), (64, 128, 4, 2, 128), (64, 64, 4, 3, 128),
-    (128, 64, 8, 2, 80), (128, 128, 8, 2), (128, 64, 4, 3, 80, True, 1), (128, 64, 4, 3, 80, True, 2),
-    (128, 64, 4, 3, 80, True, 3),
+    (128, 64, 8, 2, 80), (128, 128, 8, 2),
 ]
 DEFAULT_CONFIG = (128, 64, 4, 3, 80, True)
 SHORT_CONFIG = (64, 128, 4, 2, 128)  # a second engine candidate: the 1024-token levels
@@ -111,21 +100,15 @@ if gluon is not None:
                 _tma_load(v1_desc, [b, h, n, D0], v_bar, v1_s.index(slot))
 
     @gluon.jit
-    def _softmax_step(s, m_i, l_i, qk_scale, SUM: gl.constexpr):
+    def _softmax_step(s, m_i, l_i, qk_scale):
         """Online softmax over one block of scores: the new row max, the rescale of what came before, the
-        probabilities (fp32 scores shifted by their row max, then exponentiated) and, with SUM, the new row
-        sums."""
+        probabilities (fp32 scores shifted by their row max, then exponentiated) and the new row sums (the
+        running ones rescaled to the new row max, plus this block's)."""
         m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
         alpha = gl.exp2(m_i - m_new)  # 0 on the first block (m_i = -inf)
         p = gl.exp2(gl.fma(s, qk_scale, -m_new[:, None]))
-        if SUM:
-            l_i = _row_sums(l_i, alpha, p)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
         return m_new, alpha, p, l_i
-
-    @gluon.jit
-    def _row_sums(l_i, alpha, p):
-        """The running row sums rescaled to the new row max, plus this block's."""
-        return l_i * alpha + gl.sum(p, axis=1)
 
     @gluon.jit
     def _issue_scores(q0, q1, k0_s, k1_s, slot, s_zero, BLOCK_N: gl.constexpr, D0: gl.constexpr, D1: gl.constexpr,
@@ -151,24 +134,14 @@ if gluon is not None:
         return acc0, acc1, p0, p1
 
     @gluon.jit
-    def _issue_row_sums(p, ones_s, l_acc, pl_layout: gl.constexpr):
-        """l += P 1 (every column of l_acc the row sums), issued after P V (not waited for). Returns l_acc and
-        the operand to keep alive until the product is done."""
-        pl = gl.convert_layout(p, pl_layout)
-        l_acc = warpgroup_mma(pl, ones_s.permute((1, 0)), l_acc, is_async=True)
-        return l_acc, pl
-
-    @gluon.jit
-    def _consumer(q0_s, q1_s, k0_s, k1_s, v0_s, v1_s, ones_s, q_bar, k_bars, v_bars, free_bars, o_ptr,
+    def _consumer(q0_s, q1_s, k0_s, k1_s, v0_s, v1_s, q_bar, k_bars, v_bars, free_bars, o_ptr,
                   b, h, off_m, num_n, Lq, Lk, qk_scale, stride_ob, stride_oh, stride_ol,
                   HEAD_DIM: gl.constexpr, D0: gl.constexpr, D1: gl.constexpr, HAS_D1: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, EVEN_N: gl.constexpr,
-                  ROW_SUMS: gl.constexpr, ROW0: gl.constexpr, ROWS: gl.constexpr, num_warps: gl.constexpr):
+                  ROW0: gl.constexpr, ROWS: gl.constexpr, num_warps: gl.constexpr):
         """The math warps: the products on the tensor cores and the online softmax between them, for rows
         ROW0 .. ROW0 + ROWS of the query block (SPLIT: two such partitions, each on its own 64 rows)."""
         dtype: gl.constexpr = k0_s.dtype
-        SUM_BY_MMA: gl.constexpr = ROW_SUMS % 2 == 1
-        AFTER_BRANCH: gl.constexpr = ROW_SUMS >= 2
         # Accumulators in wgmma's layout; each warp owns BLOCK_M / num_warps rows, one warpgroup per 64.
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
@@ -178,10 +151,6 @@ if gluon is not None:
                                                             instr_shape=[16, D1, 16])
         p0_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o0_layout, k_width=2)
         p1_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o1_layout, k_width=2)
-        # ROW_SUMS 1 and 3: the row sums as an m64n8 accumulator, all 8 columns equal.
-        l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                           instr_shape=[16, ONES_N, 16])
-        pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=2)
         row_o0: gl.constexpr = gl.SliceLayout(1, o0_layout)
         row_o1: gl.constexpr = gl.SliceLayout(1, o1_layout)
 
@@ -194,8 +163,6 @@ if gluon is not None:
         acc1 = gl.zeros([ROWS, D1], gl.float32, o1_layout)
         m_i = gl.full([ROWS], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, s_layout))
-        if SUM_BY_MMA:
-            l_acc = gl.zeros([ROWS, ONES_N], gl.float32, l_layout)
         mbarrier.wait(q_bar, 0)
 
         # Block 0: S, then the first row max and probabilities.
@@ -204,7 +171,7 @@ if gluon is not None:
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         if not EVEN_N:
             s = gl.where((offs_n < Lk)[None, :], s, float("-inf"))
-        m_i, alpha, p, l_i = _softmax_step(s, m_i, l_i, qk_scale, not SUM_BY_MMA)
+        m_i, alpha, p, l_i = _softmax_step(s, m_i, l_i, qk_scale)
         p = p.to(dtype)
 
         for j in range(1, num_n):
@@ -216,27 +183,13 @@ if gluon is not None:
             mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
             acc0, acc1, p0, p1 = _issue_pv(p, v0_s, v1_s, prev, acc0, acc1, p0_layout, p1_layout, BLOCK_N, D0, D1,
                                            HAS_D1)
-            if SUM_BY_MMA:
-                l_acc, pl = _issue_row_sums(p, ones_s, l_acc, pl_layout)
             # Each product issued is one group: wait until only those issued after S_j are left.
-            s = warpgroup_mma_wait(num_outstanding=1 + HAS_D1 + SUM_BY_MMA, deps=(s,))
+            s = warpgroup_mma_wait(num_outstanding=1 + HAS_D1, deps=(s,))
 
             if not EVEN_N:
                 s = gl.where((j * BLOCK_N + offs_n < Lk)[None, :], s, float("-inf"))
-            m_i, alpha, p_next, l_i = _softmax_step(s, m_i, l_i, qk_scale, ROW_SUMS == 0)
-            p_half = p
-            if AFTER_BRANCH:
-                # Always taken (j < cdiv(Lk, BLOCK_N)), but ptxas cannot know: the basic block ends after the
-                # exponentials, so the wait for P V below stays below them (see the module's notes).
-                if j * BLOCK_N < Lk:
-                    if SUM_BY_MMA:
-                        p_half = p_next.to(dtype)
-                    else:
-                        l_i = _row_sums(l_i, alpha, p_next)
+            m_i, alpha, p_next, l_i = _softmax_step(s, m_i, l_i, qk_scale)
 
-            if SUM_BY_MMA:
-                l_acc, pl = warpgroup_mma_wait(num_outstanding=0, deps=(l_acc, pl))
-                l_acc = l_acc * gl.convert_layout(alpha, gl.SliceLayout(1, l_layout))[:, None]
             if HAS_D1:
                 acc0, acc1, p0, p1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1, p0, p1))
                 acc1 = acc1 * gl.convert_layout(alpha, row_o1)[:, None]
@@ -244,18 +197,11 @@ if gluon is not None:
                 acc0, p0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, p0))
             mbarrier.arrive(free_bars.index(prev))  # K_{j-1} and V_{j-1} are read: the loader may refill
             acc0 = acc0 * gl.convert_layout(alpha, row_o0)[:, None]
-            if ROW_SUMS == 3:
-                p = p_half
-            else:
-                p = p_next.to(dtype)
+            p = p_next.to(dtype)
 
         last = (num_n - 1) % STAGES
         mbarrier.wait(v_bars.index(last), ((num_n - 1) // STAGES) & 1)
         acc0, acc1, p0, p1 = _issue_pv(p, v0_s, v1_s, last, acc0, acc1, p0_layout, p1_layout, BLOCK_N, D0, D1, HAS_D1)
-        if SUM_BY_MMA:
-            l_acc, pl = _issue_row_sums(p, ones_s, l_acc, pl_layout)
-            l_acc, pl = warpgroup_mma_wait(num_outstanding=0, deps=(l_acc, pl))
-            l_i = gl.convert_layout(gl.max(l_acc, axis=1), gl.SliceLayout(1, s_layout))  # its columns are equal
         if HAS_D1:
             acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
         else:
@@ -282,8 +228,7 @@ if gluon is not None:
         Lq, Lk, H, qk_scale,
         stride_ob, stride_oh, stride_ol,
         HEAD_DIM: gl.constexpr, HAS_D1: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        STAGES: gl.constexpr, EVEN_N: gl.constexpr, SPLIT: gl.constexpr, ROW_SUMS: gl.constexpr,
-        num_warps: gl.constexpr,
+        STAGES: gl.constexpr, EVEN_N: gl.constexpr, SPLIT: gl.constexpr, num_warps: gl.constexpr,
     ):
         dtype: gl.constexpr = k0_desc.dtype
         D0: gl.constexpr = k0_desc.block_type.shape[3]
@@ -304,13 +249,6 @@ if gluon is not None:
         k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         free_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        if ROW_SUMS % 2 == 1:  # the ones, K-major like K's tiles (the B operand of P 1 is this tile's transpose)
-            ones_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ONES_N, BLOCK_N], dtype)
-            ones_s = gl.allocate_shared_memory(
-                dtype, [ONES_N, BLOCK_N], ones_layout,
-                gl.full([ONES_N, BLOCK_N], 1.0, dtype, gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])))
-        else:
-            ones_s = q0_s  # not read
         mbarrier.init(q_bar, count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_bars.index(i), count=1)
@@ -324,23 +262,23 @@ if gluon is not None:
         if SPLIT:
             HALF: gl.constexpr = BLOCK_M // 2
             gl.warp_specialize([
-                (_consumer, (q0_s, q1_s, k0_s, k1_s, v0_s, v1_s, ones_s, q_bar, k_bars, v_bars, free_bars, o_ptr,
+                (_consumer, (q0_s, q1_s, k0_s, k1_s, v0_s, v1_s, q_bar, k_bars, v_bars, free_bars, o_ptr,
                              b, h, off_m, num_n, Lq, Lk, qk_scale, stride_ob, stride_oh, stride_ol,
-                             HEAD_DIM, D0, D1, HAS_D1, BLOCK_M, BLOCK_N, STAGES, EVEN_N, ROW_SUMS, 0, HALF,
+                             HEAD_DIM, D0, D1, HAS_D1, BLOCK_M, BLOCK_N, STAGES, EVEN_N, 0, HALF,
                              num_warps)),
-                (_consumer, (q0_s, q1_s, k0_s, k1_s, v0_s, v1_s, ones_s, q_bar, k_bars, v_bars, free_bars, o_ptr,
+                (_consumer, (q0_s, q1_s, k0_s, k1_s, v0_s, v1_s, q_bar, k_bars, v_bars, free_bars, o_ptr,
                              b, h, off_m, num_n, Lq, Lk, qk_scale, stride_ob, stride_oh, stride_ol,
-                             HEAD_DIM, D0, D1, HAS_D1, BLOCK_M, BLOCK_N, STAGES, EVEN_N, ROW_SUMS, HALF, HALF,
+                             HEAD_DIM, D0, D1, HAS_D1, BLOCK_M, BLOCK_N, STAGES, EVEN_N, HALF, HALF,
                              num_warps)),
                 (_loader, (q0_desc, q1_desc, k0_desc, k1_desc, v0_desc, v1_desc, q0_s, q1_s, k0_s, k1_s, v0_s, v1_s,
                            q_bar, k_bars, v_bars, free_bars, b, h, off_m, num_n, D0, HAS_D1, BLOCK_N, STAGES)),
             ], [num_warps, 1], [SPLIT_CONSUMER_REGS, LOADER_REGS])
         else:
             gl.warp_specialize([
-                (_consumer, (q0_s, q1_s, k0_s, k1_s, v0_s, v1_s, ones_s, q_bar, k_bars, v_bars, free_bars, o_ptr,
+                (_consumer, (q0_s, q1_s, k0_s, k1_s, v0_s, v1_s, q_bar, k_bars, v_bars, free_bars, o_ptr,
                              b, h, off_m, num_n, Lq, Lk, qk_scale, stride_ob, stride_oh, stride_ol,
-                             HEAD_DIM, D0, D1, HAS_D1, BLOCK_M, BLOCK_N, STAGES, EVEN_N, ROW_SUMS, 0,
-                             BLOCK_M, num_warps)),
+                             HEAD_DIM, D0, D1, HAS_D1, BLOCK_M, BLOCK_N, STAGES, EVEN_N, 0, BLOCK_M,
+                             num_warps)),
                 (_loader, (q0_desc, q1_desc, k0_desc, k1_desc, v0_desc, v1_desc, q0_s, q1_s, k0_s, k1_s, v0_s, v1_s,
                            q_bar, k_bars, v_bars, free_bars, b, h, off_m, num_n, D0, HAS_D1, BLOCK_N, STAGES)),
             ], [1], [LOADER_REGS])
@@ -386,19 +324,16 @@ def flash_attention_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
                          config: Optional[tuple] = None) -> torch.Tensor:
     """softmax(q k^T * scale) v on an sm_90 GPU; raises ValueError for inputs it does not take.
 
-    config: (BLOCK_M, BLOCK_N, num_warps, STAGES[, maxnreg[, SPLIT[, ROW_SUMS]]]), one of CONFIGS or any other with
-    BLOCK_M a multiple of 16 * num_warps (of 32 * num_warps with SPLIT) and powers of two >= 16, ROW_SUMS one of
-    ROW_SUMS_MODES (the module's notes); None: default_config.
+    config: (BLOCK_M, BLOCK_N, num_warps, STAGES[, maxnreg[, SPLIT]]), one of CONFIGS or any other with BLOCK_M a
+    multiple of 16 * num_warps (of 32 * num_warps with SPLIT) and powers of two >= 16; None: default_config.
     """
     reason = supports(q, k, v)
     if reason:
         raise ValueError(f"flash_attention_sm90: {reason}")
     block_m, block_n, num_warps, stages, *extra = config or default_config(q.shape[-1])
-    maxnreg, split, row_sums = list(extra) + [None, False, 0][len(extra):]
+    maxnreg, split = list(extra) + [None, False][len(extra):]
     if block_m % (16 * num_warps * (2 if split else 1)) or any(x < 16 or x & (x - 1) for x in (block_m, block_n)):
         raise ValueError(f"flash_attention_sm90: tile {block_m} x {block_n} at {num_warps} warps")
-    if row_sums not in ROW_SUMS_MODES:
-        raise ValueError(f"flash_attention_sm90: ROW_SUMS {row_sums!r} (one of {ROW_SUMS_MODES})")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if not scale > 0:
         raise ValueError(f"flash_attention_sm90: scale must be positive, got {scale}")
@@ -416,7 +351,7 @@ def flash_attention_sm90(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
         _descriptor(v, block_n, d0), _descriptor(v, block_n, d1_tile), out,
         Lq, Lk, H, scale * LOG2E, out.stride(0), out.stride(1), out.stride(2),
         HEAD_DIM=d, HAS_D1=d1 > 0, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, EVEN_N=Lk % block_n == 0,
-        SPLIT=split, ROW_SUMS=int(row_sums), num_warps=num_warps,
+        SPLIT=split, num_warps=num_warps,
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return out

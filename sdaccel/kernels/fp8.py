@@ -1,8 +1,10 @@
 """FP8 (e4m3) outputs for the kernels that feed the fast engine's FP8 GEMMs: scaling, rounding, amax.
 
-A kernel that writes e4m3 for a GEMM writes q = round_e4m3(clamp(y / scale, -448, 448)) and records amax = max |y|
-into a device float (atomic max), so the engine can derive the next call's scale from this call's range (delayed
-scaling, engines/fp8.py). `scale` is the dequantization factor: y ~ q * scale; the GEMM multiplies it back.
+A kernel that writes e4m3 for a GEMM writes q = round_e4m3(clamp(y / e4m3_scale, -448, 448)) and records
+e4m3_amax = max |y| into a device float (atomic max), so the engine can derive the next call's scale from this call's
+range (delayed scaling, engines/fast/fp8.py). `e4m3_scale` is the dequantization factor: y ~ q * e4m3_scale; the GEMM
+multiplies it back. Every kernel that writes e4m3 takes the pair under these names, as 1-element float32 tensors
+(check_fp8_output).
 
 Under Triton's CPU interpreter (which the tests run the kernels in) the rounding is done in fp32, before the cast,
 so the cast itself is exact: the interpreter mis-rounds float -> e4m3 where rounding carries into the exponent
@@ -33,13 +35,14 @@ def is_float8(t: torch.Tensor) -> bool:
     return t.is_floating_point() and t.element_size() == 1
 
 
-def quantize_e4m3_reference(y: torch.Tensor, scale: torch.Tensor, amax: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """e4m3 of y / scale, saturated to +-448 (y in any float dtype; computed in fp32). amax, when given (a 1-element
-    fp32 tensor), becomes max(amax, max |y|) in place."""
+def quantize_e4m3_reference(y: torch.Tensor, e4m3_scale: torch.Tensor,
+                            e4m3_amax: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """e4m3 of y / e4m3_scale, saturated to +-448 (y in any float dtype; computed in fp32). e4m3_amax, when given (a
+    1-element fp32 tensor), becomes max(e4m3_amax, max |y|) in place."""
     v = y.float()
-    if amax is not None and v.numel():
-        amax.copy_(torch.maximum(amax, v.abs().amax().reshape(amax.shape)))
-    return (v / scale.float()).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+    if e4m3_amax is not None and v.numel():
+        e4m3_amax.copy_(torch.maximum(e4m3_amax, v.abs().amax().reshape(e4m3_amax.shape)))
+    return (v / e4m3_scale.float()).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
 
 
 if triton is not None:
@@ -47,13 +50,14 @@ if triton is not None:
     # Compiled, the cast rounds to nearest even by itself (cvt.rn.satfinite.e4m3x2.f32, two values an instruction);
     # the CPU interpreter's mis-rounds (module doc), so there the value is rounded in fp32 first. On the GPU that
     # rounding was ~25 instructions a value: in the looped GroupNorm, 64 programs at SD1.5's 32x32 level, it was
-    # a good part of why writing e4m3 took 1.8x as long as writing fp16 (twentieth session).
+    # a good part of why writing e4m3 took 1.8x as long as writing fp16 on an H200.
     _ROUND_FIRST = tl.constexpr(interpreter_enabled())
 
     @triton.jit
-    def to_e4m3(y, inv_scale):
-        """fp32 y times inv_scale, saturated and rounded to e4m3's grid (nearest, ties to even), as e4m3."""
-        v = tl.minimum(tl.maximum(y * inv_scale, -448.0), 448.0)
+    def to_e4m3(y, inv_e4m3_scale):
+        """fp32 y times inv_e4m3_scale (1 / e4m3_scale), saturated and rounded to e4m3's grid (nearest, ties to
+        even), as e4m3."""
+        v = tl.minimum(tl.maximum(y * inv_e4m3_scale, -448.0), 448.0)
         if _ROUND_FIRST:
             bits = v.to(tl.int32, bitcast=True)
             # Normal range: keep fp32's top 3 mantissa bits, rounding on the integer bits so a carry reaches the
@@ -68,12 +72,13 @@ if triton is not None:
         return v.to(tl.float8e4nv)
 
     @triton.jit
-    def record_amax(amax_ptr, y, mask):
-        """amax = max(amax, max |y| over the masked 2-D block): one atomic, relaxed. Only its value after the
-        kernel is read, so it orders nothing; at Triton's default (acq_rel) each one is a fence, and a kernel that
-        recorded every tile of a loop lost the loads it had in flight (a looping kernel keeps a running max and
-        records it once: group_norm._normalize_rows)."""
-        tl.atomic_max(amax_ptr, tl.max(tl.max(tl.where(mask, tl.abs(y), 0.0), axis=1), axis=0), sem="relaxed")
+    def record_amax(e4m3_amax_ptr, y, mask):
+        """e4m3_amax = max(e4m3_amax, max |y| over the masked 2-D block): one atomic, relaxed. Only its value after
+        the kernel is read, so it orders nothing; at Triton's default (acq_rel) each one is a fence, and a kernel
+        that recorded every tile of a loop lost the loads it had in flight (a looping kernel keeps a running max and
+        records it once: group_norm_kernels._normalize_rows)."""
+        tl.atomic_max(e4m3_amax_ptr, tl.max(tl.max(tl.where(mask, tl.abs(y), 0.0), axis=1), axis=0),
+                      sem="relaxed")
 
 
 def scale_refusal(like: torch.Tensor, **scales: Optional[torch.Tensor]) -> str | None:
@@ -86,13 +91,15 @@ def scale_refusal(like: torch.Tensor, **scales: Optional[torch.Tensor]) -> str |
     return None
 
 
-def check_fp8_output(scale: Optional[torch.Tensor], amax: Optional[torch.Tensor], like: torch.Tensor) -> bool:
-    """Whether a kernel call asks for e4m3 output (scale given); raises ValueError for malformed scale/amax."""
-    if scale is None:
-        if amax is not None:
-            raise ValueError("out_amax without out_scale")
+def check_fp8_output(e4m3_scale: Optional[torch.Tensor], e4m3_amax: Optional[torch.Tensor],
+                     like: torch.Tensor) -> bool:
+    """Whether a kernel call asks for e4m3 output (e4m3_scale given); raises ValueError for a malformed
+    e4m3_scale / e4m3_amax pair."""
+    if e4m3_scale is None:
+        if e4m3_amax is not None:
+            raise ValueError("e4m3_amax without e4m3_scale")
         return False
-    problem = scale_refusal(like, out_scale=scale, out_amax=amax)
+    problem = scale_refusal(like, e4m3_scale=e4m3_scale, e4m3_amax=e4m3_amax)
     if problem:
         raise ValueError(problem)
     return True

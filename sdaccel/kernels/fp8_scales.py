@@ -5,7 +5,7 @@
     amax     = 0                                         (the next call's kernels record into it afresh)
 
 In torch this was seven small kernels (isfinite, compare, and, divide, where, copy, zero) at the end of every
-graphed UNet call; here it is one launch over the (sites, 4) buffers (engines/fp8.Fp8Scales).
+graphed UNet call; here it is one launch over the (sites, 4) buffers (engines/fast/fp8.Fp8Scales).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from . import use_triton
 from .fp8 import E4M3_MAX
-from .precompile import is_recording
+from .recording import is_recording
 
 try:
     import triton

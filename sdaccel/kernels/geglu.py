@@ -9,8 +9,8 @@ projection's bias add folded in. gelu is exact by default,
     gelu(g) = 0.5 g (1 + erf(g / sqrt(2))),
 or the tanh form with ``approximate="tanh"``,
     gelu(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
-With out_scale the output is e4m3, out / out_scale saturated, for the FP8 GEMM that reads it, and max |out| is
-recorded (kernels/fp8.py).
+With e4m3_scale the output is e4m3, out / e4m3_scale saturated, for the FP8 GEMM that reads it, and max |out| is
+recorded into e4m3_amax (kernels/fp8.py).
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ else:
 
 def geglu_reference(
     h: torch.Tensor, bias: Optional[torch.Tensor] = None, approximate: str = "none",
-    out_scale: Optional[torch.Tensor] = None, out_amax: Optional[torch.Tensor] = None,
+    e4m3_scale: Optional[torch.Tensor] = None, e4m3_amax: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Plain torch at h's dtype, as diffusers computes it; what the tests trust. With out_scale: in fp32, then
-    e4m3 of out / out_scale (max |out| into out_amax)."""
-    if out_scale is not None:
+    """Plain torch at h's dtype, as diffusers computes it; what the tests trust. With e4m3_scale: in fp32, then
+    e4m3 of out / e4m3_scale (max |out| into e4m3_amax)."""
+    if e4m3_scale is not None:
         out = geglu_reference(h.float(), None if bias is None else bias.float(), approximate)
-        return quantize_e4m3_reference(out, out_scale, out_amax)
+        return quantize_e4m3_reference(out, e4m3_scale, e4m3_amax)
     if bias is not None:
         h = h + bias.to(h.dtype)
     hidden, gate = h.chunk(2, dim=-1)
@@ -55,7 +55,7 @@ if triton is not None:
 
     @triton.jit
     def gelu(g, TANH: tl.constexpr):
-        """gelu of fp32 g: exact (erf), or the tanh form; also used by linear_geglu's kernel."""
+        """gelu of fp32 g: exact (erf), or the tanh form."""
         if TANH:
             # tanh(u) = 1 - 2 / (exp(2u) + 1): saturates cleanly to +-1 for large |u|.
             u = 0.7978845608028654 * (g + 0.044715 * g * g * g)
@@ -67,7 +67,7 @@ if triton is not None:
     # Sizes are not specialized on: no recompile per resolution or batch (kernels/__init__.py).
     @triton.jit(do_not_specialize=["M"])
     def _geglu_kernel(
-        h_ptr, bias_ptr, out_ptr, scale_ptr, amax_ptr,
+        h_ptr, bias_ptr, out_ptr, e4m3_scale_ptr, e4m3_amax_ptr,
         M, D,
         BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
         HAS_BIAS: tl.constexpr, TANH: tl.constexpr, FP8_OUT: tl.constexpr,
@@ -87,8 +87,8 @@ if triton is not None:
         out_offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
         out = hidden * gelu(gate, TANH)
         if FP8_OUT:
-            record_amax(amax_ptr, out, mask)
-            tl.store(out_ptr + out_offs, to_e4m3(out, 1.0 / tl.load(scale_ptr)), mask=mask)
+            record_amax(e4m3_amax_ptr, out, mask)
+            tl.store(out_ptr + out_offs, to_e4m3(out, 1.0 / tl.load(e4m3_scale_ptr)), mask=mask)
         else:
             tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -109,14 +109,15 @@ def launch_geglu(
     h: torch.Tensor,
     bias: Optional[torch.Tensor],
     approximate: str,
-    out_scale: Optional[torch.Tensor] = None,
-    out_amax: Optional[torch.Tensor] = None,
+    e4m3_scale: Optional[torch.Tensor] = None,
+    e4m3_amax: Optional[torch.Tensor] = None,
     *,
     tile_elems: int = 4096,
     num_warps: int = 4,
     traceable: bool = False,
 ) -> torch.Tensor:
-    """``traceable``: called from the registered op (see ``launchable``)."""
+    """``e4m3_scale`` (with ``e4m3_amax``, both checked by the caller): out in e4m3, as out / e4m3_scale saturated,
+    max |out| recorded into e4m3_amax. ``traceable``: called from the registered op (see ``launchable``)."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
     two_d = h.shape[-1]
@@ -125,13 +126,13 @@ def launch_geglu(
     D = two_d // 2
     h = h.contiguous()
     M = h.numel() // two_d if two_d else 0
-    fp8 = out_scale is not None
+    fp8 = e4m3_scale is not None
     out = h.new_empty((*h.shape[:-1], D), dtype=E4M3 if fp8 else h.dtype)
     block_d = pick_feature_block(D)
     block_m = max(1, min(tile_elems // block_d, next_pow2(M)))
     grid = (triton.cdiv(M, block_m), triton.cdiv(D, block_d))
     launchable(_geglu_kernel, traceable)[grid](
-        h, bias.contiguous() if bias is not None else h, out, out_scale if fp8 else h, out_amax if fp8 else h,
+        h, bias.contiguous() if bias is not None else h, out, e4m3_scale if fp8 else h, e4m3_amax if fp8 else h,
         M, D,
         BLOCK_M=block_m, BLOCK_D=block_d,
         HAS_BIAS=bias is not None, TANH=approximate == "tanh", FP8_OUT=fp8,
@@ -142,11 +143,11 @@ def launch_geglu(
 
 # ---------------------------------------------------------------- public op
 
-def _geglu_run(h, bias, approximate, traceable, out_scale=None, out_amax=None):
+def _geglu_run(h, bias, approximate, traceable, e4m3_scale=None, e4m3_amax=None):
     """The reference where Triton cannot run, else the kernel."""
     if not use_triton(h):
-        return geglu_reference(h, bias, approximate, out_scale, out_amax)
-    return launch_geglu(h, bias, approximate, out_scale, out_amax, traceable=traceable)
+        return geglu_reference(h, bias, approximate, e4m3_scale, e4m3_amax)
+    return launch_geglu(h, bias, approximate, e4m3_scale, e4m3_amax, traceable=traceable)
 
 
 def _geglu_op_body(h: torch.Tensor, bias: Optional[torch.Tensor], approximate: str) -> torch.Tensor:
@@ -157,13 +158,13 @@ _geglu_op = register_triton_op("geglu", _geglu_op_body)
 
 
 def geglu(h: torch.Tensor, bias: Optional[torch.Tensor] = None, approximate: str = "none", *,
-          out_scale: Optional[torch.Tensor] = None, out_amax: Optional[torch.Tensor] = None) -> torch.Tensor:
+          e4m3_scale: Optional[torch.Tensor] = None, e4m3_amax: Optional[torch.Tensor] = None) -> torch.Tensor:
     """out = (h[..., :D] + bias[:D]) * gelu(h[..., D:] + bias[D:]); h is (..., 2D).
 
-    out_scale, out_amax: 1-element float32 tensors: out is returned in e4m3 as out / out_scale (saturated), for
-    an FP8 GEMM, and max |out| is recorded into out_amax (atomic max)."""
-    if check_fp8_output(out_scale, out_amax, h) and compiling():
+    e4m3_scale, e4m3_amax: 1-element float32 tensors: out is returned in e4m3 as out / e4m3_scale (saturated), for
+    an FP8 GEMM, and max |out| is recorded into e4m3_amax (atomic max)."""
+    if check_fp8_output(e4m3_scale, e4m3_amax, h) and compiling():
         raise ValueError("geglu: e4m3 output is not traceable by torch.compile")
     if compiling():  # torch.compile must see one registered op
         return _geglu_op(h, bias, approximate)
-    return _geglu_run(h, bias, approximate, False, out_scale, out_amax)  # eager: skip the dispatcher
+    return _geglu_run(h, bias, approximate, False, e4m3_scale, e4m3_amax)  # eager: skip the dispatcher

@@ -1,10 +1,11 @@
 """GroupNorm with each group spread over a thread-block cluster (Hopper), written in Gluon.
 
     s = x + add[n, c]                             (add optional; x may be the channel concatenation [x, x2])
-    y = act((s - mean[n, g]) * rstd[n, g] * weight[c] + bias[c]) * scale
-                                                  (optionally written in e4m3 as y / e4m3_scale, max |y| recorded)
+    y = act((s - mean[n, g]) * rstd[n, g] * weight[c] + bias[c]) * output_scale
+                                                  (optionally written in e4m3 as y / e4m3_scale, max |y| recorded
+                                                   into e4m3_amax)
 
-the same function as kernels/group_norm.py (whose reference the tests use), for the shapes where that module's
+the same function as kernels/group_norm.py (tested against group_norm_reference.py), for the shapes where its
 looped kernel is slow: groups of up to LOOPED_MAX_ROWS rows at a small batch. At CFG batch 2 a UNet GroupNorm has
 only 64 (sample, group) pairs, and the looped kernel gives each pair one SM that sweeps its rows twice.
 
@@ -12,12 +13,12 @@ Here each pair gets a cluster of CTAS CTAs, which the GPU schedules together. CT
 [r * ROWS, (r + 1) * ROWS) of the group in registers (a layout whose first axis is split over the cluster), so x is
 read once, y written once, in one launch:
   1. each CTA reduces its rows to a (mean, M2) partial (M2: the sum of squared deviations) and stores it;
-  2. barrier.cluster: all CTAs of the cluster are resident together, so unlike the grid-wide spin barriers tried
-     before (benchmarks/README.md, seventh session) this wait cannot hang;
+  2. barrier.cluster: all CTAs of the cluster are resident together, so unlike a grid-wide spin barrier (whose
+     programs need not all be resident at once) this wait cannot hang;
   3. every CTA loads its cluster's partials past L1 and merges them (Chan et al.: mean = sum n_k m_k / n,
      M2 = sum M2_k + n_k (m_k - mean)^2), then normalizes the rows it holds.
-The reductions are per CTA, by hand: on the GPU machine's Triton 3.6 a gl.sum across the cluster aborts the compiler
-and Triton's own num_ctas path cannot plan any reduction (benchmarks/README.md, twenty-fourth session).
+The reductions are per CTA, by hand: with Triton 3.6 a gl.sum across the cluster aborts the compiler and Triton's
+own num_ctas path cannot plan any reduction.
 
 Only for sm_90. group_norm.py's launcher takes it where its CLUSTER_CTAS_PER_SM allows: small batches, where its
 one cluster a group does not outnumber the SMs by much.
@@ -32,15 +33,16 @@ from .gluon_hopper import device_refusal, gl, gluon
 
 CTAS = 8  # a cluster: the portable maximum. With 4 warps the best of 2, 4, 8 CTAs x 4, 8 warps wherever it won.
 # Warps a CTA: enough that each thread holds at most VALUES_PER_THREAD of the CTA's ROWS x BLOCK_C values (fp32),
-# at least MIN_WARPS. On an H200 (benchmarks/kernels/bench_group_norm_cluster.py, twenty-fifth session), against the
-# looped kernel, us: with 4 warps every UNet call of 32 values a thread won (2 x 640 x 32 x 32: 11.0 -> 7.6), those
-# of 64 split (SDXL's 2 x 1280 x 32 x 32 + time embedding: 17.4 -> 18.5); at 8 warps the 64-value concatenations
-# won (2 x [1280, 640] x 32 x 32: 22.7 -> 16.6), at 16 the 128-value ones (2 x [1280, 1280]: 35.3 -> 26.6). Left:
-# SDXL's 64-value groups without a concatenation were fastest at 16 warps (17.4 -> 14.9), not the rule's 8 (18.4).
+# at least MIN_WARPS. On an H200 (benchmarks/kernels/bench_group_norm_cluster.py), against the looped kernel, us:
+# with 4 warps every UNet call of 32 values a thread won (2 x 640 x 32 x 32: 11.0 -> 7.6), those of 64 split (SDXL's
+# 2 x 1280 x 32 x 32 + time embedding: 17.4 -> 18.5); at 8 warps the 64-value concatenations won (2 x [1280, 640] x
+# 32 x 32: 22.7 -> 16.6), at 16 the 128-value ones (2 x [1280, 1280]: 35.3 -> 26.6). Left: SDXL's 64-value groups
+# without a concatenation were fastest at 16 warps (17.4 -> 14.9), not the rule's 8 (18.4).
 # Writing e4m3 (the FP8 mode's ResNet norms), groups without a concatenation ran fastest at half as many values a
-# thread (twenty-sixth session, us: 2 x 640 x 32 x 32 + time embedding 12.3 at 4 warps -> 9.8 at 8; SDXL's 2 x 1280
+# thread (E4M3_VALUES_PER_THREAD; us: 2 x 640 x 32 x 32 + time embedding 12.3 at 4 warps -> 9.8 at 8; SDXL's 2 x 1280
 # x 32 x 32 21.3 at 8 -> 18.1 at 16), the concatenations did not ([1280, 640]: 21.8 at 8, 24.7 at 16). Not for lack
-# of registers: offline, 2 x 640 takes 146 registers a thread in fp16 and 150 in e4m3 at 4 warps, neither spills.
+# of registers: compiled for sm_90a, 2 x 640 takes 146 registers a thread in fp16 and 150 in e4m3 at 4 warps, and
+# neither spills.
 MIN_WARPS = 4
 MAX_WARPS = 16
 VALUES_PER_THREAD = 32
@@ -130,8 +132,8 @@ if gluon is not None:
     # HW is not specialized on (kernels/__init__.py), its rows per CTA are: the group's tile is held in registers.
     @gluon.jit(do_not_specialize=["HW"])
     def _group_norm_cluster_kernel(
-        x_ptr, x2_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr, part_ptr, e4m3_scale_ptr, amax_ptr,
-        HW, C1, C2, eps, out_scale,
+        x_ptr, x2_ptr, add_ptr, sum_ptr, weight_ptr, bias_ptr, out_ptr, part_ptr, e4m3_scale_ptr, e4m3_amax_ptr,
+        HW, C1, C2, eps, output_scale,
         stride_n, stride_c, stride_hw, stride_add_n, stride_add_c,
         GROUP_SIZE: gl.constexpr, ROWS: gl.constexpr, BLOCK_C: gl.constexpr,
         HAS_X2: gl.constexpr, HAS_ADD: gl.constexpr, WRITE_SUM: gl.constexpr, HAS_WEIGHT: gl.constexpr,
@@ -190,39 +192,41 @@ if gluon is not None:
             y = y + gl.load(bias_ptr + c, mask=c_ok, other=0.0).to(gl.float32)
         if APPLY_SILU:
             y = y / (1.0 + gl.exp(-y))
-        y = y * out_scale
+        y = y * output_scale
         if FP8_OUT:  # as kernels/fp8.py's to_e4m3 and record_amax, which are plain Triton
             q = gl.minimum(gl.maximum(y * (1.0 / gl.load(e4m3_scale_ptr)), -448.0), 448.0)
             gl.store(out_ptr + offs, q.to(gl.float8e4nv), mask=mask)
             # max |y| per CTA (a max across the cluster is the cross-CTA reduction Triton 3.6 cannot compile),
             # one relaxed atomic each: only the value after the kernel is read.
             peak = gl.max(gl.max(gl.where(mask, gl.abs(y), 0.0), axis=2), axis=1)
-            gl.atomic_max(amax_ptr + r * 0, peak, sem="relaxed")
+            gl.atomic_max(e4m3_amax_ptr + r * 0, peak, sem="relaxed")
         else:
             gl.store(out_ptr + offs, y.to(raw.dtype), mask=mask)
 
 
 def launch_group_norm_cluster(x, x2, add, s, weight, bias, out, num_groups: int, eps: float, silu: bool,
-                              out_scale: float, strides: tuple, add_strides: tuple, num_warps: int | None = None,
-                              e4m3: tuple | None = None) -> None:
+                              output_scale: float, strides: tuple, add_strides: tuple, num_warps: int | None = None,
+                              e4m3_scale: torch.Tensor | None = None, e4m3_amax: torch.Tensor | None = None) -> None:
     """Run the kernel for group_norm.py's launcher, which has checked the call against ``refusal`` and laid out
-    the tensors: x (N, C1, H, W)
-    and x2 (N, C2, H, W) or None, both dense channels_last when x2 is given; add (N, C) or None; s (the sum, or
-    None), out: y's buffer (e4m3 with ``e4m3``); strides: out's (n, c, merged h*w); add_strides: add's (n, c);
-    num_warps: a CTA's (None: ``warps_for``); e4m3: (scale, amax), checked 1-element float32 tensors: y written
-    as y / scale in e4m3, max |y| into amax."""
+    the tensors: x (N, C1, H, W) and x2 (N, C2, H, W) or None, both dense channels_last when x2 is given; add
+    (N, C) or None; s (the sum, or None), out: y's buffer (e4m3 with ``e4m3_scale``); output_scale: multiplies y
+    after the SiLU; strides: out's (n, c, merged h*w); add_strides: add's (n, c); num_warps: a CTA's (None:
+    ``warps_for``); e4m3_scale, e4m3_amax: checked 1-element float32 tensors (both or neither): y written as
+    y / e4m3_scale in e4m3, max |y| into e4m3_amax."""
     N, C1, H, W = x.shape
     C2 = 0 if x2 is None else x2.shape[1]
     hw, group_size = H * W, (C1 + C2) // num_groups
     block_c = next_pow2(group_size)
     partials = torch.empty(N * num_groups * 2 * CTAS, dtype=torch.float32, device=x.device)
+    fp8 = e4m3_scale is not None
     dummy = x
     _group_norm_cluster_kernel[(num_groups, N)](
         x, dummy if x2 is None else x2, dummy if add is None else add, dummy if s is None else s,
         dummy if weight is None else weight, dummy if bias is None else bias, out, partials,
-        *(e4m3 or (partials, partials)), hw, C1, C2, eps, out_scale, *strides, *add_strides,
+        e4m3_scale if fp8 else partials, e4m3_amax if fp8 else partials, hw, C1, C2, eps, output_scale,
+        *strides, *add_strides,
         GROUP_SIZE=group_size, ROWS=rows_per_cta(hw), BLOCK_C=block_c,
         HAS_X2=x2 is not None, HAS_ADD=add is not None, WRITE_SUM=s is not None, HAS_WEIGHT=weight is not None,
-        HAS_BIAS=bias is not None, APPLY_SILU=silu, FP8_OUT=e4m3 is not None,
-        num_warps=num_warps or warps_for(hw, group_size, e4m3 is not None, x2 is not None), num_ctas=CTAS,
+        HAS_BIAS=bias is not None, APPLY_SILU=silu, FP8_OUT=fp8,
+        num_warps=num_warps or warps_for(hw, group_size, fp8, x2 is not None), num_ctas=CTAS,
     )

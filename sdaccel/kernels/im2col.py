@@ -6,7 +6,7 @@ Columns are ordered (kh, kw, c), which is the memory order of a channels_last we
 convolution is then one GEMM, cols @ weight.view(Cout, -1).T, and the result is already NHWC. This pays where
 cuDNN's implicit GEMM leaves the GPU idle: SD1.5's 8x8 level at CFG batch 2 is a 128 x 11520 x 1280 problem,
 few output tiles for 132 SMs, which cuBLAS splits along K and cuDNN does not (benchmarks/kernels/bench_conv.py).
-The engine's convolution pick (engines/convolution.py) times both per shape. Used by the fast engine only, never
+The engine's convolution pick (engines/fast/convolution.py) times both per shape. Used by the fast engine only, never
 traced by torch.compile, so no torch.library op is registered.
 """
 

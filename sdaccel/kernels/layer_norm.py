@@ -3,7 +3,8 @@
     s = x + skip + input_bias                 (skip and input_bias optional)
     y = (s - mean) * rstd * weight + bias     mean, var over the last dim D
     returned sum (optional): s + sum_bias     (sum_bias: the next layer's bias, added ahead)
-    y in e4m3 (optional): y / out_scale, saturated, for an FP8 GEMM; max |y| recorded (kernels/fp8.py)
+    y in e4m3 (optional): y / e4m3_scale, saturated, for an FP8 GEMM; max |y| recorded into e4m3_amax
+                              (kernels/fp8.py)
 
 rstd = 1 / sqrt(var + eps). Each program normalizes BLOCK_ROWS whole rows held
 in registers (BLOCK_D = next power of two >= D), so mean and variance are
@@ -40,14 +41,14 @@ def layer_norm_reference(
     input_bias: Optional[torch.Tensor] = None,
     return_sum: bool = False,
     sum_bias: Optional[torch.Tensor] = None,
-    out_scale: Optional[torch.Tensor] = None,
-    out_amax: Optional[torch.Tensor] = None,
+    e4m3_scale: Optional[torch.Tensor] = None,
+    e4m3_amax: Optional[torch.Tensor] = None,
 ):
     """Plain-torch LayerNorm of x + skip + input_bias; what the tests trust.
 
     The sum is formed at x's dtype; the norm runs in fp32 (fp64 for fp64
     input) with a two-pass variance and is rounded once (to e4m3 from fp32
-    with out_scale, recording max |y| into out_amax).
+    with e4m3_scale, recording max |y| into e4m3_amax).
     """
     s = x
     if skip is not None:
@@ -62,7 +63,7 @@ def layer_norm_reference(
         y = y * weight.to(v.dtype)
     if bias is not None:
         y = y + bias.to(v.dtype)
-    y = y.to(x.dtype) if out_scale is None else quantize_e4m3_reference(y, out_scale, out_amax)
+    y = y.to(x.dtype) if e4m3_scale is None else quantize_e4m3_reference(y, e4m3_scale, e4m3_amax)
     if return_sum:
         if sum_bias is not None:
             s = (s.to(v.dtype) + sum_bias.to(v.dtype)).to(x.dtype)
@@ -78,7 +79,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["M"])
     def _layer_norm_kernel(
         x_ptr, skip_ptr, input_bias_ptr, weight_ptr, bias_ptr, out_ptr, sum_ptr, sum_bias_ptr,
-        scale_ptr, amax_ptr,
+        e4m3_scale_ptr, e4m3_amax_ptr,
         M, D, eps,
         BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
         HAS_SKIP: tl.constexpr, HAS_INPUT_BIAS: tl.constexpr,
@@ -115,8 +116,8 @@ if triton is not None:
         if HAS_BIAS:
             y += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if FP8_OUT:
-            record_amax(amax_ptr, y, mask)
-            tl.store(out_ptr + offs, to_e4m3(y, 1.0 / tl.load(scale_ptr)), mask=mask)
+            record_amax(e4m3_amax_ptr, y, mask)
+            tl.store(out_ptr + offs, to_e4m3(y, 1.0 / tl.load(e4m3_scale_ptr)), mask=mask)
         else:
             tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -132,8 +133,8 @@ def launch_layer_norm(
     input_bias: Optional[torch.Tensor],
     write_sum: bool,
     sum_bias: Optional[torch.Tensor] = None,
-    out_scale: Optional[torch.Tensor] = None,
-    out_amax: Optional[torch.Tensor] = None,
+    e4m3_scale: Optional[torch.Tensor] = None,
+    e4m3_amax: Optional[torch.Tensor] = None,
     *,
     tile_elems: int = 4096,
     num_warps: Optional[int] = None,
@@ -141,7 +142,8 @@ def launch_layer_norm(
 ):
     """Returns (y, s) with s None unless ``write_sum``; y and s are contiguous.
 
-    ``traceable``: called from the registered op (see ``launchable``).
+    ``e4m3_scale`` (with ``e4m3_amax``, both checked by the caller): y in e4m3, as y / e4m3_scale saturated, max |y|
+    recorded into e4m3_amax. ``traceable``: called from the registered op (see ``launchable``).
     """
     D = x.shape[-1]
     x = x.contiguous()
@@ -155,7 +157,7 @@ def launch_layer_norm(
     if num_warps is None:
         num_warps = 8 if block_rows * block_d >= 8192 else 4
 
-    fp8 = out_scale is not None
+    fp8 = e4m3_scale is not None
     out = torch.empty_like(x, dtype=E4M3 if fp8 else x.dtype)
     s = torch.empty_like(x) if write_sum else None
     dummy = x  # stands in for absent optional pointers (never dereferenced)
@@ -169,7 +171,7 @@ def launch_layer_norm(
         out,
         s if s is not None else dummy,
         sum_bias.contiguous() if sum_bias is not None else dummy,
-        out_scale if fp8 else dummy, out_amax if fp8 else dummy,
+        e4m3_scale if fp8 else dummy, e4m3_amax if fp8 else dummy,
         M, D, eps,
         BLOCK_ROWS=block_rows, BLOCK_D=block_d,
         HAS_SKIP=skip is not None, HAS_INPUT_BIAS=input_bias is not None,
@@ -181,15 +183,15 @@ def launch_layer_norm(
 
 # ---------------------------------------------------------------- public op
 
-def _layer_norm_run(x, weight, bias, eps, skip, input_bias, write_sum, traceable, sum_bias=None, out_scale=None,
-                    out_amax=None):
+def _layer_norm_run(x, weight, bias, eps, skip, input_bias, write_sum, traceable, sum_bias=None, e4m3_scale=None,
+                    e4m3_amax=None):
     """The reference where Triton cannot run, else the kernel: y, or (y, s)."""
     if not use_triton(x):
         return layer_norm_reference(
             x, weight, bias, eps, skip=skip, input_bias=input_bias, return_sum=write_sum, sum_bias=sum_bias,
-            out_scale=out_scale, out_amax=out_amax,
+            e4m3_scale=e4m3_scale, e4m3_amax=e4m3_amax,
         )
-    y, s = launch_layer_norm(x, weight, bias, eps, skip, input_bias, write_sum, sum_bias, out_scale, out_amax,
+    y, s = launch_layer_norm(x, weight, bias, eps, skip, input_bias, write_sum, sum_bias, e4m3_scale, e4m3_amax,
                              traceable=traceable)
     return (y, s) if write_sum else y
 
@@ -232,8 +234,8 @@ def layer_norm(
     input_bias: Optional[torch.Tensor] = None,
     return_sum: bool = False,
     sum_bias: Optional[torch.Tensor] = None,
-    out_scale: Optional[torch.Tensor] = None,
-    out_amax: Optional[torch.Tensor] = None,
+    e4m3_scale: Optional[torch.Tensor] = None,
+    e4m3_amax: Optional[torch.Tensor] = None,
 ):
     """LayerNorm over the last dim of ``x + skip + input_bias`` (SkipLayerNorm).
 
@@ -245,20 +247,21 @@ def layer_norm(
     sum_bias: (D,) added to the returned sum only (not to what is normalized):
         the bias of a later layer that adds into the residual stream in place
         (a GEMM accumulating onto it), folded in here for free.
-    out_scale, out_amax: 1-element float32 tensors: y is returned in e4m3 as
-        y / out_scale (saturated), for an FP8 GEMM, and max |y| is recorded
-        into out_amax (atomic max) for the next call's scale (engines/fp8.py).
+    e4m3_scale, e4m3_amax: 1-element float32 tensors: y is returned in e4m3 as
+        y / e4m3_scale (saturated), for an FP8 GEMM, and max |y| is recorded
+        into e4m3_amax (atomic max) for the next call's scale (engines/fast/fp8.py).
     """
     if sum_bias is not None and not return_sum:
         raise ValueError("sum_bias only applies to the returned sum (return_sum=True)")
-    if check_fp8_output(out_scale, out_amax, x) and compiling():
+    if check_fp8_output(e4m3_scale, e4m3_amax, x) and compiling():
         raise ValueError("layer_norm: e4m3 output is not traceable by torch.compile")
     if return_sum and skip is None and input_bias is None and sum_bias is None:
         # An op may not return its own input, so the trivial sum stays out here.
-        return layer_norm(x, weight, bias, eps, out_scale=out_scale, out_amax=out_amax), x
+        return layer_norm(x, weight, bias, eps, e4m3_scale=e4m3_scale, e4m3_amax=e4m3_amax), x
     if compiling():  # torch.compile must see one registered op
         if return_sum:
             return _layer_norm_with_sum_op(x, weight, bias, eps, skip, input_bias, sum_bias)
         return _layer_norm_op(x, weight, bias, eps, skip, input_bias)
     # Eager: launch directly, skipping the dispatcher.
-    return _layer_norm_run(x, weight, bias, eps, skip, input_bias, return_sum, False, sum_bias, out_scale, out_amax)
+    return _layer_norm_run(x, weight, bias, eps, skip, input_bias, return_sum, False, sum_bias, e4m3_scale,
+                           e4m3_amax)

@@ -3,10 +3,11 @@
     h   = x @ W^T + b                 x: (M, K), W: (2D, K) as nn.Linear stores it, b: (2D,)
     out = h[:, :D] * gelu(h[:, D:])   (M, D)
 
-kernels/linear_geglu.py's TMA kernel does the same in plain Triton and loses to cuBLAS + the GEGLU kernel where K
-is large (K = 1280: 224 against 204 us at CFG batch 16), because Triton 3.6 does not warp-specialize a GEMM: the
-warps that multiply also issue the loads and stop for the epilogue. This kernel is scheduled the way cuBLAS's
-Hopper GEMMs are:
+Unfused, the GEMM writes h (2D wide) and kernels/geglu.py reads it back: at SD1.5's 64x64 level with CFG batch 16
+that is 335 MB written and read again per block, for an output half that size. The same fusion in plain Triton (a
+persistent TMA kernel) lost to cuBLAS + the GEGLU kernel where K is large (on an H100, K = 1280: 224 against 204 us
+at CFG batch 16), because Triton 3.6 does not warp-specialize a GEMM: the warps that multiply also issue the loads
+and stop for the epilogue. This kernel is scheduled the way cuBLAS's Hopper GEMMs are:
 
 - One producer warp issues every TMA load (x's tile and W's value and gate tiles, from W's two halves in place)
   into a ring of STAGES shared-memory slots, running ahead across output tiles; mbarriers say full and free.
@@ -18,18 +19,18 @@ Hopper GEMMs are:
   wgmma straight from shared memory; h is never rounded to fp16 (the unfused path rounds it once).
 
 At SD's shapes it is bound by L2 bandwidth, not by the tensor cores: each 64-row tile reads its weight tile again
-(262 MB through L2 at 8192 x 320 -> 2 x 1280, 5.8 TB/s on an H100; benchmarks/results/H100-2026-11-28/tenth-session/
-gemm-geglu/coop/ has a variant whose weight tiles serve 128 rows).
+(262 MB through L2 at 8192 x 320 -> 2 x 1280 in 45.3 us, 5.8 TB/s on an H100, which keeps it 42% above cuBLAS's bare
+GEMM there).
 
 linear_geglu_sm90_fp8 runs the same kernel on e4m3 x and W (wgmma m64nNk32, 128 bytes of K a step as the fp16
-tile), scales the products back by x_scale * w_scale and writes GEGLU's output in e4m3 with its amax: the FP8
-mode's feed-forward first half (engines/fp8.py). ~2% of its e4m3 values (against ~1% for cuBLASLt + GEGLU) round
-the other way from an fp32 reference, most likely because wgmma accumulates e4m3 products with fewer bits than
-cuBLASLt's fp32-promoted sums; the output's own e4m3 rounding sets its error, the same as cuBLASLt + GEGLU's
-(tests/kernels/test_linear_geglu_sm90.py).
+tile), scales the products back by x_scale * w_scale and writes GEGLU's output in e4m3 (out / e4m3_scale) with its
+max |out| in e4m3_amax: the FP8 mode's feed-forward first half (engines/fast/fp8.py). ~2% of its e4m3 values
+(against ~1% for cuBLASLt + GEGLU) round the other way from an fp32 reference, most likely because wgmma
+accumulates e4m3 products with fewer bits than cuBLASLt's fp32-promoted sums; the output's own e4m3 rounding sets its
+error, the same as cuBLASLt + GEGLU's (tests/kernels/test_linear_geglu_sm90.py).
 
-Only for sm_90; the fast engine times it against cuBLAS + the GEGLU kernel per shape (engines/feed_forward.py).
-The reference is linear_geglu's.
+Only for sm_90; the fast engine times it against cuBLAS + the GEGLU kernel per shape (engines/fast/feed_forward.py).
+The reference, linear_geglu_reference, is the unfused GEMM + GEGLU in plain torch.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from . import sm_count
 from .gluon_hopper import (  # noqa: F401 - gluon and available are part of this module's interface
@@ -45,8 +47,8 @@ from .gluon_hopper import (  # noqa: F401 - gluon and available are part of this
 )
 from .fp8 import E4M3, check_fp8_output, scale_refusal
 from .gluon_hopper import tma_load as _tma_load
+from .geglu import geglu_reference
 from .gluon_hopper import tma_store as _tma_store
-from .linear_geglu import linear_geglu_reference
 
 LOADER_REGS = regs(40)  # the producer warp only walks tiles and issues TMA
 CONSUMER_REGS = regs(232)  # the second and later math partitions
@@ -56,7 +58,7 @@ __all__ = ["CONFIGS", "DEFAULT_CONFIG", "FP8_CONFIG", "available", "config_name"
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, STAGES, CONSUMERS): BLOCK_N columns of each half, so a tile multiplies 2 * BLOCK_N
 # columns of W; one warpgroup a consumer, each with its own output tile and a BLOCK_M x BLOCK_N staging buffer.
-# On an H100 and an H200 (benchmarks/README.md, tenth session) 64 x 128 with two consumers was the fastest or within
+# On an H100 and an H200 (benchmarks/kernels/bench_gated_gemm.py) 64 x 128 with two consumers was the fastest or within
 # 2% at every SD1.5 and SDXL feed-forward; one consumer (no epilogue under the other's products) is 30-40% slower.
 CONFIGS = [
     (64, 128, 64, 4, 2), (128, 64, 64, 4, 2), (64, 128, 32, 8, 2), (64, 64, 64, 6, 2), (128, 64, 64, 5, 2),
@@ -71,6 +73,12 @@ def config_name(config: tuple) -> str:
     """(128, 64, 64, 4, 2) -> "128x64x64s4c2": tile, stages, consumers (what picks store, benchmarks print)."""
     block_m, block_n, block_k, stages, consumers = config
     return f"{block_m}x{block_n}x{block_k}s{stages}c{consumers}"
+
+
+def linear_geglu_reference(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                           approximate: str = "none") -> torch.Tensor:
+    """diffusers' GEGLU on a Linear, in plain torch at x's dtype: what the tests trust."""
+    return geglu_reference(F.linear(x, weight), bias, approximate)
 
 
 if gluon is not None:
@@ -109,14 +117,14 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer(a_s, value_s, gate_s, ready_bars, free_bars, turn_bars, o_s, out_desc, b_ptr,
-                  x_scale_ptr, w_scale_ptr, out_scale_ptr, amax_ptr,
+                  x_scale_ptr, w_scale_ptr, e4m3_scale_ptr, e4m3_amax_ptr,
                   M, D, num_m, num_n, k_steps, num_programs,
                   C: gl.constexpr, CONSUMERS: gl.constexpr, HAS_BIAS: gl.constexpr, TANH: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                   FP8: gl.constexpr):
         """One warpgroup: the CTA's tiles C, C + CONSUMERS, ...: their products, then bias, GEGLU and the store.
         FP8: e4m3 operands, the products scaled back by x_scale * w_scale, the output written in e4m3 as
-        out / out_scale (saturated) and max |out| recorded into amax (kernels/fp8.py)."""
+        out / e4m3_scale (saturated) and max |out| recorded into e4m3_amax (kernels/fp8.py)."""
         INSTR_K: gl.constexpr = 32 if FP8 else 16  # wgmma's K: 32 bytes of operand a row either way
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, BLOCK_N, INSTR_K])
@@ -126,7 +134,7 @@ if gluon is not None:
         pid = gl.program_id(0)
         if FP8:
             product_scale = gl.load(x_scale_ptr) * gl.load(w_scale_ptr)
-            inv_out_scale = 1.0 / gl.load(out_scale_ptr)
+            inv_e4m3_scale = 1.0 / gl.load(e4m3_scale_ptr)
         for tile in range(pid + C * num_programs, num_m * num_n, CONSUMERS * num_programs):
             off_m, off_n = _tile_offsets(tile, num_m, num_n, BLOCK_M, BLOCK_N, GROUP_M)
             # The tile's place among the CTA's tiles, in the loader's order: its K steps are the ring's uses from
@@ -181,8 +189,8 @@ if gluon is not None:
                 gated = acc_v * gelu
                 # Rows past M (TMA's zero fill) still get the bias: left out of the amax.
                 seen = gl.where((rows < M)[:, None] & cols_ok[None, :], gl.abs(gated), 0.0)
-                gl.atomic_max(amax_ptr, gl.max(gl.max(seen, axis=1), axis=0))
-                gated = gl.minimum(gl.maximum(gated * inv_out_scale, -448.0), 448.0)
+                gl.atomic_max(e4m3_amax_ptr, gl.max(gl.max(seen, axis=1), axis=0))
+                gated = gl.minimum(gl.maximum(gated * inv_e4m3_scale, -448.0), 448.0)
                 out = gated.to(out_desc.dtype)  # the hardware's e4m3 conversion rounds to nearest even
             else:
                 out = (acc_v * gelu).to(out_desc.dtype)
@@ -195,7 +203,7 @@ if gluon is not None:
     # Sizes are not specialized on: no recompile per resolution or batch.
     @gluon.jit(do_not_specialize=["M"])
     def _linear_geglu_sm90_kernel(
-        x_desc, value_desc, gate_desc, b_ptr, out_desc, x_scale_ptr, w_scale_ptr, out_scale_ptr, amax_ptr,
+        x_desc, value_desc, gate_desc, b_ptr, out_desc, x_scale_ptr, w_scale_ptr, e4m3_scale_ptr, e4m3_amax_ptr,
         M, D, K, num_programs,
         HAS_BIAS: gl.constexpr, TANH: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
         GROUP_M: gl.constexpr, FP8: gl.constexpr,
@@ -228,11 +236,11 @@ if gluon is not None:
         if CONSUMERS == 2:
             gl.warp_specialize([
                 (_consumer, (a_s, value_s, gate_s, ready_bars, free_bars, turn_bars, o_s, out_desc, b_ptr,
-                             x_scale_ptr, w_scale_ptr, out_scale_ptr, amax_ptr,
+                             x_scale_ptr, w_scale_ptr, e4m3_scale_ptr, e4m3_amax_ptr,
                              M, D, num_m, num_n, k_steps, num_programs, 0, CONSUMERS, HAS_BIAS, TANH,
                              BLOCK_M, BLOCK_N, STAGES, GROUP_M, FP8)),
                 (_consumer, (a_s, value_s, gate_s, ready_bars, free_bars, turn_bars, o_s, out_desc, b_ptr,
-                             x_scale_ptr, w_scale_ptr, out_scale_ptr, amax_ptr,
+                             x_scale_ptr, w_scale_ptr, e4m3_scale_ptr, e4m3_amax_ptr,
                              M, D, num_m, num_n, k_steps, num_programs, 1, CONSUMERS, HAS_BIAS, TANH,
                              BLOCK_M, BLOCK_N, STAGES, GROUP_M, FP8)),
                 (_loader, (x_desc, value_desc, gate_desc, a_s, value_s, gate_s, ready_bars, free_bars,
@@ -241,7 +249,7 @@ if gluon is not None:
         else:
             gl.warp_specialize([
                 (_consumer, (a_s, value_s, gate_s, ready_bars, free_bars, turn_bars, o_s, out_desc, b_ptr,
-                             x_scale_ptr, w_scale_ptr, out_scale_ptr, amax_ptr,
+                             x_scale_ptr, w_scale_ptr, e4m3_scale_ptr, e4m3_amax_ptr,
                              M, D, num_m, num_n, k_steps, num_programs, 0, CONSUMERS, HAS_BIAS, TANH,
                              BLOCK_M, BLOCK_N, STAGES, GROUP_M, FP8)),
                 (_loader, (x_desc, value_desc, gate_desc, a_s, value_s, gate_s, ready_bars, free_bars,
@@ -301,7 +309,7 @@ def linear_geglu_sm90(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
 def _launch(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], tanh: bool,
             config: tuple, out: torch.Tensor, scales: Optional[tuple] = None) -> torch.Tensor:
     """The kernel over x (..., K) and W (2D, K) into out (..., D), x and W already checked (supports); scales:
-    (x_scale, w_scale, out_scale, amax) for e4m3 operands and output. name: the caller's, for errors."""
+    (x_scale, w_scale, e4m3_scale, e4m3_amax) for e4m3 operands and output. name: the caller's, for errors."""
     block_m, block_n, block_k, stages, consumers = config
     K, D = weight.shape[1], weight.shape[0] // 2
     if bias is not None:
@@ -329,10 +337,10 @@ def _launch(name: str, x: torch.Tensor, weight: torch.Tensor, bias: Optional[tor
 
 
 def linear_geglu_sm90_fp8(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, w_scale: torch.Tensor,
-                          bias: Optional[torch.Tensor], out_scale: torch.Tensor, out_amax: torch.Tensor,
+                          bias: Optional[torch.Tensor], e4m3_scale: torch.Tensor, e4m3_amax: torch.Tensor,
                           approximate: str = "none", *, config: Optional[tuple] = None) -> torch.Tensor:
-    """GEGLU((x * x_scale) @ (W * w_scale)^T + b) in e4m3, as out / out_scale saturated, max |out| into out_amax:
-    the FP8 mode's feed-forward first half in one kernel (engines/fp8.py). x (..., K) and W (2D, K) e4m3; the
+    """GEGLU((x * x_scale) @ (W * w_scale)^T + b) in e4m3, as out / e4m3_scale saturated, max |out| into e4m3_amax:
+    the FP8 mode's feed-forward first half in one kernel (engines/fast/fp8.py). x (..., K) and W (2D, K) e4m3; the
     scales and amax 1-element float32 tensors; b (2D,) fp16 or bf16. config: FP8_CONFIG when None."""
     if x.dtype != E4M3 or weight.dtype != E4M3:
         raise ValueError(f"linear_geglu_sm90_fp8: x and W must be e4m3, got {x.dtype} / {weight.dtype}")
@@ -342,9 +350,10 @@ def linear_geglu_sm90_fp8(x: torch.Tensor, x_scale: torch.Tensor, weight: torch.
     reason = scale_refusal(x, x_scale=x_scale, w_scale=w_scale)
     if reason:
         raise ValueError(f"linear_geglu_sm90_fp8: {reason}")
-    check_fp8_output(out_scale, out_amax, x)
+    if not check_fp8_output(e4m3_scale, e4m3_amax, x):
+        raise ValueError("linear_geglu_sm90_fp8: e4m3_scale and e4m3_amax are required")
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
     out = torch.empty((*x.shape[:-1], weight.shape[0] // 2), dtype=E4M3, device=x.device)
     return _launch("linear_geglu_sm90_fp8", x, weight, bias, approximate == "tanh", config or FP8_CONFIG, out,
-                   (x_scale, w_scale, out_scale, out_amax))
+                   (x_scale, w_scale, e4m3_scale, e4m3_amax))

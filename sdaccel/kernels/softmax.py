@@ -2,13 +2,13 @@
 
     out[..., j] = exp(x[..., j] - max(x[...])) / sum(exp(x[...] - max(x[...])))      in fp32, out in out_dtype
 
-engines/attention.py's matmul_softmax_attention needs it: cuBLAS writes q k^T in fp32 (rounded to fp16 the scores
-gave 2-7x SDPA's error at the VAE decoder's attention: benchmarks/README.md, twenty-eighth session), and PyTorch's
-softmax writes its input's dtype, so fp16 probabilities for the p @ v GEMM would cost a softmax in fp32 and a cast:
-14 bytes of traffic a score where this kernel takes 6 (on an H200 it runs at the speed of a plain fp32 -> fp16
-copy). One program takes one row and holds it in registers, up to MAX_COLS values (a 2048x2048 image's decoder:
-65536 keys). Compiled for sm_90a with Triton 3.6 (offline), 16 warps hold 32768 values at 128 registers a thread
-without spilling; 65536 spills 464 bytes a thread (216 at 32 warps). The launch rule was timed up to 16384 only.
+engines/fast/attention.py's matmul_softmax_attention needs it: cuBLAS writes q k^T in fp32 (rounded to fp16 the scores
+gave 2-7x SDPA's error at the VAE decoder's attention, on an H200), and PyTorch's softmax writes its input's dtype, so
+fp16 probabilities for the p @ v GEMM would cost a softmax in fp32 and a cast: 14 bytes of traffic a score where this
+kernel takes 6 (on an H200 it runs at the speed of a plain fp32 -> fp16 copy). One program takes one row and holds it in
+registers, up to MAX_COLS values (a 2048x2048 image's decoder: 65536 keys). Compiled for sm_90a with Triton 3.6
+(offline), 16 warps hold 32768 values at 128 registers a thread without spilling; 65536 spills 464 bytes a thread (216
+at 32 warps). The launch rule was timed up to 16384 only.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ def tool_versions() -> dict[str, str]:
     import onnx
     import onnxruntime
 
-    from .. import __version__
+    from ..version import __version__
 
     return {"sdaccel": __version__, "onnxruntime": onnxruntime.__version__, "onnx": onnx.__version__,
             "torch": torch.__version__, "format": str(FORMAT_VERSION)}

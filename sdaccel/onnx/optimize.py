@@ -20,6 +20,7 @@ from typing import Callable
 
 import onnx
 
+from ..cache import cache_dir
 from ..errors import ModelLoadError, UsageError
 from . import COMPONENT_MODEL_TYPES, FUSION_NAMES, PRECISIONS, PROVIDERS
 from .capabilities import capabilities, form_op, provider_installed, smoke_run
@@ -84,16 +85,11 @@ def expected_manifest(components, settings: OptimizeSettings, digest: str) -> di
             "digest": digest, "options": settings.options()}
 
 
-def cache_root() -> Path:
-    root = os.environ.get("SDACCEL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "sdaccel")
-    return Path(root) / "onnx"
-
-
 def cache_folder(components, settings: OptimizeSettings, digest: str) -> Path:
     """SDACCEL_CACHE/onnx/<arch>-<provider>-<precision>-<key>: key covers digest, versions and options."""
     key = hashlib.sha256(json.dumps(expected_manifest(components, settings, digest), sort_keys=True).encode())
     spec = components.spec
-    return cache_root() / f"{spec.name}-{settings.provider}-{settings.precision}-{key.hexdigest()[:16]}"
+    return Path(cache_dir("onnx")) / f"{spec.name}-{settings.provider}-{settings.precision}-{key.hexdigest()[:16]}"
 
 
 # --------------------------------------------------------------------------------------------------- building

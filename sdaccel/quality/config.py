@@ -71,10 +71,12 @@ class CompareConfig:
             dtypes = tuple(_canonical_dtype(d) for d in dtypes)
         object.__setattr__(self, "engines", engines)
         object.__setattr__(self, "dtypes", dtypes)
-        if not isinstance(self.engine_opts, dict):
-            from ..bench.config import parse_engine_opts
+        if self.engine_opts:
+            from ..engines.options import parse_engine_opts
 
             object.__setattr__(self, "engine_opts", parse_engine_opts(self.engine_opts, "engine option"))
+        else:
+            object.__setattr__(self, "engine_opts", {})
         validate_request(1 if self.steps is None else self.steps, self.height, self.width, 1, self.guidance)
         if self.scheduler:
             from ..schedulers import canonical

@@ -8,8 +8,10 @@ that failed, and the remedy is specific to it:
   decoded non-finite  -> the VAE overflowed (SDXL-style fp16 decoder): decode the same latents again in fp32
 Each remedy warns (PrecisionFallbackWarning); with strict=True it is an error (NonFiniteOutputError) instead.
 A flat or black image is only reported (DegenerateImageWarning; strict: DegenerateImageError): no remedy exists.
+The UNet's remedy goes through the engine (Engine.upcast_attention, Engine.drop_graphs): the guard knows no engine's
+internals.
 
-`run_guarded(pipe, ...)` wraps a Pipeline call with all of this; the pipeline can inline it later.
+`GuardedPipeline(pipe)` (what sdaccel.load returns) runs every call through `run_guarded`.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import SdaccelError
-from .remedies import drop_captured_graphs, fp32_decode, remedy_unet, to_uint8
+from .remedies import fp32_decode, to_uint8
 
 # A uint8 image is "flat" when every channel's standard deviation over its pixels is below this...
 FLAT_STD = 1.0
@@ -105,7 +107,7 @@ def output_checks(latents: torch.Tensor, decoded_finite: torch.Tensor | bool | N
     """Every check's flags and statistics as one small float tensor on the latents' device, without a sync:
     [latents finite, (decoded finite,) (max channel std, max value) per image]. The pipeline queues this right after
     its decode, so the GPU runs these ~10 small kernels back to back before the call's one sync; queued after that
-    sync, each waited on its own launch (about 1 ms at batch 1 on an H200, twenty-ninth session).
+    sync, each waited on its own launch (about 1 ms at batch 1 on an H200).
     latents: final latents. decoded_finite: torch.isfinite(decoded).all() as a device tensor (or a bool), None
     when nothing was decoded; it must be taken on the float VAE output, since uint8 conversion hides NaN.
     image_uint8: the (B, 3, H, W) uint8 image, or None."""
@@ -156,7 +158,7 @@ def run_guarded(pipe, *args, strict: bool = False, generate=None, **kwargs):
     """pipe(*args, **kwargs), checked once at the end and repaired when it came out non-finite.
 
     Steps: generate -> inspect (one sync) -> if the latents are non-finite, switch the UNet to fp32 attention
-    (remedy_unet) and generate again from the same seed -> if the decoded image is non-finite, decode the same
+    (pipe.engine.upcast_attention, then drop_graphs) and generate again from the same seed -> if the decoded image is non-finite, decode the same
     latents with an fp32 VAE (fp32_decode) -> flag a black/flat image. Returns the GenerationResult with
     `result.guard` (a GuardReport) set. strict=True: raise NonFiniteOutputError / DegenerateImageError instead
     of repairing or warning. A remedy that does not make the output finite raises NonFiniteOutputError.
@@ -172,9 +174,13 @@ def run_guarded(pipe, *args, strict: bool = False, generate=None, **kwargs):
     if report.failed_component == "unet":
         if strict:
             raise NonFiniteOutputError(f"non-finite latents from the UNet ({where}); strict mode: no fp32 fallback")
-        counts = remedy_unet(pipe.components, pipe.stages)
+        switched = pipe.engine.upcast_attention()
+        if not switched:
+            raise NonFiniteOutputError(f"non-finite latents from the UNet ({where}), and this engine cannot switch "
+                                       "its attention to fp32")
+        pipe.engine.drop_graphs()  # they replay the fp16 attention
         warnings.warn(f"non-finite latents from the UNet ({where}): re-running the denoising with fp32 attention "
-                      f"({counts['upcast']} attention layers switched, kept for later calls)",
+                      f"({switched} attention layers switched, kept for later calls)",
                       PrecisionFallbackWarning, stacklevel=2)
         remedies.append("unet_fp32_attention")
         result = generate(*args, **kwargs)
@@ -207,7 +213,32 @@ def run_guarded(pipe, *args, strict: bool = False, generate=None, **kwargs):
     return result
 
 
+class GuardedPipeline:
+    """A Pipeline whose calls go through run_guarded: checked once at the end, repaired when non-finite. Everything
+    else (generate, engine, components, refresh_weights, ...) is the wrapped pipeline's. Its checks are queued
+    behind the pipeline's decode (Pipeline.output_checks)."""
+
+    def __init__(self, pipeline):
+        self.pipeline = pipeline
+        pipeline.output_checks = output_checks
+
+    def __call__(self, prompt, negative_prompt=None, *, guard: bool = True, strict: bool = False, **kwargs):
+        """Generate (keyword arguments as in Pipeline.generate), then check the output once for NaN/Inf and black
+        or flat images. A non-finite result is repaired in fp32 (attention upcast, or an fp32 VAE decode) with a
+        PrecisionFallbackWarning; strict=True raises instead. guard=False: the pipeline's call, unchecked.
+        `sdaccel bench` times guarded calls, as users make them."""
+        if not guard:
+            return self.pipeline.generate(prompt, negative_prompt, **kwargs)
+        return run_guarded(self.pipeline, prompt, negative_prompt, strict=strict, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.pipeline, name)
+
+    def __repr__(self) -> str:
+        return f"GuardedPipeline({self.pipeline!r})"
+
+
 __all__ = ["BLACK_MAX", "FLAT_STD", "DegenerateImageError", "DegenerateImageWarning", "GuardReport",
-           "NonFiniteOutputError", "PrecisionFallbackWarning", "check_image", "check_latents", "drop_captured_graphs",
-           "fp32_decode", "image_statistics", "inspect_output", "output_checks", "read_checks", "remedy_unet",
-           "run_guarded", "to_uint8"]
+           "GuardedPipeline", "NonFiniteOutputError", "PrecisionFallbackWarning", "check_image", "check_latents",
+           "fp32_decode", "image_statistics", "inspect_output", "output_checks", "read_checks", "run_guarded",
+           "to_uint8"]

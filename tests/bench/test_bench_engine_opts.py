@@ -8,7 +8,7 @@ import pytest
 from bench_fixtures import TINY
 from sdaccel import cli
 from sdaccel.bench import BenchConfig, run_bench
-from sdaccel.bench.config import parse_engine_opts
+from sdaccel.engines.options import parse_engine_opts
 from sdaccel.errors import UsageError
 
 
@@ -31,7 +31,7 @@ def test_values_are_typed_by_the_engine_s_own_defaults():
     (["--engine-opt", "onnxruntime.graphs=1"], "engine 'onnxruntime' has no option 'graphs'; its options: provider"),
     (["--engine-opt", "onnxruntime.cuda_graph=maybe"], "expected a boolean"),
     (["--engine-opt", "eager.channels_last=1", "--engine-opt", "eager.channels_last=0"], "given twice"),
-    (["--engine-opt", "onnxruntime.provider=tpu"], "unknown onnxruntime provider 'tpu'"),
+    (["--engine-opt", "onnxruntime.provider=tpu"], "engine 'onnxruntime': provider must be one of auto, cuda, cpu, got 'tpu'"),
     (["--compile-mode", "default", "--engine-opt", "compile.mode=max-autotune"], "disagree"),
     (["--compile-mode", "default", "--engine-opt", "compile@at.mode=max-autotune"], "compile@at.mode=max-autotune disagree"),
     (["--engines", "fast@"], "expected an engine name or NAME@TAG"),

@@ -19,7 +19,7 @@ def test_compile_matches_eager_on_cpu():
 
 
 def test_unknown_compile_mode():
-    with pytest.raises(UsageError, match="unknown compile mode 'fastest'"):
+    with pytest.raises(UsageError, match="mode must be one of default, reduce-overhead"):
         sdaccel.load("synthetic:sd15-tiny", engine="compile", mode="fastest")
 
 

@@ -323,7 +323,7 @@ def test_engine_checks_the_provider_before_optimizing(monkeypatch):
 def test_stream_option_is_checked():
     from sdaccel.errors import UsageError
 
-    with pytest.raises(UsageError, match="stream mode 'shared'"):
+    with pytest.raises(UsageError, match="stream must be one of auto, sync, got 'shared'"):
         engine_mod.OnnxRuntimeEngine(stream="shared")
     assert engine_mod.OnnxRuntimeEngine(stream="sync").options()["stream"] == "sync"
 

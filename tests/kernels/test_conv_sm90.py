@@ -210,9 +210,9 @@ FP8_CASES = [(2, 320, 64, 64, 320, 3, 0, False, False), (2, 960, 32, 32, 640, 3,
 def test_fp8_matches_the_dequantized_reference(case, out_dtype):
     """Against the same sum in fp32 from the dequantized operands. The kernel accumulates e4m3 products in wgmma's
     accumulator, which keeps fewer bits than fp32 (DeepSeek-V3's report: about 2% at K = 4096 at worst; cuBLASLt
-    moves its partial sums to fp32 registers every few steps). On the H200 the farthest value was 0.4-0.6% of the
-    output's largest (nineteenth session), against a few percent from the operands' own e4m3 rounding; a wrong tile,
-    weight layout or scale lands at 100%."""
+    moves its partial sums to fp32 registers every few steps). On an H200 the farthest value was 0.4-0.6% of the
+    output's largest, against a few percent from the operands' own e4m3 rounding; a wrong tile, weight layout or
+    scale lands at 100%."""
     n, cin, h, w, cout, k, index, with_bias, with_residual = case
     x8, x_scale, w8, w_scale = _fp8_operands(n, cin, h, w, cout, k, seed=3)
     g = torch.Generator().manual_seed(4)

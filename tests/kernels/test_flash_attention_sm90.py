@@ -21,7 +21,7 @@ def _signature(d: int, config: tuple, even_n: bool):
     from triton.experimental.gluon import language as gl
 
     block_m, block_n, num_warps, stages, *extra = config
-    split, row_sums = (list(extra) + [None, False, 0][len(extra):])[1:]
+    split = (list(extra) + [None, False][len(extra):])[1]
     d0, d1 = split_head_dim(d)
 
     def desc(rows, cols):
@@ -33,7 +33,7 @@ def _signature(d: int, config: tuple, even_n: bool):
                  "o_ptr": "*fp16", "Lq": "i32", "Lk": "i32", "H": "i32", "qk_scale": "fp32",
                  "stride_ob": "i64", "stride_oh": "i64", "stride_ol": "i64"}
     constants = {"HEAD_DIM": d, "HAS_D1": d1 > 0, "BLOCK_M": block_m, "BLOCK_N": block_n, "STAGES": stages,
-                 "EVEN_N": even_n, "SPLIT": split, "ROW_SUMS": row_sums, "num_warps": num_warps}
+                 "EVEN_N": even_n, "SPLIT": split, "num_warps": num_warps}
     signature.update({name: "constexpr" for name in constants})
     names = list(signature)
     return signature, {(names.index(name),): value for name, value in constants.items()}
@@ -60,8 +60,8 @@ print(json.dumps({"wgmma": "wgmma.mma_async" in ptx, "tma": "cp.async.bulk.tenso
 
 
 @pytest.mark.skipif(module.gluon is None, reason="Triton without Gluon")
-@pytest.mark.parametrize("d, config, even_n", [(40, module.DEFAULT_CONFIG, True), (64, module.SHORT_CONFIG, False)]
-                         + [(40, (*module.DEFAULT_CONFIG[:6], mode), mode % 2 == 0) for mode in (1, 2, 3)], ids=str)
+@pytest.mark.parametrize("d, config, even_n", [(40, module.DEFAULT_CONFIG, True), (64, module.SHORT_CONFIG, False)],
+                         ids=str)
 def test_compiles_for_sm90(d, config, even_n):
     """No GPU needed: the kernel goes through Triton's whole pipeline to an sm_90a binary, so an API change in a
     new Triton shows up on a CPU-only machine, not first on the GPU one. In a subprocess: the kernel tests run
@@ -133,24 +133,15 @@ def test_every_config_matches(config, check_against_reference):
 
 @pytest.mark.gpu
 @hopper
-@pytest.mark.parametrize("row_sums", module.ROW_SUMS_MODES)
-@pytest.mark.parametrize("tokens, d, config", [(4096, 40, module.DEFAULT_CONFIG[:6]),
-                                               (1024, 80, (*module.SHORT_CONFIG[:5], False))], ids=str)
-def test_every_row_sums_mode_matches_at_sd15s_shapes(tokens, d, config, row_sums, check_against_reference):
+@pytest.mark.parametrize("tokens, d, config", [(4096, 40, module.DEFAULT_CONFIG), (1024, 80, module.SHORT_CONFIG)],
+                         ids=str)
+def test_matches_at_sd15s_shapes(tokens, d, config, check_against_reference):
     """SD1.5's self-attentions at the engine's two configs (4096 tokens, head dim 40; 1024, head dim 80; every key
-    block full) in each ROW_SUMS variant: the row sums from the tensor cores, behind the branch, or both."""
+    block full)."""
     q, k, v = _qkv(2, 8, tokens, tokens, d, torch.float16, seed=4, packed=True)
-    out = module.flash_attention_sm90(q, k, v, config=(*config, row_sums))
+    out = module.flash_attention_sm90(q, k, v, config=config)
     check_against_reference(out, torch.nn.functional.scaled_dot_product_attention(q, k, v),
-                            reference(q.float(), k.float(), v.float()), what=f"ROW_SUMS {row_sums}")
-
-
-@pytest.mark.gpu
-@hopper
-def test_an_unknown_row_sums_mode_is_refused():
-    q, k, v = _qkv(1, 2, 256, 256, 40, torch.float16, seed=5)
-    with pytest.raises(ValueError, match="ROW_SUMS"):
-        module.flash_attention_sm90(q, k, v, config=(*module.DEFAULT_CONFIG[:6], 4))
+                            reference(q.float(), k.float(), v.float()), what=str(config))
 
 
 @pytest.mark.gpu

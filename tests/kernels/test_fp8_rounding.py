@@ -13,12 +13,12 @@ from sdaccel.kernels.fp8 import record_amax, to_e4m3  # noqa: E402
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, out_ptr, scale_ptr, amax_ptr, n, BLOCK: tl.constexpr):
+def _quantize_kernel(x_ptr, out_ptr, e4m3_scale_ptr, e4m3_amax_ptr, n, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     mask = offs < n
     y = tl.load(x_ptr + offs, mask=mask, other=0.0)
-    record_amax(amax_ptr, y[None, :], mask[None, :])
-    tl.store(out_ptr + offs, to_e4m3(y, 1.0 / tl.load(scale_ptr)), mask=mask)
+    record_amax(e4m3_amax_ptr, y[None, :], mask[None, :])
+    tl.store(out_ptr + offs, to_e4m3(y, 1.0 / tl.load(e4m3_scale_ptr)), mask=mask)
 
 
 def _quantize(x: torch.Tensor, scale: float):
@@ -59,11 +59,11 @@ def test_fp8_output_arguments_are_checked():
     x = torch.zeros(2, 3)
     assert not check_fp8_output(None, None, x)
     assert check_fp8_output(torch.ones(1), torch.zeros(1), x)
-    with pytest.raises(ValueError, match="out_amax without out_scale"):
+    with pytest.raises(ValueError, match="e4m3_amax without e4m3_scale"):
         check_fp8_output(None, torch.zeros(1), x)
-    with pytest.raises(ValueError, match="out_amax must be a 1-element float32"):
+    with pytest.raises(ValueError, match="e4m3_amax must be a 1-element float32"):
         check_fp8_output(torch.ones(1), None, x)
-    with pytest.raises(ValueError, match="out_scale must be a 1-element float32"):
+    with pytest.raises(ValueError, match="e4m3_scale must be a 1-element float32"):
         check_fp8_output(torch.ones(2), torch.zeros(1), x)
-    with pytest.raises(ValueError, match="out_scale must be a 1-element float32"):
+    with pytest.raises(ValueError, match="e4m3_scale must be a 1-element float32"):
         check_fp8_output(torch.ones(1, dtype=torch.float16), torch.zeros(1), x)

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from sdaccel.kernels.fp8_scales import update_scales_, update_scales_reference
-from sdaccel.kernels.precompile import recording_kernels
+from sdaccel.kernels.recording import recording_kernels
 
 # The kernel divides correctly rounded; torch on CUDA divides by a Python number as a multiply by its reciprocal,
-# which is a unit in the last place off for a third of the values (H200, twenty-third session).
+# which is a unit in the last place off for a third of the values (on an H200).
 ONE_ULP = 1.2e-7  # 2^-23 (a unit in the last place, relative to the value), rounded up
 
 

@@ -73,13 +73,13 @@ def test_registered_torch_op_matches_reference(device):
 def test_geglu_e4m3_output(shape, dtype, scale, device, check_e4m3):
     """FP8 mode: out / scale in e4m3 (saturated at +-448 with the small scale), max |out| recorded."""
     h, bias = _inputs(shape, dtype, device, seed=3)
-    out_scale = torch.tensor([scale], device=device)
+    e4m3_scale = torch.tensor([scale], device=device)
     amax = torch.full((1,), 0.5, device=device)  # a running maximum: below this call's, so it is replaced
-    q = geglu(h, bias, out_scale=out_scale, out_amax=amax)
+    q = geglu(h, bias, e4m3_scale=e4m3_scale, e4m3_amax=amax)
     ref32 = geglu_reference(h.float(), bias.float())
-    check_e4m3(q, geglu_reference(h, bias, "none", out_scale.clone(), torch.zeros(1, device=device)), ref32, scale)
+    check_e4m3(q, geglu_reference(h, bias, "none", e4m3_scale.clone(), torch.zeros(1, device=device)), ref32, scale)
     torch.testing.assert_close(amax, ref32.abs().amax().reshape(1), rtol=1e-5, atol=0)
     if scale < 0.05:
         assert q.float().abs().max().item() == 448.0  # saturated, not inf or nan
-    with pytest.raises(ValueError, match="out_amax must be"):
-        geglu(h, bias, out_scale=out_scale)
+    with pytest.raises(ValueError, match="e4m3_amax must be"):
+        geglu(h, bias, e4m3_scale=e4m3_scale)

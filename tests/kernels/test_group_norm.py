@@ -1,3 +1,6 @@
+"""kernels/group_norm.py: the public op, the registered ops, the launcher and its path choice, and through them every
+GroupNorm kernel (group_norm_kernels.py; group_norm_cluster.py on a Hopper GPU), against group_norm_reference."""
+
 import importlib
 
 import pytest
@@ -8,8 +11,9 @@ import sdaccel.kernels as kernels
 # The package re-exports the function group_norm under the module's name, so
 # fetch the module itself through importlib.
 gn_module = importlib.import_module("sdaccel.kernels.group_norm")
+gn_kernels = importlib.import_module("sdaccel.kernels.group_norm_kernels")
 group_norm = gn_module.group_norm
-group_norm_reference = gn_module.group_norm_reference
+group_norm_reference = importlib.import_module("sdaccel.kernels.group_norm_reference").group_norm_reference
 launch_group_norm = gn_module.launch_group_norm
 
 CL = torch.channels_last
@@ -47,30 +51,37 @@ CASES = [
 ]
 
 
-@pytest.fixture(params=["single-pass", "split", "looped", pytest.param("cluster", marks=pytest.mark.gpu)])
-def kernel_path(request, monkeypatch, device):
-    """Run a test through each kernel path: these shapes are small enough for the single-pass kernel, so the
-    others are forced by making no tile fit, then by sending every launch to the looped kernel or none. The
-    looped kernel's launches go to the cluster kernel (a Hopper GPU) for "cluster" only, those writing e4m3 too;
-    what it does not take (skip, rows that do not split evenly over its CTAs) stays on the looped kernel."""
+@pytest.fixture(params=["single", "split", "looped", pytest.param("cluster", marks=pytest.mark.gpu)])
+def kernel_path(request, device):
+    """Run a test through each of the launcher's paths (its ``path`` argument): a test that takes this fixture
+    calls _run(kernel_path, ...) in place of group_norm(...)."""
     refusal = gn_module.cluster.machine_refusal(torch.device(device))
     if request.param == "cluster" and refusal:
         pytest.skip(f"the cluster kernel: {refusal}")
-    monkeypatch.setattr(gn_module, "CLUSTER_CTAS_PER_SM", 1 << 30 if request.param == "cluster" else 0)
-    monkeypatch.setattr(gn_module, "CLUSTER_TAKES_E4M3", request.param == "cluster")
-    if request.param != "single-pass":
-        monkeypatch.setattr(gn_module, "SINGLE_PASS_MAX_TILE", 0)
-        monkeypatch.setattr(gn_module, "LOOPED_MAX_ROWS", 0 if request.param == "split" else 1 << 30)
     return request.param
+
+
+def _run(path, x, groups, weight=None, bias=None, eps=1e-5, *, silu=False, add=None, skip=None, return_sum=False,
+         output_scale=1.0, concat=None, e4m3_scale=None, e4m3_amax=None):
+    """group_norm's call with the launcher sent down ``path``: y, or (y, s) with return_sum. What the cluster kernel
+    does not take (a skip, rows that do not split evenly over its CTAs) runs on the looped kernel, where the
+    launcher's default would also leave it."""
+    if path == "cluster":
+        channels = x.shape[1] + (0 if concat is None else concat.shape[1])
+        if skip is not None or gn_module.cluster.refusal(x, x.shape[2] * x.shape[3], channels // groups):
+            path = "looped"
+    y, s = launch_group_norm(x, groups, weight, bias, eps, silu, add, skip, return_sum, output_scale=output_scale,
+                             concat=concat, path=path, e4m3_scale=e4m3_scale, e4m3_amax=e4m3_amax)
+    return (y, s) if return_sum else y
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape,groups", CASES, ids=lambda v: str(v))
 def test_plain_and_silu_add(shape, groups, dtype, device, check_against_reference, kernel_path):
     x, w, b, add, _ = _inputs(shape, groups, dtype, device)
-    y = group_norm(x, groups, w, b)
+    y = _run(kernel_path, x, groups, w, b)
     check_against_reference(y, *_references(x, groups, w, b), what="plain")
-    y = group_norm(x, groups, w, b, silu=True, add=add)
+    y = _run(kernel_path, x, groups, w, b, silu=True, add=add)
     check_against_reference(y, *_references(x, groups, w, b, silu=True, add=add), what="silu+add")
 
 
@@ -78,7 +89,7 @@ def test_plain_and_silu_add(shape, groups, dtype, device, check_against_referenc
 @pytest.mark.parametrize("shape,groups", [((2, 320, 5, 7), 32), ((3, 96, 8, 8), 32)], ids=str)
 def test_skip_return_sum(shape, groups, dtype, device, check_against_reference, kernel_path):
     x, w, b, add, skip = _inputs(shape, groups, dtype, device)
-    y, s = group_norm(x, groups, w, b, silu=True, add=add, skip=skip, return_sum=True)
+    y, s = _run(kernel_path, x, groups, w, b, silu=True, add=add, skip=skip, return_sum=True)
     y_ref, s_ref = group_norm_reference(x, groups, w, b, silu=True, add=add, skip=skip, return_sum=True)
     # The kernel sums in fp32 and rounds once (torch rounds after each +).
     s32 = x.float() + skip.float() + add.float()[:, :, None, None]
@@ -88,7 +99,7 @@ def test_skip_return_sum(shape, groups, dtype, device, check_against_reference, 
     check_against_reference(y, y_ref, y32, what="norm of sum")
     assert s.stride() == x.stride() and y.stride() == x.stride()
 
-    y_only = group_norm(x, groups, w, b, skip=skip)
+    y_only = _run(kernel_path, x, groups, w, b, skip=skip)
     check_against_reference(y_only, *_references(x, groups, w, b, skip=skip), what="skip only")
 
 
@@ -101,12 +112,12 @@ def test_concat_is_read_in_place(channels, dtype, device, check_against_referenc
     x, _, _, _, _ = _inputs((2, c1, 5, 7), 8, dtype, device, channels_last=False, offset=2.0)
     concat, w, b, add, _ = _inputs((2, c1 + c2, 5, 7), 8, dtype, device, seed=1)
     concat = concat[:, :c2]
-    y, s = group_norm(x, 8, w, b, silu=True, add=add, concat=concat, return_sum=True)
+    y, s = _run(kernel_path, x, 8, w, b, silu=True, add=add, concat=concat, return_sum=True)
     check_against_reference(y, *_references(x, 8, w, b, silu=True, add=add, concat=concat), what=kernel_path)
     s_ref = group_norm_reference(x, 8, w, b, silu=True, add=add, concat=concat, return_sum=True)[1]
     torch.testing.assert_close(s, s_ref, rtol=0, atol=0)
     assert y.is_contiguous(memory_format=CL) and s.is_contiguous(memory_format=CL)
-    y = group_norm(x, 8, w, b, silu=True, add=add, concat=concat)  # no sum written: the fp32 sum is normalized
+    y = _run(kernel_path, x, 8, w, b, silu=True, add=add, concat=concat)  # no sum written: the fp32 sum is normalized
     check_against_reference(y, *_references(x, 8, w, b, silu=True, add=add, concat=concat), what=kernel_path)
 
 
@@ -245,38 +256,73 @@ def test_registered_torch_ops_match_reference(device):
     torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=1e-6)
 
 
-def test_single_pass_is_picked_for_small_groups_only(device):
-    # SD1.5 at 512x512: 16x16 latents with 40-channel groups fit one program; 32x32 with 20 channels do not.
-    assert gn_module.single_pass_fits(16 * 16, 40) and gn_module.single_pass_fits(8 * 8, 80)
-    assert not gn_module.single_pass_fits(32 * 32, 20) and not gn_module.single_pass_fits(64 * 64, 10)
+def test_default_path_by_size():
+    """SD1.5 at 512x512: 16x16 latents with 40-channel groups and 8x8 with 80 fit one program's registers; 32x32 (20
+    channels) takes the looped kernel, 64x64 and the VAE's larger levels the split ones."""
+    assert gn_module.default_path(16 * 16, 40) == gn_module.default_path(8 * 8, 80) == "single"
+    assert gn_module.default_path(32 * 32, 20) == gn_module.default_path(16 * 16, 160) == "looped"
+    assert gn_module.default_path(64 * 64, 10) == gn_module.default_path(256 * 256, 8) == "split"
+    assert gn_module.single_pass_fits(16 * 16, 40) and not gn_module.single_pass_fits(32 * 32, 20)
+    assert gn_module.looped_fits(32 * 32) and not gn_module.looped_fits(64 * 64)
+
+
+def test_paths_are_checked(device):
     x, w, b, _, _ = _inputs((1, 64, 33, 33), 2, torch.float32, device)
     with pytest.raises(ValueError, match="too large for the single-pass kernel"):
         launch_group_norm(x, 2, w, b, 1e-5, False, None, None, False, path="single")
     with pytest.raises(ValueError, match="unknown group_norm path"):
         launch_group_norm(x, 2, w, b, 1e-5, False, None, None, False, path="fused")
+    if gn_module.cluster.machine_refusal(x.device):  # not a Hopper GPU: refused by name, never taken by default
+        with pytest.raises(ValueError, match=r"group_norm \(cluster\)"):
+            launch_group_norm(x, 2, w, b, 1e-5, False, None, None, False, path="cluster")
+        assert not gn_module.cluster_takes(x, 2, 33 * 33, 32)
 
 
-def test_looped_kernel_takes_groups_of_few_rows(device, monkeypatch):
-    """Groups too large for registers: up to LOOPED_MAX_ROWS rows (SD1.5's 32x32 and 16x16 levels) go to the looped
-    kernel, more (64x64, the VAE) to the split kernels; which kernel ran is seen by swapping the looped one out."""
-    assert gn_module.looped_fits(32 * 32) and not gn_module.looped_fits(64 * 64)
-    launched = []
-    real = gn_module._group_norm_looped_kernel
+@pytest.fixture
+def paths_run(monkeypatch):
+    """The list of paths the launcher ran, in order: each kernel is swapped for a spy that notes its path."""
+    ran = []
 
-    class Spy:
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return real[grid]
+    def spy(name, path):
+        real = getattr(gn_kernels, name)
 
-    monkeypatch.setattr(gn_module, "_group_norm_looped_kernel", Spy())
-    monkeypatch.setattr(gn_module, "LOOPED_MAX_ROWS", 6 * 6)
-    monkeypatch.setattr(gn_module, "CLUSTER_CTAS_PER_SM", 0)  # on a Hopper GPU it would take these
-    monkeypatch.setattr(gn_module, "SINGLE_PASS_MAX_TILE", 0)
-    for hw in (6, 7):
-        x, w, b, add, _ = _inputs((2, 64, hw, hw), 2, torch.float32, device)
-        y = launch_group_norm(x, 2, w, b, 1e-5, True, add, None, False)[0]
-        torch.testing.assert_close(y, group_norm_reference(x, 2, w, b, silu=True, add=add), rtol=1e-5, atol=1e-5)
-    assert launched == [(2, 2)]  # (groups, samples) for 6x6; 7x7 took the split kernels
+        class Spy:
+            def __getitem__(self, grid):
+                ran.append(path)
+                return real[grid]
+
+        monkeypatch.setattr(gn_kernels, name, Spy())
+
+    spy("group_norm_single_kernel", "single")
+    spy("group_norm_looped_kernel", "looped")
+    spy("group_norm_stats_kernel", "split")
+    real_cluster = gn_module.cluster.launch_group_norm_cluster
+
+    def cluster(*args, **kwargs):
+        ran.append("cluster")
+        return real_cluster(*args, **kwargs)
+
+    monkeypatch.setattr(gn_module.cluster, "launch_group_norm_cluster", cluster)
+    return ran
+
+
+def test_the_launcher_takes_the_default_path(device, paths_run):
+    """Groups that fit registers run single-pass; up to LOOPED_MAX_ROWS rows (32x32 here) the looped kernel (the
+    cluster kernel where cluster_takes: a Hopper GPU), more (33x33) the split kernels; group_norm takes the same."""
+    for shape, groups, want in (((1, 32, 8, 8), 8, "single"), ((1, 34, 32, 32), 2, "looped"),
+                                ((1, 34, 33, 33), 2, "split")):
+        x, w, b, add, _ = _inputs(shape, groups, torch.float32, device)
+        hw, group_size = shape[2] * shape[3], shape[1] // groups
+        assert gn_module.default_path(hw, group_size) == want
+        if want == "looped" and gn_module.cluster_takes(x, groups, hw, group_size):
+            want = "cluster"
+        paths_run.clear()
+        y = launch_group_norm(x, groups, w, b, 1e-5, True, add, None, False)[0]
+        torch.testing.assert_close(y, group_norm_reference(x, groups, w, b, silu=True, add=add), rtol=1e-5, atol=1e-5)
+        assert paths_run == [want], shape
+        paths_run.clear()
+        group_norm(x, groups, w, b, silu=True, add=add)
+        assert paths_run == [want], shape
 
 
 @pytest.mark.gpu
@@ -305,11 +351,12 @@ def test_a_new_resolution_or_batch_compiles_nothing_new(check_against_reference)
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_output_scale(dtype, device, check_against_reference, kernel_path):
-    """y = silu(GN(x + add)) * scale: a rescaled VAE decoder's norms (engines/vae_scaling.py)."""
+    """y = silu(GN(x + add)) * output_scale: a rescaled VAE decoder's norms (engines/fast/vae_scaling.py)."""
     x, w, b, add, _ = _inputs((2, 64, 6, 5), 32, dtype, device, offset=3.0)
-    y = group_norm(x, 32, w, b, silu=True, add=add, scale=2.0 ** -8)
-    check_against_reference(y, *_references(x, 32, w, b, silu=True, add=add, scale=2.0 ** -8), what=kernel_path)
-    unscaled = group_norm(x, 32, w, b, silu=True, add=add)
+    y = _run(kernel_path, x, 32, w, b, silu=True, add=add, output_scale=2.0 ** -8)
+    check_against_reference(y, *_references(x, 32, w, b, silu=True, add=add, output_scale=2.0 ** -8),
+                            what=kernel_path)
+    unscaled = _run(kernel_path, x, 32, w, b, silu=True, add=add)
     torch.testing.assert_close(y.float() * 2.0 ** 8, unscaled.float(), rtol=1e-3, atol=1e-3)
 
 
@@ -355,29 +402,47 @@ def test_the_split_launch_caps_blocks_by_its_kind(monkeypatch, device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("shape,groups", [((2, 320, 5, 7), 32), ((3, 96, 8, 8), 32)], ids=str)
 def test_e4m3_output(shape, groups, dtype, device, check_e4m3, kernel_path):
-    """FP8 mode: GN(+SiLU) writes y / scale in e4m3 for the convolution that reads it, max |y| recorded; with an add
-    and a concatenation too, the returned sum unchanged."""
+    """FP8 mode: GN(+SiLU) writes y / e4m3_scale in e4m3 for the convolution that reads it, max |y| recorded into
+    e4m3_amax; with an add and a concatenation too, the returned sum unchanged."""
     x, w, b, add, _ = _inputs(shape, groups, dtype, device, seed=3)
-    scale = torch.tensor([0.02], device=device)
+    e4m3_scale = torch.tensor([0.02], device=device)
     amax = torch.zeros(1, device=device)
-    q = group_norm(x, groups, w, b, silu=True, add=add, out_scale=scale, out_amax=amax)
+    q = _run(kernel_path, x, groups, w, b, silu=True, add=add, e4m3_scale=e4m3_scale, e4m3_amax=amax)
     ref, ref32 = _references(x, groups, w, b, silu=True, add=add)
-    check_e4m3(q, group_norm_reference(x, groups, w, b, silu=True, add=add, out_scale=scale,
-                                       out_amax=torch.zeros(1, device=device)), ref32, scale.item(), what=kernel_path)
+    check_e4m3(q, group_norm_reference(x, groups, w, b, silu=True, add=add, e4m3_scale=e4m3_scale,
+                                       e4m3_amax=torch.zeros(1, device=device)), ref32, e4m3_scale.item(),
+               what=kernel_path)
     assert q.is_contiguous(memory_format=CL)
     torch.testing.assert_close(amax, ref32.abs().amax().reshape(1), rtol=2e-3, atol=0)
 
     half = shape[1] // 2
     left, right = x[:, :half].contiguous(memory_format=CL), x[:, half:].contiguous(memory_format=CL)
-    q, s = group_norm(left, groups, w, b, silu=True, concat=right, return_sum=True, out_scale=scale,
-                      out_amax=torch.zeros(1, device=device))
+    q, s = _run(kernel_path, left, groups, w, b, silu=True, concat=right, return_sum=True, e4m3_scale=e4m3_scale,
+                e4m3_amax=torch.zeros(1, device=device))
     assert torch.equal(s, torch.cat([left, right], 1))
     _, ref32 = _references(s, groups, w, b, silu=True)
-    check_e4m3(q, group_norm_reference(s, groups, w, b, silu=True, out_scale=scale,
-                                       out_amax=torch.zeros(1, device=device)), ref32, scale.item(), what="concat")
+    check_e4m3(q, group_norm_reference(s, groups, w, b, silu=True, e4m3_scale=e4m3_scale,
+                                       e4m3_amax=torch.zeros(1, device=device)), ref32, e4m3_scale.item(),
+               what="concat")
+
+
+def test_public_op_takes_every_output_argument(device, check_e4m3):
+    """group_norm passes output_scale, e4m3_scale and e4m3_amax on (also where return_sum has nothing to add)."""
+    x, w, b, add, _ = _inputs((2, 64, 4, 6), 8, torch.float32, device, seed=2)
+    e4m3_scale, amax = torch.tensor([0.01], device=device), torch.zeros(1, device=device)
+    ref32 = group_norm_reference(x, 8, w, b, silu=True, add=add, output_scale=0.5)
+    q = group_norm(x, 8, w, b, silu=True, add=add, output_scale=0.5, e4m3_scale=e4m3_scale, e4m3_amax=amax)
+    check_e4m3(q, group_norm_reference(x, 8, w, b, silu=True, add=add, output_scale=0.5, e4m3_scale=e4m3_scale,
+                                       e4m3_amax=torch.zeros(1, device=device)), ref32, e4m3_scale.item())
+    torch.testing.assert_close(amax, ref32.abs().amax().reshape(1), rtol=2e-3, atol=0)
+    q, s = group_norm(x, 8, w, b, return_sum=True, output_scale=0.5, e4m3_scale=e4m3_scale,
+                      e4m3_amax=torch.zeros(1, device=device))
+    assert s is x
+    check_e4m3(q, group_norm_reference(x, 8, w, b, output_scale=0.5, e4m3_scale=e4m3_scale),
+               group_norm_reference(x, 8, w, b, output_scale=0.5), e4m3_scale.item())
 
 
 def test_e4m3_output_is_checked(device):
     x, w, b, _, _ = _inputs((1, 32, 4, 4), 8, torch.float32, device)
-    with pytest.raises(ValueError, match="out_amax"):
-        group_norm(x, 8, w, b, out_scale=torch.ones(1, device=device))
+    with pytest.raises(ValueError, match="e4m3_amax"):
+        group_norm(x, 8, w, b, e4m3_scale=torch.ones(1, device=device))

@@ -1,6 +1,6 @@
 """The cluster GroupNorm (kernels/group_norm_cluster.py): its sizing on any machine; on a Hopper GPU, the kernel
-against the reference at SD's shapes, and where the launcher's default takes it. The other GroupNorm tests run it
-too, through their "cluster" kernel path (test_group_norm.py)."""
+against group_norm_reference at SD's shapes, and where the launcher's default takes it. The other GroupNorm tests run
+it too, through their "cluster" kernel path (test_group_norm.py)."""
 
 import importlib
 
@@ -9,6 +9,7 @@ import torch
 
 cluster = importlib.import_module("sdaccel.kernels.group_norm_cluster")
 gn_module = importlib.import_module("sdaccel.kernels.group_norm")
+group_norm_reference = importlib.import_module("sdaccel.kernels.group_norm_reference").group_norm_reference
 
 CL = torch.channels_last
 
@@ -114,9 +115,9 @@ def check_graph_replay():
 
 
 def _check(y, x, groups, w, b, check_against_reference, what, **kw):
-    ref = gn_module.group_norm_reference(x, groups, w, b, **kw)
+    ref = group_norm_reference(x, groups, w, b, **kw)
     up = {k: (v.float() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
-    ref32 = gn_module.group_norm_reference(x.float(), groups, w.float(), b.float(), **up)
+    ref32 = group_norm_reference(x.float(), groups, w.float(), b.float(), **up)
     check_against_reference(y, ref, ref32, what=what)
 
 
@@ -129,9 +130,9 @@ def test_matches_the_reference(shape, dtype, check_against_reference, hopper, gn
     launch = gn_module.launch_group_norm
     y = launch(x, 32, w, b, 1e-5, True, add, None, False, path="cluster")[0]
     _check(y, x, 32, w, b, check_against_reference, f"{shape} silu+add", silu=True, add=add)
-    y = launch(x, 32, None, None, 1e-6, False, None, None, False, path="cluster", out_scale=0.5)[0]
-    ref = gn_module.group_norm_reference(x, 32, eps=1e-6, scale=0.5)
-    check_against_reference(y, ref, gn_module.group_norm_reference(x.float(), 32, eps=1e-6, scale=0.5),
+    y = launch(x, 32, None, None, 1e-6, False, None, None, False, path="cluster", output_scale=0.5)[0]
+    ref = group_norm_reference(x, 32, eps=1e-6, output_scale=0.5)
+    check_against_reference(y, ref, group_norm_reference(x.float(), 32, eps=1e-6, output_scale=0.5),
                             what=f"{shape} no affine, scaled")
     assert y.stride() == x.stride()
     if shape == (2, 96, 8, 4):  # 24x24: 72 rows a CTA, not a power of two
@@ -147,25 +148,25 @@ def test_concatenation_and_its_sum(check_against_reference, hopper, gn_inputs):
     skip, w, b, add = gn_inputs((2, 2560, 16, 16), torch.float16, seed=2)
     skip = skip[:, :1280].contiguous(memory_format=CL)
     y, s = gn_module.launch_group_norm(x, 32, w, b, 1e-5, True, add, None, True, concat=skip, path="cluster")
-    y_ref, s_ref = gn_module.group_norm_reference(x, 32, w, b, silu=True, add=add, concat=skip, return_sum=True)
+    y_ref, s_ref = group_norm_reference(x, 32, w, b, silu=True, add=add, concat=skip, return_sum=True)
     torch.testing.assert_close(s, s_ref, rtol=0, atol=0)
-    ref32 = gn_module.group_norm_reference(s.float(), 32, w.float(), b.float(), silu=True)
+    ref32 = group_norm_reference(s.float(), 32, w.float(), b.float(), silu=True)
     check_against_reference(y, y_ref, ref32, what="concat")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(2, 640, 32, 32), (2, 1280, 32, 32)], ids=str)  # 4 and 8 warps
 def test_e4m3_output(shape, check_e4m3, hopper, gn_inputs):
-    """The FP8 mode's ResNet norms: y / scale written in e4m3, max |y| recorded across the cluster's CTAs; with a
-    concatenation, the sum written back unchanged."""
+    """The FP8 mode's ResNet norms: y / e4m3_scale written in e4m3, max |y| recorded across the cluster's CTAs; with
+    a concatenation, the sum written back unchanged."""
     x, w, b, add = gn_inputs(shape, torch.float16, seed=5)
-    scale, amax = torch.tensor([0.02], device="cuda"), torch.zeros(1, device="cuda")
-    q = gn_module.launch_group_norm(x, 32, w, b, 1e-5, True, add, None, False, path="cluster", e4m3_scale=scale,
+    e4m3_scale, amax = torch.tensor([0.02], device="cuda"), torch.zeros(1, device="cuda")
+    q = gn_module.launch_group_norm(x, 32, w, b, 1e-5, True, add, None, False, path="cluster", e4m3_scale=e4m3_scale,
                                     e4m3_amax=amax)[0]
-    ref32 = gn_module.group_norm_reference(x.float(), 32, w.float(), b.float(), silu=True, add=add.float())
-    ref_q = gn_module.group_norm_reference(x, 32, w, b, silu=True, add=add, out_scale=scale,
-                                           out_amax=torch.zeros(1, device="cuda"))
-    check_e4m3(q, ref_q, ref32, scale.item(), what=f"{shape}")
+    ref32 = group_norm_reference(x.float(), 32, w.float(), b.float(), silu=True, add=add.float())
+    ref_q = group_norm_reference(x, 32, w, b, silu=True, add=add, e4m3_scale=e4m3_scale,
+                                 e4m3_amax=torch.zeros(1, device="cuda"))
+    check_e4m3(q, ref_q, ref32, e4m3_scale.item(), what=f"{shape}")
     assert q.stride() == x.stride()
     torch.testing.assert_close(amax, ref32.abs().amax().reshape(1), rtol=2e-3, atol=0)
 
@@ -173,11 +174,11 @@ def test_e4m3_output(shape, check_e4m3, hopper, gn_inputs):
     left, right = x[:, :half].contiguous(memory_format=CL), x[:, half:].contiguous(memory_format=CL)
     amax.zero_()
     q, s = gn_module.launch_group_norm(left, 32, w, b, 1e-5, True, None, None, True, concat=right, path="cluster",
-                                       e4m3_scale=scale, e4m3_amax=amax)
+                                       e4m3_scale=e4m3_scale, e4m3_amax=amax)
     assert torch.equal(s, x)
-    ref32 = gn_module.group_norm_reference(x.float(), 32, w.float(), b.float(), silu=True)
-    check_e4m3(q, gn_module.group_norm_reference(x, 32, w, b, silu=True, out_scale=scale,
-                                                 out_amax=torch.zeros(1, device="cuda")), ref32, scale.item(),
+    ref32 = group_norm_reference(x.float(), 32, w.float(), b.float(), silu=True)
+    check_e4m3(q, group_norm_reference(x, 32, w, b, silu=True, e4m3_scale=e4m3_scale,
+                                       e4m3_amax=torch.zeros(1, device="cuda")), ref32, e4m3_scale.item(),
                what=f"{shape} concat")
     torch.testing.assert_close(amax, ref32.abs().amax().reshape(1), rtol=2e-3, atol=0)
 
@@ -185,27 +186,23 @@ def test_e4m3_output(shape, check_e4m3, hopper, gn_inputs):
 @pytest.mark.gpu
 def test_the_rule_takes_it_at_cfg_batch_2_only(monkeypatch, hopper, gn_inputs):
     """The default: CFG batch 2 at the 32x32 level, 64 clusters of 8 CTAs, under 4 an SM on an H100 / H200, so the
-    cluster kernel; CFG batch 16 at the same level (8x the CTAs), or with a skip: the looped kernel. A call that
-    writes e4m3 only where CLUSTER_TAKES_E4M3 says so."""
+    cluster kernel, for calls that write e4m3 too; CFG batch 16 at the same level (8x the CTAs), or with a skip: the
+    looped kernel."""
     launched = []
     real = cluster.launch_group_norm_cluster
 
     def spy(*args, **kwargs):
-        launched.append((args[0].shape, kwargs.get("e4m3") is not None))
+        launched.append((args[0].shape, kwargs.get("e4m3_scale") is not None))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(cluster, "launch_group_norm_cluster", spy)
-    scale, amax = torch.tensor([0.02], device="cuda"), torch.zeros(1, device="cuda")
-    for takes_e4m3 in (False, True):
-        monkeypatch.setattr(gn_module, "CLUSTER_TAKES_E4M3", takes_e4m3)
-        launched.clear()
-        for n in (2, 16):
-            x, w, b, add = gn_inputs((n, 640, 32, 32), torch.float16)
-            gn_module.group_norm(x, 32, w, b, silu=True, add=add)
-            gn_module.group_norm(x, 32, w, b, skip=x)
-            gn_module.group_norm(x, 32, w, b, silu=True, out_scale=scale, out_amax=amax)
-        assert launched == [(torch.Size([2, 640, 32, 32]), False)] + [(torch.Size([2, 640, 32, 32]), True)] * \
-            takes_e4m3
+    e4m3_scale, amax = torch.tensor([0.02], device="cuda"), torch.zeros(1, device="cuda")
+    for n in (2, 16):
+        x, w, b, add = gn_inputs((n, 640, 32, 32), torch.float16)
+        gn_module.group_norm(x, 32, w, b, silu=True, add=add)
+        gn_module.group_norm(x, 32, w, b, skip=x)
+        gn_module.group_norm(x, 32, w, b, silu=True, e4m3_scale=e4m3_scale, e4m3_amax=amax)
+    assert launched == [(torch.Size([2, 640, 32, 32]), False), (torch.Size([2, 640, 32, 32]), True)]
 
 
 @pytest.mark.gpu

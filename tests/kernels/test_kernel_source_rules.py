@@ -1,9 +1,8 @@
 """Source rules for the Triton kernels that the CPU interpreter cannot enforce.
 
 The interpreter runs a kernel body as Python; the compiler does not. A `for` loop whose variable is assigned again in
-its body (`k0 = tl.multiple_of(k0, 64)`) ran correctly under TRITON_INTERPRET=1 and produced garbage when compiled
-for an H100 (benchmarks/README.md, seventh session): CI, which has no GPU, would pass such a kernel. This test reads
-the kernels' source instead.
+its body (`k0 = tl.multiple_of(k0, 64)`) ran correctly under TRITON_INTERPRET=1 and produced garbage when compiled for
+an H100: CI, which has no GPU, would pass such a kernel. This test reads the kernels' source instead.
 """
 
 from __future__ import annotations

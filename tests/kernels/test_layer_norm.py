@@ -119,26 +119,26 @@ def test_sum_bias_goes_into_the_returned_sum_only(dtype, device, check_against_r
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape", [(2, 77, 320), (1, 123, 96), (1, 9, 2048)], ids=str)
 def test_layer_norm_e4m3_output(shape, dtype, device, check_e4m3):
-    """FP8 mode: y / scale in e4m3 for the GEMM that reads it, max |y| recorded; the returned sum is unchanged."""
+    """FP8 mode: y / e4m3_scale in e4m3 for the GEMM that reads it, max |y| recorded; the returned sum is unchanged."""
     x, skip, ib, w, b = _inputs(shape, dtype, device, seed=2)
-    scale = torch.tensor([0.03], device=device)
+    e4m3_scale = torch.tensor([0.03], device=device)
     amax = torch.zeros(1, device=device)
-    q = layer_norm(x, w, b, out_scale=scale, out_amax=amax)
+    q = layer_norm(x, w, b, e4m3_scale=e4m3_scale, e4m3_amax=amax)
     ref32 = layer_norm_reference(x.float(), _up(w), _up(b))
-    check_e4m3(q, layer_norm_reference(x, w, b, out_scale=scale, out_amax=torch.zeros(1, device=device)), ref32,
-               scale.item(), what="ln")
+    check_e4m3(q, layer_norm_reference(x, w, b, e4m3_scale=e4m3_scale, e4m3_amax=torch.zeros(1, device=device)), ref32,
+               e4m3_scale.item(), what="ln")
     torch.testing.assert_close(amax, ref32.abs().amax().reshape(1), rtol=1e-4, atol=0)
 
     amax.zero_()
-    _, s_with_bias = layer_norm(x, w, b, skip=skip, input_bias=ib, return_sum=True, sum_bias=b, out_scale=scale,
-                                out_amax=torch.zeros(1, device=device))
+    _, s_with_bias = layer_norm(x, w, b, skip=skip, input_bias=ib, return_sum=True, sum_bias=b, e4m3_scale=e4m3_scale,
+                                e4m3_amax=torch.zeros(1, device=device))
     assert torch.equal(s_with_bias, layer_norm(x, w, b, skip=skip, input_bias=ib, return_sum=True, sum_bias=b)[1])
-    q, s = layer_norm(x, w, b, skip=skip, input_bias=ib, return_sum=True, out_scale=scale, out_amax=amax)
+    q, s = layer_norm(x, w, b, skip=skip, input_bias=ib, return_sum=True, e4m3_scale=e4m3_scale, e4m3_amax=amax)
     # y is the norm of the sum the caller gets back, rounded as it is (as in test_skip_layer_norm_with_sum).
     ref32 = layer_norm_reference(s.float(), _up(w), _up(b))
-    check_e4m3(q, layer_norm_reference(s, w, b, out_scale=scale, out_amax=torch.zeros(1, device=device)), ref32,
-               scale.item(), what="skip ln")
+    check_e4m3(q, layer_norm_reference(s, w, b, e4m3_scale=e4m3_scale, e4m3_amax=torch.zeros(1, device=device)), ref32,
+               e4m3_scale.item(), what="skip ln")
     torch.testing.assert_close(amax, ref32.abs().amax().reshape(1), rtol=1e-3, atol=0)
 
-    q, s = layer_norm(x, w, b, return_sum=True, out_scale=scale, out_amax=amax)  # nothing to add: x is the sum
+    q, s = layer_norm(x, w, b, return_sum=True, e4m3_scale=e4m3_scale, e4m3_amax=amax)  # nothing to add: x is the sum
     assert s is x and q.dtype == torch.float8_e4m3fn

@@ -28,7 +28,7 @@ def _signature(config: tuple, has_bias: bool, fp8: bool = False):
 
     signature = {"x_desc": desc(block_m, block_k), "value_desc": desc(block_n, block_k),
                  "gate_desc": desc(block_n, block_k), "b_ptr": "*fp16", "out_desc": desc(block_m, block_n),
-                 "x_scale_ptr": scale, "w_scale_ptr": scale, "out_scale_ptr": scale, "amax_ptr": scale,
+                 "x_scale_ptr": scale, "w_scale_ptr": scale, "e4m3_scale_ptr": scale, "e4m3_amax_ptr": scale,
                  "M": "i32", "D": "i32", "K": "i32", "num_programs": "i32"}
     constants = {"HAS_BIAS": has_bias, "TANH": False, "STAGES": stages, "CONSUMERS": consumers, "GROUP_M": 8,
                  "FP8": fp8}
@@ -168,7 +168,7 @@ def test_bad_configs_are_refused():
 
 def _fp8_inputs(m, k, d, seed=0):
     """x, W e4m3 with their scales (as the FP8 mode makes them), b fp16; the dequantized fp32 x and W."""
-    from sdaccel.engines.fp8 import Fp8Weight
+    from sdaccel.engines.fast.fp8 import Fp8Weight
 
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(m, k, generator=g).cuda()
@@ -184,31 +184,31 @@ def _fp8_inputs(m, k, d, seed=0):
 @pytest.mark.parametrize("case", [(2048, 1280, 5120), (8192, 640, 2560), (1000, 192, 208), (77, 64, 80)], ids=str)
 def test_fp8_matches_the_dequantized_reference(case, e4m3_step):
     """e4m3 in, e4m3 out, against GEGLU(x W^T + b) computed in fp32 from the same e4m3 values, and against the
-    split path the FP8 mode had before (cuBLASLt's e4m3 GEMM, then the GEGLU kernel's e4m3 output). On an H200 the
-    kernel's e4m3 values differed from the reference's rounding in 1.6-2.5% of places against the split path's 1.1%,
-    a few by many steps near zero (most likely wgmma's accumulation, with fewer bits than cuBLASLt's promoted fp32
-    sums, as DeepSeek-V3's report found for Hopper's FP8 tensor cores); its relative error, which the output's own e4m3
-    rounding sets, was the split path's to four digits (eighteenth session, diag_fp8_geglu.py)."""
-    from sdaccel.engines.fp8 import scaled_linear
+    split path, the FP8 mode's other candidate (cuBLASLt's e4m3 GEMM, then the GEGLU kernel's e4m3 output). On an H200
+    the kernel's e4m3 values differed from the reference's rounding in 1.6-2.5% of places against the split path's 1.1%,
+    a few by many steps near zero (most likely wgmma's accumulation, with fewer bits than cuBLASLt's promoted fp32 sums,
+    as DeepSeek-V3's report found for Hopper's FP8 tensor cores); its relative error, which the output's own e4m3
+    rounding sets, was the split path's to four digits."""
+    from sdaccel.engines.fast.fp8 import scaled_linear
     from sdaccel.kernels.geglu import geglu
 
     x8, x_scale, w, b, x32, w32 = _fp8_inputs(*case)
     ref32 = reference(x32, w32, b.float())
-    out_scale = torch.tensor([ref32.abs().max().item() / 300], device="cuda")
+    e4m3_scale = torch.tensor([ref32.abs().max().item() / 300], device="cuda")
     amax = torch.zeros(1, device="cuda")
-    q = module.linear_geglu_sm90_fp8(x8, x_scale, w.data, w.scale, b, out_scale, amax)
-    split = geglu(scaled_linear(x8, x_scale, w.data, w.scale, torch.float16), b, out_scale=out_scale,
-                  out_amax=torch.zeros(1, device="cuda"))
+    q = module.linear_geglu_sm90_fp8(x8, x_scale, w.data, w.scale, b, e4m3_scale, amax)
+    split = geglu(scaled_linear(x8, x_scale, w.data, w.scale, torch.float16), b, e4m3_scale=e4m3_scale,
+                  e4m3_amax=torch.zeros(1, device="cuda"))
 
     def error(out):
-        return ((out.float() * out_scale - ref32).norm() / ref32.norm()).item()
+        return ((out.float() * e4m3_scale - ref32).norm() / ref32.norm()).item()
 
     assert error(q) <= 1.02 * error(split), (error(q), error(split))
-    ref_q = (ref32 / out_scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    ref_q = (ref32 / e4m3_scale).clamp(-448, 448).to(torch.float8_e4m3fn)
     assert (q.float() == ref_q.float()).float().mean() >= 0.95
     # No value far off in absolute terms: beyond one e4m3 step, at most 0.2% of the largest output.
-    want = (ref32 / out_scale).clamp(-448, 448)
-    beyond = ((q.float() - want).abs() - e4m3_step(want)).clamp_min(0) * out_scale
+    want = (ref32 / e4m3_scale).clamp(-448, 448)
+    beyond = ((q.float() - want).abs() - e4m3_step(want)).clamp_min(0) * e4m3_scale
     assert beyond.max().item() <= 2e-3 * ref32.abs().max().item()
     torch.testing.assert_close(amax, ref32.abs().amax().reshape(1), rtol=2e-3, atol=0)
 
@@ -218,7 +218,7 @@ def test_fp8_matches_the_dequantized_reference(case, e4m3_step):
 def test_fp8_amax_leaves_out_rows_past_m():
     """The second 64-row tile of 100 rows has 28 rows of TMA's zero fill, whose output is bias * gelu(bias) = 100
     here, while every real row's gate is far below zero (output about 0): the amax must be the real rows'."""
-    from sdaccel.engines.fp8 import Fp8Weight
+    from sdaccel.engines.fast.fp8 import Fp8Weight
 
     g = torch.Generator().manual_seed(1)
     x = torch.randn(100, 128, generator=g).abs().cuda()

@@ -121,7 +121,7 @@ def test_engine_options_and_availability():
     assert OnnxRuntimeEngine.unavailable_reason(torch.device("cpu")) is None
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         assert "no CUDAExecutionProvider" in OnnxRuntimeEngine.unavailable_reason(torch.device("cuda"))
-    with pytest.raises(UsageError, match="unknown onnxruntime provider 'tpu'"):
+    with pytest.raises(UsageError, match="provider must be one of auto, cuda, cpu, got 'tpu'"):
         OnnxRuntimeEngine(provider="tpu")
     components = build_synthetic(get_spec("sd15-tiny"), seed=0)
     with pytest.raises(UsageError, match="no bfloat16 kernels"):

@@ -1,5 +1,5 @@
 """The output guard: its checks, and run_guarded's generate -> check -> remedy -> regenerate on a real tiny pipeline
-whose UNet or VAE stage is made to produce NaN."""
+whose UNet or VAE stage is made to produce NaN. The pipelines come from sdaccel.load: inside the guard."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from sdaccel.errors import SdaccelError
 from sdaccel.quality import guard
 from sdaccel.quality.guard import (DegenerateImageError, DegenerateImageWarning, NonFiniteOutputError,
                                    PrecisionFallbackWarning, check_image, check_latents, inspect_output, run_guarded)
-from sdaccel.quality.upcast_attention import UpcastAttnProcessor
+from sdaccel.engines.upcast_attention import UpcastAttnProcessor
 
 PROMPT = "a lighthouse at dusk"
 
@@ -145,13 +145,14 @@ def test_nan_latents_rerun_with_fp32_attention(tiny_pipe, monkeypatch):
     clean = tiny_pipe()("a lighthouse at dusk", steps=STEPS, output="tensor")
     pipe = tiny_pipe()
     nan_calls = nan_unet_until_upcast(pipe)
-    remedy_calls = []
-    real_remedy = guard.remedy_unet
-    monkeypatch.setattr(guard, "remedy_unet", lambda *a, **k: remedy_calls.append(1) or real_remedy(*a, **k))
+    remedy_calls, engine = [], pipe.engine
+    real_remedy, real_drop = engine.upcast_attention, engine.drop_graphs
+    monkeypatch.setattr(engine, "upcast_attention", lambda: remedy_calls.append("upcast") or real_remedy())
+    monkeypatch.setattr(engine, "drop_graphs", lambda: remedy_calls.append("drop") or real_drop())
 
     with pytest.warns(PrecisionFallbackWarning, match="non-finite latents from the UNet .*fp32 attention"):
         result = run_guarded(pipe, PROMPT, steps=STEPS, output="tensor")
-    assert remedy_calls == [1] and len(nan_calls) > 0
+    assert remedy_calls == ["upcast", "drop"] and len(nan_calls) > 0  # through the engine's methods
     assert attention_is_upcast(pipe)
     assert torch.isfinite(result.latents).all()
     assert result.guard.remedies == ["unet_fp32_attention"] and result.guard.ok
@@ -212,8 +213,20 @@ def test_latent_output_checks_latents_only(tiny_pipe):
     assert result.guard.image_finite is None and result.guard.ok
 
 
-def test_the_pipeline_call_is_guarded(tiny_pipe):
-    """Pipeline.__call__ runs the guard itself: the fallback happens through a plain pipe(...) call."""
+def test_an_engine_that_cannot_upcast_makes_it_an_error(tiny_pipe, monkeypatch):
+    pipe = tiny_pipe()
+    nan_unet_until_upcast(pipe)
+    monkeypatch.setattr(pipe.engine, "upcast_attention", lambda: 0)  # as onnxruntime's: nothing it can switch
+    with pytest.raises(NonFiniteOutputError, match="cannot switch its attention to fp32"):
+        run_guarded(pipe, PROMPT, steps=STEPS)
+
+
+def test_the_loaded_pipeline_call_is_guarded(tiny_pipe):
+    """sdaccel.load returns the pipeline inside the guard: the fallback happens through a plain pipe(...) call,
+    while the Pipeline itself judges nothing."""
+    from sdaccel.pipeline import Pipeline
+    from sdaccel.quality.guard import GuardedPipeline
+
     pipe = tiny_pipe()
     nan_unet_until_upcast(pipe)
     with pytest.warns(PrecisionFallbackWarning):
@@ -221,3 +234,5 @@ def test_the_pipeline_call_is_guarded(tiny_pipe):
     assert result.guard.remedies == ["unet_fp32_attention"] and torch.isfinite(result.latents).all()
     assert pipe(PROMPT, steps=STEPS).guard.remedies == []  # the fp32 attention stays: no second fallback
     assert pipe(PROMPT, steps=STEPS, guard=False).guard is None
+    assert isinstance(pipe, GuardedPipeline) and isinstance(pipe.pipeline, Pipeline)
+    assert pipe.pipeline(PROMPT, steps=STEPS).guard is None

@@ -12,6 +12,8 @@ fastest depends on head dim (SD1.5 uses 40/80/160, SD2/SDXL 64), sequence length
 a new shape times each candidate that accepts it, checks it against the others' result (one that disagrees is
 dropped: correctness first), and remembers the winner by name, so the engine cache can store it. All of them keep
 the softmax in fp32, which is what SD2.1's "attention upcast" needs to stay finite in fp16.
+
+The picks belong to one engine (AttentionPicks, made by the engine and called by its fused modules).
 """
 
 from __future__ import annotations
@@ -22,28 +24,17 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ...cache import cache_dir
 from .kernel_pick import ShapePicks, cuda_time_ms, pick_fastest
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (B, H, L, d) q, k, v -> (B, H, L, d)
 
 DEFAULT = "default"  # PyTorch's own SDPA dispatch
-# Process-wide: one engine per process is the norm (the benchmark uses fresh processes).
-_PICKS = ShapePicks(DEFAULT, enabled=True)
-
 
 # Kernels whose launch from Python costs more than they save: the Gluon kernel's host TMA descriptors take 170-280 us
-# a launch on an H100 host against cuDNN's 62 (benchmarks/README.md, tenth session). The pick times GPU work from
-# graph replays, where that cost is gone; without the engine's graphs they are left out.
+# a launch on an H100 host against cuDNN's 62. The pick times GPU work from graph replays, where that cost is gone;
+# without the engine's graphs they are left out.
 HOST_BOUND = frozenset({"SDACCEL_FLASH_SM90", "SDACCEL_FLASH_SM90_64"})
-_GRAPHED = True
-
-
-def set_autotune(enabled: bool, graphed: bool = True) -> None:
-    """enabled False: leave the choice to PyTorch's dispatcher (the ablation baseline). graphed False: the calls
-    are launched one by one (no CUDA graph), so HOST_BOUND kernels are not offered."""
-    global _GRAPHED
-    _PICKS.enabled = enabled
-    _GRAPHED = graphed
 
 
 def _sdpa_backend(name: str) -> Kernel:
@@ -77,14 +68,12 @@ def _flash_attn_cute() -> Kernel | None:
     import sys
     from importlib.util import find_spec
 
-    from .compile import cache_root
-
     if "flash_attn" not in sys.modules and find_spec("flash_attn") is None:  # not installed: leave os.environ be
         return None
     # Its compiled kernels persist beside sdaccel's own caches (read when the module loads): a second process
     # start then skips the CuTe DSL compile.
     os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
-    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", os.path.join(cache_root(), "flash_attn_cute"))
+    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", cache_dir("flash_attn_cute"))
     try:
         from flash_attn.cute import flash_attn_func
     except Exception:  # noqa: BLE001 - not installed, or its CuTe DSL cannot load on this machine
@@ -98,12 +87,6 @@ def _flash_attn_cute() -> Kernel | None:
     return run
 
 
-def skipped_candidates() -> set[str]:
-    """Candidates left out by name through SDACCEL_ATTENTION_SKIP (comma-separated): A/B runs, or a kernel that
-    misbehaves on some machine."""
-    return {name.strip() for name in os.environ.get("SDACCEL_ATTENTION_SKIP", "").split(",") if name.strip()}
-
-
 # matmul_softmax_attention's bounds: below this head dim the flash-style kernels take the shape; the fp32 scores of
 # one chunk of query rows take at most this many bytes (SDXL's decoder, 16384 tokens: 1024 rows a chunk).
 MATMUL_MIN_HEAD_DIM = 257
@@ -113,14 +96,13 @@ MATMUL_SCORES_BYTES = 64 << 20
 def matmul_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """softmax(q k^T / sqrt(d)) v as two cuBLAS GEMMs around sdaccel's softmax kernel, for head dims past what the
     flash-style kernels take. The memory-efficient backend, the one left there, takes 0.34-0.41 ms for SD1.5's
-    decoder (4096 tokens, about 85 TFLOP/s) and 3.9-4.1 ms for SDXL's (16384) on an H200 (benchmarks/README.md,
-    twenty-eighth session); here the GEMMs run at cuBLAS's rate and the scores make one round trip through memory:
+    decoder (4096 tokens, about 85 TFLOP/s) and 3.9-4.1 ms for SDXL's (16384) on an H200; here the GEMMs run at cuBLAS's rate and the scores make one round trip through memory:
     0.14 and 2.3 ms there, with an error against fp32 within 1.0-1.8x SDPA's.
     cuBLAS writes the scores in fp32 (alpha = 1/sqrt(d) applied to its fp32 sums): rounded to fp16 they gave 2-7x
     SDPA's error against fp32. The softmax kernel reads them once and writes the probabilities in the inputs' dtype
     for the second GEMM. Query rows go in chunks whose scores take at most MATMUL_SCORES_BYTES. Raises ValueError
     below MATMUL_MIN_HEAD_DIM, where the pick has better candidates and a long sequence's scores would cost memory."""
-    from ..kernels.softmax import softmax_rows
+    from ...kernels.softmax import softmax_rows
 
     batch, heads, length, head_dim = q.shape
     if head_dim < MATMUL_MIN_HEAD_DIM:
@@ -146,10 +128,11 @@ def matmul_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
     return out.view(batch, heads, length, head_dim)
 
 
-def candidates() -> dict[str, Kernel]:
-    """Every kernel this machine offers, by name (less those SDACCEL_ATTENTION_SKIP names)."""
+def candidates(skip: tuple[str, ...] | set[str] = ()) -> dict[str, Kernel]:
+    """Every kernel this machine offers, by name, less those named in `skip` (the engine's attention_skip: A/B
+    runs, or a kernel that misbehaves on some machine)."""
     found = _all_candidates()
-    for name in skipped_candidates():
+    for name in skip:
         found.pop(name, None)
     return found
 
@@ -166,16 +149,16 @@ def _all_candidates() -> dict[str, Kernel]:
     cute = _flash_attn_cute()
     if cute is not None:
         found["FLASH_ATTN_CUTE"] = cute
-    from ..kernels import triton_available
+    from ...kernels import triton_available
 
     if triton_available():  # sdaccel's own one-tile kernel for <= 128 keys (cross-attention on 77 text tokens)
-        from ..kernels.short_kv_attention import short_kv_attention
+        from ...kernels.short_kv_attention import short_kv_attention
 
         found["SDACCEL_SHORT_KV"] = short_kv_attention
-        from ..kernels.flash_attention import flash_attention_auto
+        from ...kernels.flash_attention import flash_attention_auto
 
         found["SDACCEL_FLASH"] = flash_attention_auto
-        from ..kernels import flash_attention_sm90 as sm90
+        from ...kernels import flash_attention_sm90 as sm90
 
         if sm90.available():  # Hopper: the Gluon kernel (TMA ring, asynchronous wgmma, a producer warp)
             found["SDACCEL_FLASH_SM90"] = sm90_candidate(None)
@@ -183,16 +166,10 @@ def _all_candidates() -> dict[str, Kernel]:
     return found
 
 
-def offered(kernels: dict[str, Kernel]) -> dict[str, Kernel]:
-    """The candidates a new shape times: all of them under the engine's graphs, less HOST_BOUND without."""
-    return kernels if _GRAPHED else {name: kernel for name, kernel in kernels.items() if name not in HOST_BOUND}
-
-
 def sm90_candidate(config: tuple | None) -> Kernel:
     """The Gluon sm_90 kernel in one tile, for head dims that cuDNN pads (SD1.x's 40, 80, 160). At multiples of 64
-    (SD2.x, SDXL) cuDNN pads nothing and measured faster at every shape (benchmarks/README.md, ninth session), so
-    the kernel refuses them: the pick then neither compiles nor times it there (5 s of an SDXL cold start)."""
-    from ..kernels.flash_attention_sm90 import flash_attention_sm90
+    (SD2.x, SDXL) cuDNN pads nothing and measured faster at every shape on an H100, so the kernel refuses them: the pick then neither compiles nor times it there (5 s of an SDXL cold start)."""
+    from ...kernels.flash_attention_sm90 import flash_attention_sm90
 
     def run(q, k, v):
         if q.shape[-1] % 64 == 0:
@@ -214,36 +191,46 @@ def pick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernels: dict[str, K
     return pick_fastest((q, k, v), kernels, DEFAULT, time_ms)
 
 
-_KERNELS: dict[str, Kernel] = {}
+class AttentionPicks:
+    """One engine's attention: `picks(q, k, v)` runs the kernel picked for the shape (timed on first use).
 
+    enabled False: PyTorch's own dispatch everywhere (the ablation baseline). graphed False: the engine launches its
+    calls one by one (no CUDA graphs), so HOST_BOUND kernels are not offered. skip: candidates left out by name."""
 
-def _kernels() -> dict[str, Kernel]:
-    """The candidates, built once per process: building them imports packages (FlashAttention-4's import takes
-    seconds), and both restoring cached picks and the first attention call need them."""
-    if not _KERNELS:
-        _KERNELS.update(candidates())
-    return _KERNELS
+    def __init__(self, enabled: bool = True, graphed: bool = True, skip: tuple[str, ...] = ()):
+        self.picks = ShapePicks(DEFAULT, enabled)
+        self.graphed = graphed
+        self.skip = tuple(skip)
+        self._kernels: dict[str, Kernel] | None = None
 
+    def kernels(self) -> dict[str, Kernel]:
+        """The candidates, built once per engine: building them imports packages (FlashAttention-4's import takes
+        seconds), and both restoring cached picks and the first attention call need them."""
+        if self._kernels is None:
+            self._kernels = candidates(self.skip)
+        return self._kernels
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, upcast: bool = False) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d)) v for (B, heads, L, d) inputs (views of packed projections are fine)."""
-    if not q.is_cuda:
-        if upcast:
-            return F.scaled_dot_product_attention(q.float(), k.float(), v.float()).to(q.dtype)
-        return F.scaled_dot_product_attention(q, k, v)
-    if not _PICKS.enabled:
-        return F.scaled_dot_product_attention(q, k, v)
-    kernels = _kernels()
-    kernel = kernels.get(_PICKS.choose(_key(q, k), (q, k, v), lambda: offered(kernels)))
-    return F.scaled_dot_product_attention(q, k, v) if kernel is None else kernel(q, k, v)
+    def offered(self, kernels: dict[str, Kernel]) -> dict[str, Kernel]:
+        """The candidates a new shape times: all of them under the engine's graphs, less HOST_BOUND without."""
+        return kernels if self.graphed else {name: k for name, k in kernels.items() if name not in HOST_BOUND}
 
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, upcast: bool = False) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d)) v for (B, heads, L, d) inputs (views of packed projections are fine)."""
+        if not q.is_cuda:
+            if upcast:
+                return F.scaled_dot_product_attention(q.float(), k.float(), v.float()).to(q.dtype)
+            return F.scaled_dot_product_attention(q, k, v)
+        if not self.picks.enabled:
+            return F.scaled_dot_product_attention(q, k, v)
+        kernels = self.kernels()
+        kernel = kernels.get(self.picks.choose(_key(q, k), (q, k, v), lambda: self.offered(kernels)))
+        return F.scaled_dot_product_attention(q, k, v) if kernel is None else kernel(q, k, v)
 
-def chosen_backends() -> dict[str, str]:
-    """What was picked per shape (DEFAULT = PyTorch's own dispatch), for reports and the engine cache."""
-    return _PICKS.chosen()
+    def chosen(self) -> dict[str, str]:
+        """What was picked per shape (DEFAULT = PyTorch's own dispatch), for reports and the engine cache."""
+        return self.picks.chosen()
 
-
-def restore_backends(choices: dict[str, str]) -> None:
-    """Take earlier picks (from the engine cache) instead of timing again; names this machine lacks are ignored
-    (that shape is timed again)."""
-    _PICKS.restore(choices, set(_kernels()) | {DEFAULT})
+    def restore(self, choices: dict[str, str]) -> None:
+        """Take earlier picks (from the engine cache) instead of timing again; names this machine lacks are ignored
+        (that shape is timed again)."""
+        self.picks.restore(choices, set(self.kernels()) | {DEFAULT})

@@ -1,21 +1,19 @@
-"""Compiling a call's Triton kernels side by side, before the call first runs. Not a kernel: the machinery.
+"""Compiling a call's Triton kernels side by side in worker processes, before the call first runs.
 
 Triton compiles a kernel specialization when it is first launched, in the launching thread, one after another:
 0.3-1.6 s each (LLVM, ptxas and, up to Triton 3.6, gcc for its C launcher). A first SD1.5 image on the fast engine
-needs 61 of them, about 45 s of a 50 s cold start on an H100 host; with 16 workers that start took 17.5 s
-(benchmarks/results/H100-2026-11-27/cold-start-parallel-compile/).
+needs 61 of them, about 45 s of a 50 s cold start on an H100 host; with 16 workers that start took 17.5 s.
 
-So a call first runs as a *dry run* under `recording_kernels()`: Triton's jit_cache_hook records each kernel that
-would be compiled and skips it (no compile, no launch), while torch's own ops run as usual. Every later kernel
-therefore sees the real call's shapes, strides and dtypes; their values are garbage, which no kernel here reads for
-an address or a branch. Worker processes (`CompileWorkers`, started before the dry run so that their imports
-overlap it) then build the recorded kernels, and their launchers, into Triton's on-disk cache, and the real call
-loads them from there. A kernel a worker could not build is compiled by its launch, as without this module:
+So a call first runs as a *dry run* under `recording_kernels()` (kernels/recording.py), which records each kernel
+that would be compiled and skips it. Worker processes (`CompileWorkers`, started before the dry run so that their
+imports overlap it) then build the recorded kernels, and their launchers, into Triton's on-disk cache, and the real
+call loads them from there. A kernel a worker could not build is compiled by its launch, as without this module:
 correctness never rests on the workers.
 
-The workers are plain subprocesses running this module (`python -m sdaccel.kernels.precompile`), not
-multiprocessing, whose spawn would re-import the user's __main__. They compile for the parent's GPU target through a
-stand-in driver and never touch the GPU: no CUDA context, no GPU memory.
+The workers are plain subprocesses running this module (`python -m sdaccel.engines.fast.compile_workers`: the
+packages on the way import torch and nothing heavier), not multiprocessing, whose spawn would re-import the user's
+__main__. They compile for the parent's GPU target through a stand-in driver and never touch the GPU: no CUDA
+context, no GPU memory.
 """
 
 from __future__ import annotations
@@ -31,17 +29,10 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
+from ...kernels.recording import KernelSpec
+
 MAX_WORKERS = 16  # a first SD1.5 image needs about 60 kernels: 16 build them in 4 rounds
 WORKER_MEMORY = 1 << 30
-_RECORDING = threading.local()
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    """One kernel specialization as Triton's jit_cache_hook describes it: JITFunction.preload rebuilds it."""
-    module: str
-    name: str  # the kernel's __qualname__ in `module`
-    data: str  # Triton's specialization data (JSON)
 
 
 @dataclass
@@ -58,68 +49,6 @@ class CompileReport:
         return asdict(self)
 
 
-def _runtime_knobs():
-    """Triton's runtime knobs (Triton >= 3.4), or None: then nothing is recorded and launches compile as usual."""
-    try:
-        from triton import knobs
-    except ImportError:
-        return None
-    runtime = getattr(knobs, "runtime", None)
-    return runtime if runtime is not None and hasattr(runtime, "jit_cache_hook") else None
-
-
-def supported() -> bool:
-    return _runtime_knobs() is not None
-
-
-def is_recording() -> bool:
-    """True inside `recording_kernels()` in this thread: callers that would time kernels (kernel picks) must not."""
-    return getattr(_RECORDING, "found", None) is not None
-
-
-_HOOK_LOCK = threading.Lock()
-_hook_users = 0
-_previous_hook = None
-
-
-def _record(*, fn, compile, **kwargs):
-    """Triton's jit_cache_hook while any thread records: a launch in a recording thread is recorded and skipped
-    (True); one in any other thread goes on as if no hook of ours were there."""
-    found = getattr(_RECORDING, "found", None)
-    if found is None:
-        return _previous_hook(fn=fn, compile=compile, **kwargs) if _previous_hook is not None else None
-    spec = KernelSpec(fn.module, fn.name, compile["specialization_data"])
-    if spec not in found:
-        found.append(spec)
-    return True  # skip compiling (and so launching)
-
-
-@contextlib.contextmanager
-def recording_kernels():
-    """Inside, a Triton launch in this thread that would compile a kernel records it in the yielded list instead and
-    returns at once: no compile, no launch (its output keeps whatever its buffer held). Kernels already compiled in
-    this process launch as usual, as do launches in other threads."""
-    global _hook_users, _previous_hook
-    runtime = _runtime_knobs()
-    if runtime is None:
-        raise RuntimeError("recording Triton kernels needs triton >= 3.4 (triton.knobs.runtime.jit_cache_hook)")
-    if is_recording():
-        raise RuntimeError("recording_kernels() is already active in this thread")
-    with _HOOK_LOCK:
-        if _hook_users == 0:
-            _previous_hook, runtime.jit_cache_hook = runtime.jit_cache_hook, _record
-        _hook_users += 1
-    _RECORDING.found = found = []
-    try:
-        yield found
-    finally:
-        _RECORDING.found = None
-        with _HOOK_LOCK:
-            _hook_users -= 1
-            if _hook_users == 0:
-                runtime.jit_cache_hook, _previous_hook = _previous_hook, None
-
-
 def default_workers() -> int:
     """SDACCEL_COMPILE_WORKERS, else one per CPU this process may run on, at most MAX_WORKERS and one per
     WORKER_MEMORY of available memory (a worker holds torch, Triton and LLVM: about 0.5 GB); 0 below two."""
@@ -128,7 +57,7 @@ def default_workers() -> int:
         try:
             return max(0, int(env))
         except ValueError:
-            from ..errors import UsageError
+            from ...errors import UsageError
 
             raise UsageError(f"SDACCEL_COMPILE_WORKERS must be an integer >= 0, got {env!r}") from None
     try:
@@ -159,7 +88,7 @@ def current_target() -> dict:
 
 
 def _worker_env() -> dict[str, str]:
-    from . import NO_OPS_ENV
+    from ...kernels import NO_OPS_ENV
 
     env = dict(os.environ)
     env["CUDA_VISIBLE_DEVICES"] = ""  # belt and braces: a worker that reached for the GPU fails instead of using it

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..atomic import write_text
+from ...atomic import write_text
 
 FORMAT = 1
 
@@ -40,7 +40,7 @@ def weights_digest(modules: list[torch.nn.Module]) -> str:
 
 
 def environment(device: torch.device) -> dict[str, str]:
-    from .. import __version__
+    from ...version import __version__
 
     env = {"torch": torch.__version__, "cuda": str(torch.version.cuda), "sdaccel": __version__, "format": str(FORMAT)}
     try:
@@ -83,6 +83,8 @@ class EngineCache:
             return {}
         try:
             payload = json.loads(self.path.read_text())
+            if not isinstance(payload, dict):
+                raise ValueError("not a JSON object")
             if payload.get("key") != self.key:
                 return {}
             data = payload["data"]

@@ -1,5 +1,6 @@
 """The fast engine's opt-in FP8 mode (`FastEngine(fp8=True)`): the transformer blocks' GEMMs and the ResNet
-blocks' convolutions in e4m3.
+blocks' convolutions in e4m3. This file holds its pieces (scales, e4m3 weights, fp16 weights waiting on the host, the
+e4m3 GEMM and convolution calls); fp8_blocks.py the blocks that use them and the per-shape choice.
 
 Which GEMMs: in every fused transformer block at least MIN_WIDTH channels wide, the four whose input an sdaccel
 kernel writes, so that the cast to e4m3 costs nothing (that kernel writes one byte a value instead of two):
@@ -10,18 +11,17 @@ kernel writes, so that the cast to e4m3 costs nothing (that kernel writes one by
 The attention output projections, proj_in / proj_out, the text K/V and time projections stay fp16.
 The GEMMs run in cuBLASLt through torch._scaled_mm (fp32 accumulation, fp16 output), except the feed-forward's
 first where the pick takes the Gluon e4m3 GEMM + GEGLU kernel for its shape (feed_forward.linear_geglu_fp8).
-Whether a block runs so is decided per input shape (block_in_fp8), so that the mode is never slower where a block's
-GEMMs are too small to gain: when the e4m3-writing norms still cost more than fp16 ones, SD1.5's 640-wide blocks at
-CFG batch 2 (2048 rows) and its 64-token ones timed slower in e4m3 and stayed fp16; since then every SD1.5 and SDXL
-block shape measured picks e4m3 (H200, twentieth session), but for near-ties that flip between runs (those two at
-CFG batch 2 picked fp16 in one of four runs, twenty-second session).
+Whether a block runs so is decided per input shape (fp8_blocks.Fp8TransformerBlock), so that the mode is never slower
+where a block's GEMMs are too small to gain: on an H200 every SD1.5 and SDXL block shape at least 640 wide picks
+e4m3, but for near-ties that flip between runs (SD1.5's 640-wide and 64-token blocks at CFG batch 2 picked fp16 in one
+of four runs).
 
 And, unless the engine's fp8_convs is False, in every fused ResNet block, on sm_90, both 3x3 convolutions, whose
 inputs GroupNorm + SiLU writes:
     GroupNorm 1 + SiLU   -> conv1
     GroupNorm 2 + SiLU   -> conv2 (its bias and the shortcut added in the kernel's epilogue)
 through the Gluon implicit-GEMM convolution with e4m3 operands (kernels/conv_sm90.py). Whether a convolution
-takes it is decided per input shape (conv_config): where the kernel cannot tile it (the 8x8 level) or where the
+takes it is decided per input shape (fp8_blocks.conv_config): where the kernel cannot tile it (the 8x8 level) or where the
 fp16 path timed faster (convolution.fp8_path: small ones, at CFG batch 2), it stays fp16. The shortcut's 1x1
 convolution reads the block's input, which no kernel of ours writes, and stays fp16.
 
@@ -35,98 +35,33 @@ Scales (per tensor):
   scale only moves its range (2^-9 .. 448), which LayerNorm and GEGLU outputs of order 1 sit inside already.
 
 What it costs in accuracy, and why it is opt-in: e4m3 keeps 3 mantissa bits, so one UNet call lands much further
-from fp32 than fp16 does (benchmarks/README.md, seventeenth session), outside the numerics rule the default engine
+from fp32 than fp16 does (about 40x fp16's error on random weights), outside the numerics rule the default engine
 meets. Whether images of a trained model hold up is for `sdaccel compare` on that model to say.
 
 Memory: a site's fp16 weights, which only its fp16 path reads, move to pinned host memory once its e4m3 copy is
 made (HostFp16; the engine's fp8_host_weights). A shape whose pick keeps the site in fp16 (SD1.5's 8x8-level
 convolutions, which the kernel cannot tile) brings them back to the GPU for good; a pick's timing borrows them.
 And a convolution's e4m3 copy is made only when a shape may run it in e4m3 (Fp8Weight's lazy). So where e4m3 runs
-the GPU holds one byte a weight, not three: before, the mode's first image took more memory than eager's (SD1.5 at
-batch 1 on an H200: 3117 MB against eager's 2549; with both, 2484. SDXL: 10137 MB, now 6345, against 10527;
-twenty-second session).
+the GPU holds one byte a weight, not three: with both copies on the GPU the mode's first image took more memory than
+eager's (SD1.5 at batch 1 on an H200: 3117 MB against eager's 2549; with these, 2484. SDXL: 10137 MB, with these
+6345, against 10527).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import torch
 from torch import nn
 
-from ..kernels import conv_sm90
-from ..kernels.fp8 import E4M3, E4M3_MAX, quantize_e4m3_reference
-from ..kernels.fp8_scales import update_scales_
-from ..kernels.precompile import is_recording
-from .convolution import add_bias_residual, fp8_decided, fp8_path
-from .kernel_pick import ShapePicks, cuda_time_ms, fastest
+from ...kernels import conv_sm90
+from ...kernels.fp8 import E4M3, E4M3_MAX, quantize_e4m3_reference
+from ...kernels.fp8_scales import update_scales_
+from .convolution import add_bias_residual
 
-SITES_PER_BLOCK = 4  # qkv, cross_q, ff_in, ff_out (FusedTransformerBlock's order)
-SITES_PER_RESNET = 2  # conv1, conv2 (FusedResnetBlock's)
-# Blocks narrower than this stay fp16. At 320 channels the GEMMs are short in K, and the fp16 path's fused GEMM +
-# GEGLU kernel (no wide intermediate) and its residual add inside cuBLAS beat e4m3: with every block in e4m3, an
-# SD1.5 UNet call (all of whose 4096-token blocks are 320 wide) was 4% slower at CFG batch 2 and 3% at 16, while
-# SDXL's (640 and 1280 wide) was 10% faster (H200, seventeenth session). Offered to the block pick since (MIN_WIDTH
-# 320), SD1.5's 320-wide blocks picked fp16 at CFG batch 2 and 16 (H200, twenty-first session): leaving them out
-# spares the warm-up their timing.
-MIN_WIDTH = 640
-
-
-BLOCK_FP8, BLOCK_FP16 = "fp8", "fp16"  # a transformer block's pick (block_in_fp8), as the engine cache stores it
-_BLOCK_PICKS = ShapePicks(BLOCK_FP8, enabled=True)  # the choices only: block_in_fp8 times them itself
-
-
-def block_in_fp8(key: str, run: Callable[[bool], torch.Tensor], block: nn.Module,
-                 inputs: Sequence[torch.Tensor], fp16: HostFp16 | None = None) -> bool:
-    """Whether a transformer block in FP8 mode runs its e4m3 GEMMs at the shapes `key` names; run(e4m3) is the
-    block's forward either way, `block` the module whose tensors are its weights, inputs its activations, fp16 its
-    fp16 weights where they may sit on the host (lent to the GPU while the fp16 forward is timed or run dry).
-
-    A whole block is the unit: which of its norms write e4m3, which GEMMs read it and whether the GEGLU kernel
-    runs inside the GEMM all change together. The first time a key is met in cuDNN's benchmark mode (the engine's
-    graph warm-up), both forwards are timed from graph replays with the weights out of L2 (kernel_pick.cuda_time_ms)
-    and the faster is kept, e4m3 unless fp16 is faster by more than kernel_pick.PREFER_MARGIN. Before that, under
-    capture and off the GPU the answer is e4m3 and nothing is kept; in a dry run recording Triton kernels both run
-    once. A timed forward also records this block's amaxes, of the same inputs the call's own forward then sees:
-    the scales come out as without the pick."""
-    choices = _BLOCK_PICKS.choices
-    if key in choices:
-        return choices[key] == BLOCK_FP8
-    if not inputs[0].is_cuda or torch.cuda.is_current_stream_capturing():
-        return True
-    lent = fp16.lent() if fp16 is not None else contextlib.nullcontext([])
-    if is_recording():
-        with lent:
-            run(False)
-        return True
-    if not torch.backends.cudnn.benchmark:
-        return True
-    timings = {}
-    with lent as fp16_weights:
-        # What L2 is emptied around: the block's tensors on the GPU (not its fp16 weights on the host).
-        weights = [t for t in (*block.parameters(), *block.buffers(), *fp16_weights) if t.device == inputs[0].device]
-        for name, e4m3 in ((BLOCK_FP16, False), (BLOCK_FP8, True)):
-            try:
-                if not torch.isfinite(run(e4m3).sum(dtype=torch.float32)):
-                    continue
-                timings[name] = cuda_time_ms(lambda e4m3=e4m3: run(e4m3), weights=weights, inputs=inputs)
-            except RuntimeError:  # e.g. out of memory under the warm-up's allocator cap: that forward is out
-                continue
-    if not timings:
-        return True
-    choices[key] = fastest(timings, prefer=BLOCK_FP8)  # near-ties in e4m3: its fp16 weights can stay on the host
-    return choices[key] == BLOCK_FP8
-
-
-def chosen_blocks() -> dict[str, str]:
-    """Each transformer-block shape's pick ("fp8" or "fp16"), for reports and the engine cache."""
-    return _BLOCK_PICKS.chosen()
-
-
-def restore_blocks(choices: dict[str, str]) -> None:
-    """Take earlier block picks (from the engine cache); other names are ignored (that shape is timed again)."""
-    _BLOCK_PICKS.restore(choices, {BLOCK_FP8, BLOCK_FP16})
+SITES_PER_BLOCK = 4  # qkv, cross_q, ff_in, ff_out (Fp8TransformerBlock's order)
+SITES_PER_RESNET = 2  # conv1, conv2 (Fp8ResnetBlock's)
 
 
 def fp8_available(device: torch.device) -> str | None:
@@ -335,29 +270,10 @@ def conv_refusal(shape: tuple, device: torch.device, conv: nn.Conv2d) -> str | N
     return conv_sm90.fp8_refusal(shape, device, conv.out_channels, k)
 
 
-def conv_config(shape: tuple, device: torch.device, conv: nn.Conv2d, weight: Fp8Weight,
-                dtype: torch.dtype, fp16: HostFp16 | None = None) -> tuple | None:
-    """The Gluon kernel's config to run `conv` in e4m3 on an input of `shape`, or None for fp16: asked before the
-    norm that writes the input decides between e4m3 and fp16. fp16: the convolution's fp16 weight where it may sit
-    on the host (lent to the GPU for the pick's timing)."""
-    if conv_refusal(shape, device, conv) is not None:
-        return None
-    if not weight.made:
-        weight.make(conv_rows(conv))  # what the pick times, and the e4m3 path reads
-    # The fp16 weight is lent only if the pick times this shape.
-    return fp8_path(shape, conv.weight, weight.data, weight.scale, dtype, lend=None if fp16 is None else fp16.lent)
-
-
-def conv_decided(shape: tuple, device: torch.device, conv: nn.Conv2d, dtype: torch.dtype) -> bool:
-    """Whether conv_config's answer for this shape is final (a refusal or a kept pick), so that an fp16 answer
-    may bring the fp16 weight back to the GPU for good."""
-    return conv_refusal(shape, device, conv) is not None or fp8_decided(shape, conv.weight, dtype)
-
-
 def fp8_conv2d(x8: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight, ksize: int, bias: torch.Tensor | None,
                residual: torch.Tensor | None, out_dtype: torch.dtype, config: tuple) -> torch.Tensor:
     """conv(x8 * x_scale, W * w_scale) + bias + residual in out_dtype, through the Gluon kernel in `config`
-    (conv_config's); the bias and residual in its epilogue where it takes them, else in one pass after."""
+    (fp8_blocks.conv_config's); the bias and residual in its epilogue where it takes them, else in one pass after."""
     if conv_sm90.epilogue_refusal(x8, weight.data, bias, residual, out_dtype) is None:
         return _conv2d_sm90_fp8(x8, x_scale, weight.data, weight.scale, ksize, bias=bias, residual=residual,
                                 out_dtype=out_dtype, config=config)
@@ -371,7 +287,7 @@ _conv2d_sm90_fp8 = conv_sm90.conv2d_sm90_fp8  # looked up when called: the CPU t
 def fp8_linear(x8: torch.Tensor, x_scale: torch.Tensor, weight: Fp8Weight,
                out_dtype: torch.dtype = torch.float16) -> torch.Tensor:
     """(x8 * x_scale) @ (W * w_scale)^T in fp32, rounded to out_dtype: x8 (..., K) e4m3, W (N, K) e4m3 (cuBLASLt
-    takes K and N multiples of 16: FusedTransformerBlock.fp8_refusal checks its weights)."""
+    takes K and N multiples of 16: fp8_blocks.transformer_refusal checks the weights)."""
     return scaled_linear(x8, x_scale, weight.data, weight.scale, out_dtype)
 
 

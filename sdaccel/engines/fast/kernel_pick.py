@@ -1,12 +1,15 @@
 """Choosing between interchangeable kernels on this GPU: time each from CUDA-graph replays, keep the fastest
 whose output agrees with the first working candidate's (correctness first). Used per shape by the attention
-dispatch, the convolutions and the feed-forward's GEMM + GEGLU.
+dispatch, the convolutions, the feed-forward's GEMM + GEGLU and the FP8 mode's blocks.
+
+The choices belong to one engine: each kind of pick is a ShapePicks object the engine makes and hands to the
+modules it fuses (picks.py), so two engines in one process choose, cache and report independently.
 
 Where a candidate reads weights, it is timed with those weights out of L2, as a UNet call finds them: the call reads
 1.7 GB of weights (SD1.5) through a 50 MB L2, so each layer's weights come from HBM while its input was just written
 by the kernel before it. Timed back to back, every candidate found its weights in L2: on an H100 the feed-forward's
 pick then took the Gluon GEMM + GEGLU kernel at SD1.5's 16x16 and 8x8 levels, where inside the graph it took 38.2 and
-27.7 us against 28.3 and 17.2 for the split path (eleventh session, benchmarks/README.md)."""
+27.7 us against 28.3 and 17.2 for the split path."""
 
 from __future__ import annotations
 
@@ -16,52 +19,53 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-from ..kernels.fp8 import is_float8
-from ..kernels.precompile import is_recording
+from ...kernels.fp8 import is_float8
+from ...kernels.recording import is_recording
 from .cudagraph import on_side_stream, side_stream
 
 
-# Tensors read between timed calls to push a candidate's weights out of L2: the engine hands in the model's own
-# weights (set_l2_eviction), so this costs no memory (a scratch buffer would add to the first image's peak). Weak
-# references: an engine that is gone must not keep its model alive through this module.
-_EVICTION: list[weakref.ref] = []
+class L2Eviction:
+    """Tensors read between timed calls to push a candidate's weights out of L2: the engine hands in the model's own
+    weights, so this costs no memory (a scratch buffer would add to the first image's peak). Weak references: an
+    engine that is gone must not keep its model alive through its picks. Empty: candidates are timed back to back."""
+
+    def __init__(self, tensors: Iterable[torch.Tensor] = ()):
+        self._refs: list[weakref.ref] = []
+        self.track(tensors)
+
+    def track(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Read these (those on a GPU) from now on; largest first, the order the reads take them in."""
+        self._refs = [weakref.ref(t) for t in sorted((t for t in tensors if t.is_cuda), key=lambda t: -t.nbytes)]
+
+    def reads(self, keep_out: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Eviction tensors (largest first) totalling twice the L2, none sharing storage with `keep_out`; [] if
+        they are too few to fill the L2 once (a tiny model: the timing falls back to back-to-back calls)."""
+        if not keep_out or not self._refs:
+            return []
+        l2 = torch.cuda.get_device_properties(keep_out[0].device).L2_cache_size
+        taken = {t.untyped_storage().data_ptr() for t in keep_out}
+        alive = [t for t in (ref() for ref in self._refs) if t is not None and t.device == keep_out[0].device]
+        reads, total = [], 0
+        for t in alive:
+            if total >= 2 * l2:
+                break
+            if t.untyped_storage().data_ptr() not in taken:
+                reads.append(t)
+                total += t.nbytes
+        return reads if total >= l2 else []
 
 
-def set_l2_eviction(tensors: Iterable[torch.Tensor]) -> None:
-    """The tensors whose reading evicts L2 between timed calls (none: candidates are timed back to back). Kept
-    largest first, the order the reads take them in."""
-    _EVICTION[:] = [weakref.ref(t) for t in sorted((t for t in tensors if t.is_cuda), key=lambda t: -t.nbytes)]
-
-
-def _eviction_reads(keep_out: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Eviction tensors (largest first) totalling twice the L2, none sharing storage with `keep_out`; [] if the
-    ones set are too few to fill the L2 once (a tiny model: the timing falls back to back-to-back calls)."""
-    if not keep_out:
-        return []
-    l2 = torch.cuda.get_device_properties(keep_out[0].device).L2_cache_size
-    taken = {t.untyped_storage().data_ptr() for t in keep_out}
-    alive = [t for t in (ref() for ref in _EVICTION) if t is not None and t.device == keep_out[0].device]
-    reads, total = [], 0
-    for t in alive:
-        if total >= 2 * l2:
-            break
-        if t.untyped_storage().data_ptr() not in taken:
-            reads.append(t)
-            total += t.nbytes
-    return reads if total >= l2 else []
-
-
-def cuda_time_ms(fn, iters: int = 20, weights: Sequence[torch.Tensor] = (),
-                 inputs: Sequence[torch.Tensor] = ()) -> float:
+def cuda_time_ms(fn, iters: int = 20, weights: Sequence[torch.Tensor] = (), inputs: Sequence[torch.Tensor] = (),
+                 eviction: L2Eviction | None = None) -> float:
     """GPU time of one call. The calls are replayed from a CUDA graph, as the engine runs them: timed from
     Python, a 20-50 us attention kernel measures the launch path (the SDPA backend switch is Python-side) more
     than the kernel, and picked the wrong one. A candidate that cannot be captured raises, so the pick drops it:
     the engine's whole-call graphs would fail on it (a package's kernels, e.g. FlashAttention-4's, are not ours
     to vouch for).
-    weights: with eviction tensors set (set_l2_eviction), each call is preceded by reads that push L2's lines out,
+    weights: with an `eviction` that has tensors to read, each call is preceded by reads that push L2's lines out,
     then by a read of `inputs` (the activations, which the kernel before finds in L2 in the model); the time is that
     graph's minus the same graph without the calls."""
-    evict = _eviction_reads([*weights, *inputs]) if weights else []
+    evict = eviction.reads([*weights, *inputs]) if weights and eviction is not None else []
     reads = [*evict, *inputs] if evict else []
 
     def before_each():
@@ -98,9 +102,9 @@ def cuda_time_ms(fn, iters: int = 20, weights: Sequence[torch.Tensor] = (),
 
 # How much slower, in the pick's timing, a candidate that keeps less memory may be and still be taken (the FP8
 # mode's e4m3 paths, whose fp16 weights can then stay on the host). The FP8 block and convolution picks at SD1.5's
-# 16x16 and 8x8 levels are near-ties that flipped between processes on one H200: one run took e4m3 for all of them
-# (the first image at batch 1 peaked at 2047 MB), two took fp16 (2484 MB), at the same speed (0.264-0.265 s a
-# 50-step image; 348-356 images/min at batch 8). Inside this margin the leaner path is taken every time.
+# 16x16 and 8x8 levels are near-ties that flipped between processes on one H200: e4m3 for all of them peaked at
+# 2047 MB in the first image at batch 1, fp16 at 2484 MB, at the same speed (0.264-0.265 s a 50-step image; 348-356
+# images/min at batch 8). Inside this margin the leaner path is taken every time.
 PREFER_MARGIN = 0.03
 
 
@@ -176,16 +180,18 @@ def run_each(args: tuple, kernels: dict[str, Callable[..., torch.Tensor]]) -> No
 
 
 class ShapePicks:
-    """Process-wide choice of one named kernel per shape key: the first call with a new key times the candidates
+    """One engine's choice of a named kernel per shape key: the first call with a new key times the candidates
     (pick_fastest) unless a CUDA graph is being captured, where timing is impossible and `default` is taken. In a
     dry run that records Triton kernels, each candidate runs once and nothing is chosen.
     Choices are plain strings, so the engine cache can store and restore them."""
 
-    def __init__(self, default: str, enabled: bool, weights: tuple[int, ...] = ()):
+    def __init__(self, default: str, enabled: bool = True, weights: tuple[int, ...] = (),
+                 eviction: L2Eviction | None = None):
         self.default = default
         self.enabled = enabled  # False: callers take their default path without choosing
         self.weights = weights  # which of the candidates' arguments are weights (timed out of L2; the other
-        self.choices: dict[str, str] = {}  # tensors are the activations, read into L2 before each timed call)
+        self.eviction = eviction  # tensors are the activations, read into L2 before each timed call)
+        self.choices: dict[str, str] = {}
 
     def choose(self, key: str, args: tuple, candidates: Callable[[], dict[str, Callable[..., torch.Tensor]]]) -> str:
         """The name chosen for `key`; `candidates()` is only called when `key` must be timed. When the default is
@@ -195,23 +201,31 @@ class ShapePicks:
             offered = candidates()
             if list(offered) == [self.default]:
                 return self.default
-            if is_recording():  # a dry run (kernels/precompile.py): nothing can be timed, and nothing is chosen
+            if is_recording():  # a dry run (kernels/recording.py): nothing can be timed, and nothing is chosen
                 run_each(args, offered)  # ... but every candidate's Triton kernels get recorded
                 return self.default
             self.choices[key] = self.default if torch.cuda.is_current_stream_capturing() else pick_fastest(
                 args, offered, self.default, self._time_ms(args))
         return self.choices[key]
 
+    def time_ms(self, fn: Callable[[], torch.Tensor], weights: Sequence[torch.Tensor] = (),
+                inputs: Sequence[torch.Tensor] = ()) -> float:
+        """cuda_time_ms with this engine's L2 eviction."""
+        return cuda_time_ms(fn, weights=weights, inputs=inputs, eviction=self.eviction)
+
     def _time_ms(self, args: tuple) -> Callable[[Callable[[], torch.Tensor]], float]:
         tensors = [(i, a) for i, a in enumerate(args) if torch.is_tensor(a)]
         weights = [a for i, a in tensors if i in self.weights]
         if not weights:
             return cuda_time_ms
-        return functools.partial(cuda_time_ms, weights=weights, inputs=[a for i, a in tensors if i not in self.weights])
+        return functools.partial(self.time_ms, weights=weights, inputs=[a for i, a in tensors if i not in self.weights])
 
     def chosen(self) -> dict[str, str]:
         return dict(self.choices)
 
     def restore(self, choices: dict[str, str], known: set[str]) -> None:
-        """Take earlier picks (from the engine cache); names not in `known` are dropped (that key is timed again)."""
-        self.choices.update({key: name for key, name in choices.items() if name in known})
+        """Take earlier picks (from the engine cache); names not in `known` are dropped (that key is timed again), and
+        so is anything that is not a mapping of strings (a cache file edited by hand)."""
+        if isinstance(choices, dict):
+            self.choices.update({key: name for key, name in choices.items()
+                                 if isinstance(key, str) and isinstance(name, str) and name in known})

@@ -25,9 +25,9 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .base import UNetStage, UNetStep
+from ..base import UNetStage, UNetStep
 from .cudagraph import on_side_stream
-from .fused_modules import ContextProjections, TimeEmbeddingProjections
+from .projections import ContextProjections, TimeEmbeddingProjections
 
 
 def plan_refusal(unet: nn.Module) -> str | None:

@@ -27,8 +27,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import UsageError
-from .fused_modules import FusedResnetBlock, FusedSpatialAttention, FusedUpsample2D, GroupNormSiLU, scaled_bias
+from ...errors import UsageError
+from .common import scaled_bias
+from .resnet import FusedResnetBlock
+from .vae import FusedSpatialAttention, FusedUpsample2D, GroupNormSiLU
 
 STREAM_SCALE = 2.0 ** -8
 

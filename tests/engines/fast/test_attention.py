@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sdaccel.engines.attention import DEFAULT, pick
+from sdaccel.engines.fast.attention import DEFAULT, pick
 
 
 def _inputs():
@@ -46,7 +46,7 @@ def test_short_kv_kernel_is_a_candidate_that_the_pick_checks():
     """sdaccel's cross-attention kernel competes per shape; it is kept only where it agrees and is faster, and a
     shape it refuses (too many keys) goes to the others."""
     import sdaccel.kernels as kernels
-    from sdaccel.engines.attention import candidates
+    from sdaccel.engines.fast.attention import candidates
 
     if not kernels.triton_available():
         pytest.skip("triton is not installed")
@@ -64,7 +64,7 @@ def test_short_kv_kernel_is_a_candidate_that_the_pick_checks():
 
 def test_flash_kernel_is_a_candidate_for_long_sequences():
     import sdaccel.kernels as kernels
-    from sdaccel.engines.attention import candidates
+    from sdaccel.engines.fast.attention import candidates
 
     if not kernels.triton_available():
         pytest.skip("triton is not installed")
@@ -79,7 +79,7 @@ def test_flash_kernel_is_a_candidate_for_long_sequences():
 
 
 def test_sm90_candidate_leaves_head_dims_of_64_to_cudnn():
-    from sdaccel.engines.attention import sm90_candidate
+    from sdaccel.engines.fast.attention import sm90_candidate
 
     run = sm90_candidate(None)
     for d in (64, 128):  # refused before anything is compiled, on any machine
@@ -92,22 +92,26 @@ def test_sm90_candidate_leaves_head_dims_of_64_to_cudnn():
 
 
 def test_without_graphs_the_host_bound_kernels_are_not_offered():
-    from sdaccel.engines import attention
+    from sdaccel.engines.fast.attention import HOST_BOUND, AttentionPicks
 
-    kernels = {"CUDNN_ATTENTION": object(), "SDACCEL_FLASH": object(),
-               **{name: object() for name in attention.HOST_BOUND}}
-    try:
-        attention.set_autotune(True, graphed=False)
-        assert set(attention.offered(kernels)) == {"CUDNN_ATTENTION", "SDACCEL_FLASH"}
-        attention.set_autotune(True)
-        assert attention.offered(kernels) == kernels
-    finally:
-        attention.set_autotune(True)
+    kernels = {"CUDNN_ATTENTION": object(), "SDACCEL_FLASH": object(), **{name: object() for name in HOST_BOUND}}
+    assert set(AttentionPicks(graphed=False).offered(kernels)) == {"CUDNN_ATTENTION", "SDACCEL_FLASH"}
+    assert AttentionPicks(graphed=True).offered(kernels) == kernels
+
+
+def test_picks_belong_to_one_engine():
+    """Two engines' attention picks are kept apart: restoring or choosing in one leaves the other as it was."""
+    from sdaccel.engines.fast.attention import AttentionPicks
+
+    one, other = AttentionPicks(), AttentionPicks(enabled=False, skip=("SDACCEL_FLASH",))
+    one.restore({"q[1, 2, 64, 40] k[1, 2, 64, 40] float16": "SDACCEL_MATMUL"})
+    assert one.chosen() == {"q[1, 2, 64, 40] k[1, 2, 64, 40] float16": "SDACCEL_MATMUL"}
+    assert other.chosen() == {} and not other.picks.enabled and "SDACCEL_FLASH" not in other.kernels()
 
 
 @pytest.mark.gpu
 def test_pick_on_the_gpu_times_graph_replays_and_returns_a_working_kernel():
-    from sdaccel.engines.attention import candidates, cuda_time_ms
+    from sdaccel.engines.fast.attention import candidates, cuda_time_ms
 
     g = torch.Generator("cuda").manual_seed(0)
     q = torch.randn(2, 8, 1024, 80, device="cuda", dtype=torch.float16, generator=g)
@@ -121,13 +125,13 @@ def test_pick_on_the_gpu_times_graph_replays_and_returns_a_working_kernel():
 
 
 def test_skip_list_leaves_candidates_out(monkeypatch):
-    import sdaccel.engines.attention as attention
+    import sdaccel.engines.fast.attention as attention
 
     monkeypatch.setattr(attention, "_all_candidates", lambda: {"CUDNN_ATTENTION": _sdpa, "FLASH_ATTN_CUTE": _sdpa})
-    monkeypatch.setenv("SDACCEL_ATTENTION_SKIP", " FLASH_ATTN_CUTE, NOT_A_KERNEL ")
-    assert set(attention.candidates()) == {"CUDNN_ATTENTION"}
-    monkeypatch.delenv("SDACCEL_ATTENTION_SKIP")
+    assert set(attention.candidates(("FLASH_ATTN_CUTE", "NOT_A_KERNEL"))) == {"CUDNN_ATTENTION"}
     assert set(attention.candidates()) == {"CUDNN_ATTENTION", "FLASH_ATTN_CUTE"}
+    engine_picks = attention.AttentionPicks(skip=("FLASH_ATTN_CUTE",))  # the engine's attention_skip option
+    assert set(engine_picks.kernels()) == {"CUDNN_ATTENTION"}
 
 
 def _fake_flash_attn_cute(monkeypatch, returns_lse: bool, seen: list):
@@ -157,7 +161,7 @@ def _unset_flash_cache_settings(monkeypatch):
 def test_flash_attn_cute_gets_the_packed_memory_without_copies(monkeypatch, tmp_path, returns_lse):
     import os
 
-    import sdaccel.engines.attention as attention
+    import sdaccel.engines.fast.attention as attention
 
     seen = []
     _fake_flash_attn_cute(monkeypatch, returns_lse, seen)
@@ -181,7 +185,7 @@ def test_flash_attn_cute_is_absent_when_not_installed(monkeypatch):
     import importlib.util
     import os
 
-    import sdaccel.engines.attention as attention
+    import sdaccel.engines.fast.attention as attention
 
     _unset_flash_cache_settings(monkeypatch)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
@@ -194,7 +198,7 @@ def test_flash_attn_cute_that_cannot_load_is_absent(monkeypatch):
     import sys
     import types
 
-    import sdaccel.engines.attention as attention
+    import sdaccel.engines.fast.attention as attention
 
     _unset_flash_cache_settings(monkeypatch)
     monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
@@ -204,7 +208,7 @@ def test_flash_attn_cute_that_cannot_load_is_absent(monkeypatch):
 
 @pytest.mark.gpu
 def test_flash_attn_cute_matches_sdpa_at_sd15_self_attention():
-    from sdaccel.engines.attention import _flash_attn_cute
+    from sdaccel.engines.fast.attention import _flash_attn_cute
 
     run = _flash_attn_cute()
     if run is None:
@@ -218,7 +222,7 @@ def test_flash_attn_cute_matches_sdpa_at_sd15_self_attention():
 @pytest.mark.gpu
 def test_a_candidate_that_cannot_be_captured_is_dropped():
     """The engine replays whole UNet calls from CUDA graphs: a kernel that breaks capture must never be picked."""
-    from sdaccel.engines.attention import cuda_time_ms
+    from sdaccel.engines.fast.attention import cuda_time_ms
 
     g = torch.Generator("cuda").manual_seed(0)
     q = torch.randn(2, 8, 256, 40, device="cuda", dtype=torch.float16, generator=g)
@@ -241,7 +245,7 @@ def test_a_candidate_that_cannot_be_captured_is_dropped():
 ])
 def test_matmul_softmax_attention_matches_sdpa_in_chunks(monkeypatch, batch, heads, length, keys, dtype):
     """Past head dim 256: two GEMMs and a softmax over chunks of query rows, the chunk sized by the scores' bytes."""
-    import sdaccel.engines.attention as attention
+    import sdaccel.engines.fast.attention as attention
 
     head_dim = 512
     # 64 rows of fp32 scores a chunk (at 300 queries: 5 chunks, the last of 44 rows).
@@ -261,7 +265,7 @@ def test_matmul_softmax_attention_matches_sdpa_in_chunks(monkeypatch, batch, hea
 
 
 def test_matmul_softmax_attention_is_offered_past_head_dim_256_only():
-    from sdaccel.engines.attention import MATMUL_MIN_HEAD_DIM, candidates, matmul_softmax_attention
+    from sdaccel.engines.fast.attention import MATMUL_MIN_HEAD_DIM, candidates, matmul_softmax_attention
 
     assert candidates()["SDACCEL_MATMUL"] is matmul_softmax_attention
     q = torch.randn(1, 1, 16, MATMUL_MIN_HEAD_DIM - 1)
@@ -274,7 +278,7 @@ def test_matmul_softmax_attention_is_offered_past_head_dim_256_only():
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch,length", [(1, 4096), (2, 16384)])  # SD1.5's and SDXL's decoders (chunked there)
 def test_matmul_softmax_attention_on_the_gpu_is_as_close_to_fp32_as_sdpa(batch, length):
-    from sdaccel.engines.attention import matmul_softmax_attention
+    from sdaccel.engines.fast.attention import matmul_softmax_attention
 
     g = torch.Generator("cuda").manual_seed(4)
     q, k, v = (torch.randn(batch, 1, length, 512, device="cuda", generator=g).half() for _ in range(3))

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sdaccel.engines import convolution
+from sdaccel.engines.fast import convolution
 from sdaccel.kernels import conv_sm90
 
 
@@ -67,24 +67,25 @@ def test_what_each_mode_times():
     assert not convolution.sm90_may_pay(meta(2, 960, 64, 64), meta(320, 960, 1, 1), 1, 0)  # 1x1: cuBLAS's
     assert not convolution.sm90_may_pay(meta(16, 320, 128, 128), meta(320, 320, 3, 3), 1, 1)  # 168 MB out
     with pytest.raises(ValueError, match="conv mode"):
-        convolution.set_mode("fastest")
+        convolution.ConvolutionPicks("fastest")
 
 
 def test_off_the_gpu_it_is_plain_conv2d():
     x, w = _conv_inputs(1, 8, 6, 4, 3)
-    before = convolution.chosen_paths()  # process-wide: earlier GPU tests may have picked shapes
-    torch.testing.assert_close(convolution.conv2d(x, w, 1, 1), F.conv2d(x, w, None, 1, 1))
-    assert convolution.chosen_paths() == before  # nothing timed on the CPU
+    convs = convolution.ConvolutionPicks()
+    torch.testing.assert_close(convs.conv2d(x, w, 1, 1), F.conv2d(x, w, None, 1, 1))
+    assert convs.chosen() == {}  # nothing timed on the CPU
 
 
 @pytest.mark.gpu
 def test_pick_on_the_gpu_keeps_a_correct_path():
     x, w = _conv_inputs(2, 256, 8, 256, 3, dtype=torch.float16)
     x, w = x.cuda(), w.cuda()
+    convs = convolution.ConvolutionPicks()
     with _benchmark_mode():  # the picks time only while cuDNN autotunes
-        got = convolution.conv2d(x, w, 1, 1)
-    key = next(k for k in convolution.chosen_paths() if "x[2, 256, 8, 8]" in k)
-    assert convolution.chosen_paths()[key] in (convolution.CUDNN, convolution.GEMM)
+        got = convs.conv2d(x, w, 1, 1)
+    key = next(k for k in convs.chosen() if "x[2, 256, 8, 8]" in k)
+    assert convs.chosen()[key] in (convolution.CUDNN, convolution.GEMM)
     want = F.conv2d(x.float(), w.float(), None, 1, 1)
     assert ((got.float() - want).norm() / want.norm()) < 2e-3
     torch.testing.assert_close(convolution.gemm_conv(x, w, 1, 1).float(), want, rtol=2e-2, atol=2e-2)
@@ -104,11 +105,11 @@ def test_sm90_candidates_only_with_graphs_and_only_on_hopper():
 def test_pick_among_all_three_computes_the_convolution():
     x, w = _conv_inputs(2, 320, 16, 640, 3, dtype=torch.float16, seed=3)
     x, w = x.cuda(), w.cuda()
-    convolution.set_mode("auto", graphed=True)
+    convs = convolution.ConvolutionPicks("auto", graphed=True)
     with _benchmark_mode():
-        got = convolution.conv2d(x, w, 1, 1)
-    key = next(k for k in convolution.chosen_paths() if "x[2, 320, 16, 16] w[640, 320, 3, 3]" in k)
-    assert convolution.chosen_paths()[key] in convolution.candidates(x, w, 1, 1)
+        got = convs.conv2d(x, w, 1, 1)
+    key = next(k for k in convs.chosen() if "x[2, 320, 16, 16] w[640, 320, 3, 3]" in k)
+    assert convs.chosen()[key] in convolution.candidates(x, w, 1, 1)
     want = F.conv2d(x.float(), w.float(), None, 1, 1)
     assert ((got.float() - want).norm() / want.norm()) < 2e-3
 
@@ -123,9 +124,10 @@ def test_a_restored_sm90_pick_on_a_tensor_it_cannot_read_takes_cudnn():
     assert conv_sm90.supports(xs, w, 1, 1) is not None
     name = next(n for n in convolution.candidates(x.cuda(), w, 1, 1, mode="auto", graphed=True)
                 if n.startswith("sm90:"))  # what the pick may have taken for this shape on an aligned tensor
-    convolution.restore_paths({f"x{list(xs.shape)} w{list(w.shape)} s1 p1 float16": name})
+    convs = convolution.ConvolutionPicks()
+    convs.restore({f"x{list(xs.shape)} w{list(w.shape)} s1 p1 float16": name})
     with _benchmark_mode():
-        got = convolution.conv2d(xs, w, 1, 1)
+        got = convs.conv2d(xs, w, 1, 1)
     torch.testing.assert_close(got, F.conv2d(xs, w, None, 1, 1))
 
 
@@ -135,9 +137,10 @@ def test_a_picked_gemm_shape_in_nchw_layout_takes_cudnn():
     sent to the GEMM path, which needs channels_last (it raised before)."""
     x, w = _conv_inputs(2, 64, 8, 64, 3, dtype=torch.float16)
     x, w = x.cuda().contiguous(), w.cuda()  # NCHW input, channels_last weight
-    convolution.restore_paths({f"x{list(x.shape)} w{list(w.shape)} s1 p1 float16": convolution.GEMM})
+    convs = convolution.ConvolutionPicks()
+    convs.restore({f"x{list(x.shape)} w{list(w.shape)} s1 p1 float16": convolution.GEMM})
     with _benchmark_mode():
-        got = convolution.conv2d(x, w, 1, 1)
+        got = convs.conv2d(x, w, 1, 1)
     torch.testing.assert_close(got, F.conv2d(x, w, None, 1, 1))
 
 
@@ -148,7 +151,7 @@ def test_bias_and_residual_join_the_convolution(with_bias, with_residual):
     bias = torch.randn(4) if with_bias else None
     residual = torch.randn(2, 4, 6, 6).contiguous(memory_format=torch.channels_last) if with_residual else None
     want = F.conv2d(x, w, bias, 1, 1) + (0 if residual is None else residual)
-    torch.testing.assert_close(convolution.conv2d(x, w, 1, 1, bias=bias, residual=residual), want)
+    torch.testing.assert_close(convolution.ConvolutionPicks().conv2d(x, w, 1, 1, bias=bias, residual=residual), want)
 
 
 @pytest.mark.gpu
@@ -160,26 +163,25 @@ def test_an_sm90_pick_adds_bias_and_residual_in_its_epilogue():
     residual = torch.randn(2, 160, 16, 16, device="cuda", dtype=torch.float16).contiguous(
         memory_format=torch.channels_last)
     name = next(n for n in convolution.candidates(x, w, 1, 1, mode="auto", graphed=True) if n.startswith("sm90:"))
-    convolution.restore_paths({convolution.pick_key(x, w, 1, 1, bias, residual): name})
+    convs = convolution.ConvolutionPicks()
+    convs.restore({convolution.pick_key(x, w, 1, 1, bias, residual): name})
     with _benchmark_mode():
-        got = convolution.conv2d(x, w, 1, 1, bias=bias, residual=residual)
-        unfused = convolution.conv2d(x, w, 1, 1, bias=bias, residual=residual.contiguous())  # NCHW: bias_add
+        got = convs.conv2d(x, w, 1, 1, bias=bias, residual=residual)
+        unfused = convs.conv2d(x, w, 1, 1, bias=bias, residual=residual.contiguous())  # NCHW: bias_add
     want = F.conv2d(x.float(), w.float(), bias.float(), 1, 1) + residual.float()
     assert ((got.float() - want).norm() / want.norm()) < 2e-3
     assert ((unfused.float() - want).norm() / want.norm()) < 2e-3
 
 
-def test_a_convolution_with_bias_or_residual_is_picked_apart(monkeypatch):
+def test_a_convolution_with_bias_or_residual_is_picked_apart():
     """Its pick times the bias and residual with it (what runs after cuDNN is a whole extra pass), so the same
-    shape without them is another key; with PICK_WITH_EPILOGUE off, one key as before."""
+    shape without them is another key."""
     x, w = torch.empty(2, 8, 6, 6), torch.empty(4, 8, 3, 3)
     bias, residual = torch.empty(4), torch.empty(2, 4, 6, 6)
     keys = [convolution.pick_key(x, w, 1, 1, b, r) for b, r in ((None, None), (bias, None), (None, residual),
                                                                   (bias, residual))]
     assert keys[0] == "x[2, 8, 6, 6] w[4, 8, 3, 3] s1 p1 float32"
     assert keys[1:] == [keys[0] + " +bias", keys[0] + " +residual", keys[0] + " +bias +residual"]
-    monkeypatch.setattr(convolution, "PICK_WITH_EPILOGUE", False)
-    assert {convolution.pick_key(x, w, 1, 1, b, r) for b, r in ((None, None), (bias, residual))} == {keys[0]}
 
 
 @pytest.mark.parametrize("with_bias, with_residual", [(False, False), (True, True), (False, True)])
@@ -205,17 +207,16 @@ def test_the_pick_times_the_bias_and_residual(monkeypatch):
     residual = torch.randn(2, 160, 16, 16, device="cuda", dtype=torch.float16).contiguous(
         memory_format=torch.channels_last)
     seen = []
-    real = convolution._PICKS.choose
+    convs = convolution.ConvolutionPicks("auto", graphed=True)
+    real = convs.picks.choose
 
     def spy(key, args, candidates):
         seen.append((key, args, candidates()))
         return real(key, args, candidates)
 
-    monkeypatch.setattr(convolution._PICKS, "choose", spy)
-    monkeypatch.setattr(convolution._PICKS, "choices", {})
-    convolution.set_mode("auto", graphed=True)
+    monkeypatch.setattr(convs.picks, "choose", spy)
     with _benchmark_mode():
-        got = convolution.conv2d(x, w, 1, 1, bias=bias, residual=residual)
+        got = convs.conv2d(x, w, 1, 1, bias=bias, residual=residual)
     want = F.conv2d(x.float(), w.float(), bias.float(), 1, 1) + residual.float()
     assert ((got.float() - want).norm() / want.norm()) < 2e-3
     (key, args, offered), = seen

@@ -5,8 +5,8 @@ import contextlib
 import pytest
 import torch
 
-from sdaccel.engines import cudagraph
-from sdaccel.engines.cudagraph import GraphedCallable, warm_up
+from sdaccel.engines.fast import cudagraph
+from sdaccel.engines.fast.cudagraph import GraphedCallable, warm_up
 
 
 @pytest.fixture
@@ -97,7 +97,7 @@ def test_autotuning_stays_within_the_workspace_budget(cudnn_benchmark):
 
 
 def test_reports_show_captured_shapes_not_an_object_address():
-    from sdaccel.engines.cudagraph import GraphedCallable, input_signature
+    from sdaccel.engines.fast.cudagraph import GraphedCallable, input_signature
 
     graphed = GraphedCallable(lambda *a: None, pool=object())  # a pool handle is only used when capturing
     graphed.graphs[input_signature((torch.zeros(2, 4, 64, 64), torch.tensor(5.0), 7.5))] = None

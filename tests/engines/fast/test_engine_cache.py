@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from sdaccel.engines import attention
-from sdaccel.engines.engine_cache import EngineCache, environment, weights_digest
+from sdaccel.engines.fast import attention
+from sdaccel.engines.fast.engine_cache import EngineCache, environment, weights_digest
 
 
 def test_round_trip_and_no_temporary_files(tmp_path):
@@ -35,6 +35,24 @@ def test_corrupt_file_warns_and_is_rebuilt(tmp_path):
     assert cache.load() == {"a": 1}
 
 
+@pytest.mark.parametrize("content", ["null", "[]", "3", '"text"', '{"key": {"gpu": "X"}, "data": []}'])
+def test_valid_json_that_is_not_a_cache_is_ignored_and_rebuilt(tmp_path, content):
+    cache = EngineCache(tmp_path, {"gpu": "X"})
+    cache.path.write_text(content)
+    with pytest.warns(UserWarning, match="unreadable engine cache"):
+        assert cache.load() == {}
+    cache.save({"a": 1})
+    assert cache.load() == {"a": 1}
+
+
+def test_fields_of_the_wrong_type_are_ignored_by_the_picks():
+    from sdaccel.engines.fast.picks import KernelPicks
+
+    picks = KernelPicks()
+    picks.restore({"attention": [], "feed_forward": "split", "convolution": {"x": 3, 4: "cudnn"}, "fp8_blocks": None})
+    assert picks.chosen() == {"attention": {}, "feed_forward": {}, "convolution": {}, "fp8_blocks": {}}
+
+
 def test_weights_digest_follows_the_weights():
     a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
     b.load_state_dict(a.state_dict())
@@ -52,7 +70,7 @@ def test_environment_names_versions_and_device():
 def test_an_installed_attention_package_changes_the_key(monkeypatch):
     import importlib.metadata
 
-    from sdaccel.engines.engine_cache import attention_packages
+    from sdaccel.engines.fast.engine_cache import attention_packages
 
     def version(name):
         if name == "flash-attn-4":
@@ -66,11 +84,8 @@ def test_an_installed_attention_package_changes_the_key(monkeypatch):
 
 
 def test_attention_choices_survive_a_restart():
-    attention._PICKS.choices.clear()
-    attention.restore_backends({"q[2, 8, 4096, 40] k[2, 8, 4096, 40] float16": "FLASH_ATTENTION",
-                                "q[1] k[1] float16": "default", "q[3] k[3] float16": "NO_SUCH_BACKEND"})
-    try:
-        assert attention.chosen_backends() == {"q[2, 8, 4096, 40] k[2, 8, 4096, 40] float16": "FLASH_ATTENTION",
-                                               "q[1] k[1] float16": "default"}  # the unknown name is dropped
-    finally:
-        attention._PICKS.choices.clear()
+    picks = attention.AttentionPicks()
+    picks.restore({"q[2, 8, 4096, 40] k[2, 8, 4096, 40] float16": "FLASH_ATTENTION",
+                   "q[1] k[1] float16": "default", "q[3] k[3] float16": "NO_SUCH_BACKEND"})
+    assert picks.chosen() == {"q[2, 8, 4096, 40] k[2, 8, 4096, 40] float16": "FLASH_ATTENTION",
+                              "q[1] k[1] float16": "default"}  # the unknown name is dropped

@@ -1,7 +1,8 @@
-"""The fast engine's module rewrite computes what diffusers' modules compute, without duplicating weights.
+"""The fast engine (engines/fast/engine.py): its pipeline gives eager's results, shares guidance's common prefix,
+refreshes weights in place, keeps its cache and options, and applies the guard's remedy.
 
 On the CPU its kernels fall back to their torch references (or run in Triton's interpreter when the kernel tests
-switched it on), so these tests check the rewrite itself; tests marked gpu check kernels, graphs and speed paths.
+switched it on); tests marked gpu check kernels, graphs and speed paths.
 """
 
 import pytest
@@ -9,18 +10,9 @@ import torch
 
 import sdaccel
 from sdaccel.engines.fast import FastEngine
-from sdaccel.engines.fused_modules import FusedTransformerBlock, fuse_modules
 from sdaccel.models import build_synthetic, get_spec
 
 from sd_fixtures import TINY_ARCHS
-
-
-def _storage_bytes(module: torch.nn.Module) -> int:
-    seen = {}
-    for t in list(module.parameters()) + list(module.buffers()):
-        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    return sum(seen.values())
-
 
 def spy_on_steps(pipe) -> list[tuple[int, int]]:
     """What the pipeline hands the UNet at each step, as (latents batch, context batch): recorded where the loop's
@@ -58,125 +50,6 @@ def test_fused_pipeline_matches_eager(arch, exact_fp32):
     b = fast("a cat", steps=2, scheduler="ddim", output="tensor")
     torch.testing.assert_close(b.latents, a.latents, rtol=1e-4, atol=1e-4)
     assert (a.image_tensor.int() - b.image_tensor.int()).abs().max() <= 1
-
-
-def test_fusion_does_not_hold_weights_twice():
-    comps = build_synthetic(get_spec("sd15-tiny"))
-    before = _storage_bytes(comps.unet)
-    counts = fuse_modules(comps.unet)
-    assert counts["transformer_block"] == 4
-    # All that is new: the combined bias vectors (a ResNet block's conv2 + shortcut bias, the packed time
-    # projections' bias with conv1's folded in), a few KB even at SDXL size.
-    combined = [b for name, b in comps.unet.named_buffers() if name.endswith(("out_bias", "packed_bias"))]
-    assert combined and all(b.dim() == 1 for b in combined)
-    assert _storage_bytes(comps.unet) <= before + sum(b.untyped_storage().nbytes() for b in combined)
-    # The original projections remain usable (e.g. by LoRA tooling) and are views of the packed weight.
-    attn = comps.unet.down_blocks[0].attentions[0].model.transformer_blocks[0].attn1
-    block = comps.unet.down_blocks[0].attentions[0].blocks[0]
-    assert attn.to_k.weight.untyped_storage().data_ptr() == block.attn1.packed_weight.untyped_storage().data_ptr()
-    # Every fused ResNet block's time projection is a view of one packed weight, computed in one GEMM.
-    shared = comps.unet.sdaccel_time_projections
-    assert counts["time_projections"] == counts["resnet"] > 0
-    proj = comps.unet.down_blocks[1].resnets[0].block.time_emb_proj
-    assert proj.weight.untyped_storage().data_ptr() == shared.packed_weight.untyped_storage().data_ptr()
-
-
-def test_fused_resnet_block_matches_diffusers_block():
-    """Biases moved into the norm and residual kernels, time projections from the shared GEMM: same output."""
-    import copy
-
-    comps = build_synthetic(get_spec("sd15-tiny"))
-    unet = comps.unet
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in unet.parameters():  # non-zero biases everywhere, so a dropped bias would show
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    reference = copy.deepcopy(unet)
-    fuse_modules(unet)
-    x = torch.randn(2, 4, 16, 16, generator=gen)
-    ctx = torch.randn(2, 77, unet.config.cross_attention_dim, generator=gen)
-    with torch.no_grad():
-        want = reference(x, 500, encoder_hidden_states=ctx).sample
-        got = unet(x, 500, encoder_hidden_states=ctx).sample
-        got_again = unet(x, 300, encoder_hidden_states=ctx).sample  # a new temb: projections recomputed
-        want_again = reference(x, 300, encoder_hidden_states=ctx).sample
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(got_again, want_again, rtol=1e-4, atol=1e-4)
-
-
-def test_proj_out_bias_folded_into_the_resnet_block_before(monkeypatch, exact_fp32):
-    """Each transformer's proj_out bias rides on the ResNet block's output before it (its conv epilogue adds it), the
-    transformer's norm takes it off, proj_out accumulates onto its input in place: no bias + residual pass, the
-    same output as diffusers' and as the unfolded modules'. On a GPU machine through the kernels, in fp32."""
-    import copy
-
-    import sdaccel.engines.fused_modules as fm
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    comps = build_synthetic(get_spec("sd15-tiny"))
-    unet = comps.unet.to(device)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in unet.parameters():  # non-zero biases everywhere, proj_out's too
-            p.add_(0.05 * torch.randn(p.shape, generator=gen).to(p))
-    reference = copy.deepcopy(unet)
-    unfolded = copy.deepcopy(unet)
-    monkeypatch.setattr(fm, "FOLD_PROJ_OUT_BIAS", False)
-    assert fuse_modules(unfolded)["folded_out_biases"] == 0
-    monkeypatch.setattr(fm, "FOLD_PROJ_OUT_BIAS", True)
-    counts = fuse_modules(unet)
-    assert counts["folded_out_biases"] == counts["transformer"] == 4
-    transformer = unet.down_blocks[0].attentions[0]
-    resnet = unet.down_blocks[0].resnets[0]
-    assert resnet.folded_layer is transformer.model.proj_out
-    torch.testing.assert_close(transformer.neg_out_bias, -transformer.model.proj_out.bias)
-    calls, bias_add_ = [], fm.bias_add_
-    monkeypatch.setattr(fm, "bias_add_", lambda *a, **k: calls.append(1) or bias_add_(*a, **k))
-    x = torch.randn(2, 4, 16, 16, generator=gen).to(device)
-    ctx = torch.randn(2, 77, unet.config.cross_attention_dim, generator=gen).to(device)
-    with torch.no_grad():
-        want = reference(x, 500, encoder_hidden_states=ctx).sample
-        got = unet(x, 500, encoder_hidden_states=ctx).sample
-        folded_calls = len(calls)
-        plain = unfolded(x, 500, encoder_hidden_states=ctx).sample
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(got, plain, rtol=1e-5, atol=1e-5)
-    assert folded_calls == 0 and len(calls) == 4  # the unfolded transformers' bias + residual passes
-
-
-def test_up_blocks_read_skip_connections_in_place_and_keep_freeu():
-    """Fused up blocks hand each ResNet block its skip connection as a second source (no torch.cat). FreeU, set
-    and unset through the UNet as diffusers users do, still applies: its factors reach diffusers' own forward."""
-    import copy
-
-    from sdaccel.engines.fused_modules import FusedCrossAttnUpBlock, FusedUpBlock
-
-    comps = build_synthetic(get_spec("sd15-tiny"))
-    unet = comps.unet
-    reference = copy.deepcopy(unet)
-    counts = fuse_modules(unet)
-    assert counts["up_block"] == len(unet.up_blocks) >= 2
-    assert {type(block) for block in unet.up_blocks} == {FusedUpBlock, FusedCrossAttnUpBlock}  # both forwards run
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 4, 16, 16, generator=gen)
-    ctx = torch.randn(2, 77, unet.config.cross_attention_dim, generator=gen)
-
-    def both():
-        with torch.no_grad():
-            return (unet(x, 500, encoder_hidden_states=ctx).sample,
-                    reference(x, 500, encoder_hidden_states=ctx).sample)
-
-    got, want = both()
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    for model in (unet, reference):
-        model.enable_freeu(s1=0.9, s2=0.2, b1=1.5, b2=1.6)
-    got_freeu, want_freeu = both()
-    torch.testing.assert_close(got_freeu, want_freeu, rtol=1e-4, atol=1e-4)
-    assert not torch.allclose(got_freeu, got, atol=1e-3)  # FreeU changed the output on both sides
-    for model in (unet, reference):
-        model.disable_freeu()
-    got_off, _ = both()
-    torch.testing.assert_close(got_off, got, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch, images", [("sd15-tiny", 1), ("sd15-tiny", 2), ("sdxl-tiny", 1)])
@@ -222,7 +95,7 @@ def test_cfg_latents_once_give_both_halves_predictions(arch, images, exact_fp32)
     {"channels_last": False}])
 def test_every_option_keeps_the_cfg_prefix(options):
     """No engine option may lose the shared prefix as a side effect: the refusal is silent but for the engine's
-    info (the FP8 mode's scales module refused it for four sessions before a profile's log showed it)."""
+    info, so a refusal caused by an option would go unnoticed without this test."""
     stages = FastEngine(allow_cpu=True, **options).prepare(build_synthetic(get_spec("sd15-tiny")), torch.float32,
                                                            torch.device("cpu"))
     assert stages.info["cfg_prefix"] == "shared" and stages.unet_takes_cfg_once
@@ -234,7 +107,7 @@ def test_cfg_prefix_refused_where_an_unfused_block_would_meet_the_context():
     the engine then says why and the pipeline passes the latents twice, with the same result as eager."""
     from diffusers.models.attention_processor import AttnProcessor2_0
 
-    from sdaccel.engines.fused_modules import cfg_prefix_refusal
+    from sdaccel.engines.fast.cfg_prefix import cfg_prefix_refusal
 
     class UsersProcessor(AttnProcessor2_0):  # what the fused attention cannot vouch for
         pass
@@ -272,44 +145,6 @@ def test_pipeline_passes_cfg_latents_once_to_a_stage_that_shares_the_prefix():
     fast("a cat", steps=1, scheduler="ddim", output="latent")
     fast("a cat", steps=1, scheduler="ddim", output="latent", guidance=1.0)
     assert seen == [(1, 2), (1, 1)]
-
-
-def test_cross_attention_kv_is_one_gemm_recomputed_every_call():
-    """All cross-attentions' K/V projections come from one packed weight (views, no copy), computed once per UNet
-    call: a context changed in place between calls (a graph's static input is) is never served stale, also when
-    the UNet's forward is called directly, as the engine's stage does (no hooks of the UNet itself fire then)."""
-    import copy
-
-    comps = build_synthetic(get_spec("sd15-tiny"))
-    unet = comps.unet
-    reference = copy.deepcopy(unet)
-    counts = fuse_modules(unet)
-    shared = unet.sdaccel_context_projections
-    cross = [m.attn2 for m in unet.modules() if isinstance(m, FusedTransformerBlock)]
-    assert counts["context_projections"] == len(cross) == counts["transformer_block"]
-    for attention in cross:
-        for weight in (attention.attn.to_k.weight, attention.attn.to_v.weight, attention.packed_weight):
-            assert weight.untyped_storage().data_ptr() == shared.packed_weight.untyped_storage().data_ptr()
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 4, 16, 16, generator=gen)
-    ctx = torch.randn(2, 77, unet.config.cross_attention_dim, generator=gen)
-    with torch.no_grad():
-        first = unet(x, 500, encoder_hidden_states=ctx).sample
-        torch.testing.assert_close(first, reference(x, 500, encoder_hidden_states=ctx).sample, rtol=1e-4, atol=1e-4)
-        ctx.mul_(-2.0)  # same tensor object, new values
-        again = type(unet).forward(unet, x, 500, ctx).sample  # as models.components.unet_fn calls it
-        want = reference(x, 500, encoder_hidden_states=ctx).sample
-    torch.testing.assert_close(again, want, rtol=1e-4, atol=1e-4)
-    assert not torch.allclose(again, first, atol=1e-3)
-    assert shared._once.output is None  # let go at the end of each call
-
-
-def test_unsupported_blocks_are_left_alone():
-    comps = build_synthetic(get_spec("sd15-tiny"))
-    resnet = comps.unet.down_blocks[1].resnets[0]
-    resnet.time_embedding_norm = "scale_shift"  # a variant the fused block does not implement
-    fuse_modules(comps.unet)
-    assert type(comps.unet.down_blocks[1].resnets[0]).__name__ == "ResnetBlock2D"
 
 
 def test_fast_engine_needs_a_gpu_by_default():
@@ -353,16 +188,18 @@ def test_fp32_attention_exception_and_bad_options():
     block = pipe.components.unet.down_blocks[0].attentions[0].blocks[0]
     assert block.attn1.fp32 and block.attn2.fp32
     assert torch.isfinite(pipe("a cat", steps=2, output="latent").latents).all()
-    with pytest.raises(sdaccel.UsageError, match="unknown fp32 op"):
+    with pytest.raises(sdaccel.UsageError, match="fp32_ops: unknown softmax_everything; known: attention"):
         FastEngine(fp32_ops=["softmax_everything"])
-    with pytest.raises(sdaccel.UsageError, match="attention must be auto or sdpa"):
+    with pytest.raises(sdaccel.UsageError, match="attention must be one of auto, sdpa"):
         FastEngine(attention="flash3")
+    with pytest.raises(sdaccel.UsageError, match="no option 'atention'"):
+        FastEngine(atention="sdpa")
 
 
 def test_compile_workers_option(tmp_path, monkeypatch):
     monkeypatch.setenv("SDACCEL_CACHE", str(tmp_path))
     for bad in (-1, "4", True, 1.5):
-        with pytest.raises(sdaccel.UsageError, match="compile_workers must be an integer >= 0"):
+        with pytest.raises(sdaccel.UsageError, match="compile_workers must be an integer"):
             FastEngine(compile_workers=bad)
     one, other = FastEngine(allow_cpu=True, compile_workers=0), FastEngine(allow_cpu=True, compile_workers=8)
     for engine in (one, other):
@@ -370,12 +207,12 @@ def test_compile_workers_option(tmp_path, monkeypatch):
         pipe("a cat", steps=1, output="latent")
     # How many processes compile changes nothing the cache holds; on the CPU there is nothing to compile.
     assert one.cache.path == other.cache.path and one.options()["compile_workers"] == 0
-    assert one.compile_reports == other.compile_reports == []
+    assert one.builds.reports == other.builds.reports == []
 
 
 def test_build_note_says_what_the_workers_did():
-    from sdaccel.engines.fast import build_note
-    from sdaccel.kernels.precompile import CompileReport
+    from sdaccel.engines.fast.compile_workers import CompileReport
+    from sdaccel.engines.fast.kernel_build import build_note
 
     args = (torch.zeros(2, 4, 64, 64), torch.tensor(3), None)
     done = CompileReport(kernels=49, built=49, workers=16, seconds=7.04, startup_s=3.82, compile_s=52.83)
@@ -400,16 +237,16 @@ def test_each_new_shape_compiles_its_kernels_side_by_side_once(tmp_path, monkeyp
     pipe = sdaccel.load("synthetic:sd15-tiny", engine=engine, device="cuda", dtype="fp16")
     first = pipe("a cat", steps=2, scheduler="ddim", output="tensor")
     pipe("a cat", steps=2, scheduler="ddim", output="tensor")
-    assert [r["stage"].split()[0] for r in engine.compile_reports] == ["text_encoder0", "unet_loop", "decode"]
-    assert all(not r["failures"] and r["built"] == r["kernels"] for r in engine.compile_reports)
-    assert len(pipe.stages.info["notes"]) == sum(r["kernels"] > 0 for r in engine.compile_reports)
+    assert [r["stage"].split()[0] for r in engine.builds.reports] == ["text_encoder0", "unet_loop", "decode"]
+    assert all(not r["failures"] and r["built"] == r["kernels"] for r in engine.builds.reports)
+    assert len(pipe.stages.info["notes"]) == sum(r["kernels"] > 0 for r in engine.builds.reports)
     eager = sdaccel.load("synthetic:sd15-tiny", engine="eager", device="cuda", dtype="fp16")
     reference = eager("a cat", steps=2, scheduler="ddim", output="tensor")
     assert (first.latents - reference.latents).norm() / reference.latents.norm() < 2e-2
     # A later start with the same cache: the engine cache says these shapes are done, so no dry run.
     again = FastEngine(compile_workers=2)
     sdaccel.load("synthetic:sd15-tiny", engine=again, device="cuda", dtype="fp16")("a cat", steps=2, output="tensor")
-    assert again.compile_reports == []
+    assert again.builds.reports == []
 
 
 def test_vae_dtype_option_sets_the_decoder_dtype():
@@ -430,25 +267,26 @@ def test_vae_dtype_option_sets_the_decoder_dtype():
         FastEngine(vae_dtype="int8")
 
 
-def test_guard_remedy_switches_fused_attention_to_fp32():
-    from sdaccel.quality.remedies import remedy_unet
+def test_upcast_attention_switches_fused_attention_to_fp32():
+    """The guard's UNet remedy, through the engine: the fused attention (which bypasses diffusers' processors)
+    computes in fp32 from then on."""
+    from sdaccel.engines.fast.transformer import FusedAttention
 
     engine = FastEngine(allow_cpu=True)
     pipe = sdaccel.Pipeline(build_synthetic(get_spec("sd15-tiny")), engine=engine)
-    counts = remedy_unet(pipe.components, pipe.stages)
-    fused = [m for m in pipe.components.unet.modules() if type(m).__name__ == "FusedAttention"]
-    assert fused and all(m.fp32 for m in fused) and counts["upcast"] >= len(fused)
+    fused = [m for m in pipe.components.unet.modules() if isinstance(m, FusedAttention)]
+    assert fused and not any(m.fp32 for m in fused)
+    switched = engine.upcast_attention()
+    assert all(m.fp32 for m in fused) and switched >= len(fused)
+    assert engine.drop_graphs() == 0  # no graphs on the CPU
 
 
 @pytest.mark.parametrize("fold", [False, True], ids=["plain", "folded-proj-out-bias"])
-def test_refresh_weights_after_a_lora_style_merge(exact_fp32, monkeypatch, fold):
+def test_refresh_weights_after_a_lora_style_merge(exact_fp32, fold):
     """A LoRA fuse assigns new weight tensors (param.data = merged): refresh_weights puts them where the fused
     blocks (and captured graphs) read, keeping every storage address. proj_out's bias, folded into the ResNet block
     before its transformer, is rebuilt there too."""
-    import sdaccel.engines.fused_modules as fm
-
-    monkeypatch.setattr(fm, "FOLD_PROJ_OUT_BIAS", fold)
-    engine = FastEngine(allow_cpu=True)
+    engine = FastEngine(allow_cpu=True, fold_biases=fold)
     fast = sdaccel.Pipeline(build_synthetic(get_spec("sd15-tiny")), engine=engine, dtype="fp32")
     eager = sdaccel.Pipeline(build_synthetic(get_spec("sd15-tiny")), engine="eager", dtype="fp32")
     block = fast.components.unet.down_blocks[0].attentions[0].blocks[0]
@@ -523,28 +361,3 @@ def test_weights_replaced_before_the_first_capture_are_restored_into_place(exact
     again = fast("a cat", steps=2, scheduler="ddim", output="latent").latents
     for out in (first, again):
         torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-4)
-
-
-def test_fused_unet_survives_a_deepcopy_and_refuses_unfused_time_adapters():
-    import copy
-
-    comps = build_synthetic(get_spec("sd15-tiny"))
-    fuse_modules(comps.unet)
-    twin = copy.deepcopy(comps.unet)
-    x = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(0))
-    ctx = torch.randn(1, 77, comps.unet.config.cross_attention_dim, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        torch.testing.assert_close(twin(x, 10, encoder_hidden_states=ctx).sample,
-                                   comps.unet(x, 10, encoder_hidden_states=ctx).sample)
-    resnet = comps.unet.down_blocks[0].resnets[0].block
-
-    class AdapterWrapper(torch.nn.Module):  # a PEFT LoRA layer with an unmerged adapter
-        def __init__(self, base):
-            super().__init__()
-            self.base_layer, self.merged, self.active_adapters = base, False, ["style"]
-
-    resnet.time_emb_proj = AdapterWrapper(resnet.time_emb_proj)
-    with pytest.raises(sdaccel.UsageError, match="must be fused into the weights"):
-        comps.unet.sdaccel_time_projections.refresh()
-    resnet.time_emb_proj.merged = True
-    comps.unet.sdaccel_time_projections.refresh()

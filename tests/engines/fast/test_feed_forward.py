@@ -4,20 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sdaccel.engines import feed_forward
-from sdaccel.engines.kernel_pick import pick_fastest
+from sdaccel.engines.fast import feed_forward
+from sdaccel.engines.fast.kernel_pick import pick_fastest
 from sdaccel.kernels.geglu import geglu_reference
-
-
-@pytest.fixture
-def clean_choices():
-    feed_forward._PICKS.choices.clear()
-    feed_forward._FP8_PICKS.choices.clear()
-    feed_forward.set_mode("triton")  # every candidate
-    yield
-    feed_forward._PICKS.choices.clear()
-    feed_forward._FP8_PICKS.choices.clear()
-    feed_forward.set_mode("split")
 
 
 def _inputs(rows=24, k=32, d=16, dtype=torch.float32, device="cpu"):
@@ -28,19 +17,18 @@ def _inputs(rows=24, k=32, d=16, dtype=torch.float32, device="cpu"):
     return (t.to(device=device, dtype=dtype) for t in (x, w, b))
 
 
-def test_cpu_runs_the_split_path_and_records_nothing(clean_choices):
+def test_cpu_runs_the_split_path_and_records_nothing():
     x, w, b = _inputs()
-    out = feed_forward.linear_geglu(x, w, b)
+    ff = feed_forward.FeedForwardPicks()
+    out = ff.linear_geglu(x, w, b)
     torch.testing.assert_close(out, geglu_reference(F.linear(x, w), b))
-    assert feed_forward.chosen_paths() == {}
+    assert ff.chosen() == {}
 
 
-def test_every_fused_config_is_a_path_beside_split():
-    names = list(feed_forward.paths())
+def test_the_paths_are_split_and_the_gluon_kernel():
+    names = list(feed_forward.PATHS)
     assert names[0] == feed_forward.SPLIT
-    assert sum(name.startswith("fused:") for name in names) == len(feed_forward.CONFIGS)
-    assert sum(name.startswith("tma:") for name in names) == len(feed_forward._TMA_CONFIGS) > 0
-    assert sum(name.startswith("sm90:") for name in names) == len(feed_forward._SM90_CONFIGS) > 0
+    assert len(names) == 1 + len(feed_forward._SM90_CONFIGS) and all(n.startswith("sm90:") for n in names[1:])
 
 
 def test_modes_choose_what_is_timed():
@@ -48,43 +36,24 @@ def test_modes_choose_what_is_timed():
     assert set(feed_forward.candidates(x, w, "split")) == {feed_forward.SPLIT}
     # Off an sm_90 GPU (a CPU tensor here) "auto" has nothing to time against split.
     assert set(feed_forward.candidates(x, w, "auto")) == {feed_forward.SPLIT}
-    assert set(feed_forward.candidates(x, w, "triton")) > {feed_forward.SPLIT}
-    assert not set(feed_forward.candidates(x, w, "triton")) & set(feed_forward._SM90_CONFIGS)
     with pytest.raises(ValueError, match="gemm_geglu mode"):
-        feed_forward.set_mode("always")
+        feed_forward.FeedForwardPicks("triton")
 
 
 def test_without_graphs_auto_is_split():
     """The Gluon kernel's launch from Python costs more than it saves; only a graph replay removes that cost."""
-    try:
-        feed_forward.set_mode("auto", graphed=False)
-        assert not feed_forward._PICKS.enabled
-        feed_forward.set_mode("triton", graphed=False)  # asked for by name: kept
-        assert feed_forward._PICKS.enabled
-        feed_forward.set_mode("auto")
-        assert feed_forward._PICKS.enabled
-    finally:
-        feed_forward.set_mode("split")
+    assert not feed_forward.FeedForwardPicks("auto", graphed=False).picks.enabled
+    assert feed_forward.FeedForwardPicks("auto", graphed=True).picks.enabled
+    assert not feed_forward.FeedForwardPicks("split", graphed=True).picks.enabled
 
 
-def test_the_tma_kernel_is_timed_where_it_runs_the_pointer_kernel_elsewhere():
-    from sdaccel.kernels.linear_geglu import TensorDescriptor
-
-    x, w, _ = _inputs(dtype=torch.float16)
-    aligned = set(feed_forward.candidates(x, w, "triton"))
-    x36, w36, _ = _inputs(k=36, dtype=torch.float16)
-    unaligned = set(feed_forward.candidates(x36, w36, "triton"))
-    assert unaligned == {feed_forward.SPLIT} | set(feed_forward._CONFIGS)  # 72-byte rows: no TMA
-    if TensorDescriptor is not None:  # this Triton has host TMA descriptors (the interpreter runs them on a CPU)
-        assert aligned == {feed_forward.SPLIT} | set(feed_forward._TMA_CONFIGS)
-
-
-def test_picks_survive_a_restart_and_unknown_names_are_dropped(clean_choices):
-    fused_name = list(feed_forward.paths())[1]
-    feed_forward.restore_paths({"m8192 k320 d1280 float16": fused_name, "m512 k1280 d5120 float16": "split",
-                                "m1 k1 d1 float16": "fused:999x1x1w1s1"})
-    assert feed_forward.chosen_paths() == {"m8192 k320 d1280 float16": fused_name,
-                                           "m512 k1280 d5120 float16": "split"}
+def test_picks_survive_a_restart_and_unknown_names_are_dropped():
+    sm90_name = list(feed_forward.PATHS)[1]
+    ff = feed_forward.FeedForwardPicks()
+    ff.restore({"m8192 k320 d1280 float16": sm90_name, "m512 k1280 d5120 float16": "split",
+                "m1 k1 d1 float16": "fused:999x1x1w1s1"})
+    assert ff.chosen() == {"m8192 k320 d1280 float16": sm90_name, "m512 k1280 d5120 float16": "split"}
+    assert feed_forward.FeedForwardPicks().chosen() == {}  # another engine's picks are its own
 
 
 def _with_one_inf(kernel):
@@ -116,34 +85,31 @@ def test_the_engine_refuses_an_unknown_mode():
     from sdaccel.engines.fast import FastEngine
     from sdaccel.errors import UsageError
 
-    with pytest.raises(UsageError, match="gemm_geglu must be one of auto, triton, split"):
-        FastEngine(gemm_geglu="always")
+    with pytest.raises(UsageError, match="gemm_geglu must be one of auto, split"):
+        FastEngine(gemm_geglu="triton")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["auto", "triton"])
-def test_on_the_gpu_the_pick_is_recorded_and_the_result_matches(clean_choices, mode):
-    feed_forward.set_mode(mode)
+def test_on_the_gpu_the_pick_is_recorded_and_the_result_matches():
+    ff = feed_forward.FeedForwardPicks("auto")
     x, w, b = _inputs(rows=1024, k=320, d=1280, dtype=torch.float16, device="cuda")
-    out = feed_forward.linear_geglu(x, w, b)
+    out = ff.linear_geglu(x, w, b)
     ref32 = geglu_reference(F.linear(x.float(), w.float()), b.float())
     split_err = (feed_forward.split_path(x, w, b).float() - ref32).abs().max()
     assert (out.float() - ref32).abs().max() <= 1.25 * split_err + 1e-3
     hopper = torch.cuda.get_device_capability()[0] == 9
-    if mode == "auto" and not hopper:  # nothing to time split against: nothing is recorded
-        assert feed_forward.chosen_paths() == {}
+    if not hopper:  # nothing to time split against: nothing is recorded
+        assert ff.chosen() == {}
         return
-    (key, name), = feed_forward.chosen_paths().items()
-    assert key == "m2048 k320 d1280 float16" and name in feed_forward.paths()
-    if mode == "auto":
-        assert name == feed_forward.SPLIT or name.startswith("sm90:")
+    (key, name), = ff.chosen().items()
+    assert key == "m2048 k320 d1280 float16" and name in feed_forward.PATHS
 
 
 # ------------------------------------------------------------------ the FP8 mode's feed-forward first half
 
 def _fp8_inputs(rows=24, k=64, d=32, device="cpu"):
-    """x and W in e4m3 with their scales, as the FP8 mode makes them; b fp16; fresh out_scale and amax."""
-    from sdaccel.engines.fp8 import Fp8Weight
+    """x and W in e4m3 with their scales, as the FP8 mode makes them; b fp16; a fresh output scale and amax."""
+    from sdaccel.engines.fast.fp8 import Fp8Weight
     from sdaccel.kernels.fp8 import quantize_e4m3_reference
 
     x, w, b = _inputs(rows, k, d)
@@ -154,25 +120,27 @@ def _fp8_inputs(rows=24, k=64, d=32, device="cpu"):
             torch.tensor([0.02], **put), torch.zeros(1, **put))
 
 
-def test_fp8_off_the_gpu_is_the_split_path_and_records_nothing(clean_choices):
+def test_fp8_off_the_gpu_is_the_split_path_and_records_nothing():
     x8, x_scale, w, b, out_scale, amax = _fp8_inputs()
-    out = feed_forward.linear_geglu_fp8(x8, x_scale, w, b, out_scale, amax, torch.float16)
+    ff = feed_forward.FeedForwardPicks()
+    out = ff.linear_geglu_fp8(x8, x_scale, w, b, out_scale, amax, torch.float16)
     ref32 = geglu_reference((x8.float() * x_scale) @ (w.data.float() * w.scale).t(), b.float())
     assert out.dtype == torch.float8_e4m3fn and out.shape == (2, 24, 32)
     # Within an e4m3 step (1/8 of a value, at most) of the fp32 result; the amax is the output's, before scaling.
     assert ((out.float() * out_scale - ref32).abs() <= ref32.abs() / 8 + 1e-2).all()
     torch.testing.assert_close(amax, ref32.abs().amax().reshape(1), rtol=2e-3, atol=0)
-    assert feed_forward.chosen_paths() == {}
-    assert set(feed_forward.fp8_candidates(x8, w.data)) == {feed_forward.FP8_SPLIT}
+    assert ff.chosen() == {}
+    assert set(ff._fp8_candidates(x8, w.data)) == {feed_forward.FP8_SPLIT}
 
 
-def test_fp8_picks_are_stored_apart_from_the_fp16_ones(clean_choices):
-    sm90_name = next(name for name in feed_forward._FP8_PATHS if name != feed_forward.FP8_SPLIT)
-    feed_forward.restore_paths({"m2048 k1280 d5120 e4m3": sm90_name, "m512 k1280 d5120 float16": "split",
-                                "m512 k1280 d5120 e4m3": "sm90:unknown"})
-    assert feed_forward._FP8_PICKS.chosen() == {"m2048 k1280 d5120 e4m3": sm90_name}
-    assert feed_forward._PICKS.chosen() == {"m512 k1280 d5120 float16": "split"}
-    assert feed_forward.chosen_paths() == {"m2048 k1280 d5120 e4m3": sm90_name, "m512 k1280 d5120 float16": "split"}
+def test_fp8_picks_are_stored_apart_from_the_fp16_ones():
+    sm90_name = next(name for name in feed_forward.FP8_PATHS if name != feed_forward.FP8_SPLIT)
+    ff = feed_forward.FeedForwardPicks()
+    ff.restore({"m2048 k1280 d5120 e4m3": sm90_name, "m512 k1280 d5120 float16": "split",
+                "m512 k1280 d5120 e4m3": "sm90:unknown"})
+    assert ff.fp8_picks.chosen() == {"m2048 k1280 d5120 e4m3": sm90_name}
+    assert ff.picks.chosen() == {"m512 k1280 d5120 float16": "split"}
+    assert ff.chosen() == {"m2048 k1280 d5120 e4m3": sm90_name, "m512 k1280 d5120 float16": "split"}
 
 
 def test_pick_compares_e4m3_outputs_within_an_e4m3_step():
@@ -192,21 +160,21 @@ def test_pick_compares_e4m3_outputs_within_an_e4m3_step():
 
 
 @pytest.mark.gpu
-def test_on_the_gpu_the_fp8_pick_is_recorded_and_the_result_matches(clean_choices):
-    from sdaccel.engines.fp8 import fp8_available
+def test_on_the_gpu_the_fp8_pick_is_recorded_and_the_result_matches():
+    from sdaccel.engines.fast.fp8 import fp8_available
 
     if reason := fp8_available(torch.device("cuda")):
         pytest.skip(reason)
-    feed_forward.set_mode("auto")
+    ff = feed_forward.FeedForwardPicks("auto")
     x8, x_scale, w, b, out_scale, amax = _fp8_inputs(rows=1024, k=640, d=2560, device="cuda")
-    out = feed_forward.linear_geglu_fp8(x8, x_scale, w, b, out_scale, amax, torch.float16)
+    out = ff.linear_geglu_fp8(x8, x_scale, w, b, out_scale, amax, torch.float16)
     split_amax = torch.zeros(1, device="cuda")
     split = feed_forward.fp8_split_path(x8, x_scale, w.data, w.scale, b, out_scale, split_amax, torch.float16)
     ref32 = geglu_reference((x8.float() * x_scale) @ (w.data.float() * w.scale).t(), b.float())
     error = (out.float() * out_scale - ref32).norm() / ref32.norm()
     split_error = (split.float() * out_scale - ref32).norm() / ref32.norm()
     assert error <= 1.05 * split_error, (error, split_error)
-    (key, name), = feed_forward._FP8_PICKS.chosen().items()
-    assert key == "m2048 k640 d2560 e4m3" and name in feed_forward._FP8_PATHS
+    (key, name), = ff.fp8_picks.chosen().items()
+    assert key == "m2048 k640 d2560 e4m3" and name in feed_forward.FP8_PATHS
     hopper = torch.cuda.get_device_capability()[0] == 9
     assert name == feed_forward.FP8_SPLIT or hopper

@@ -7,8 +7,8 @@ from torch import nn
 
 import sdaccel
 from sdaccel.engines.fast import FastEngine
-from sdaccel.engines.fused_modules import fuse_modules
-from sdaccel.engines.loop_plan import LoopPlanner, plan_refusal
+from sdaccel.engines.fast.fuse import fuse_modules
+from sdaccel.engines.fast.loop_plan import LoopPlanner, plan_refusal
 from sdaccel.models import build_synthetic, get_spec
 
 from sd_fixtures import TINY_ARCHS

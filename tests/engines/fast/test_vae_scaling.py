@@ -9,8 +9,9 @@ import torch
 
 import sdaccel
 from sdaccel.engines.fast import FastEngine
-from sdaccel.engines.fused_modules import FusedSpatialAttention, fuse_modules
-from sdaccel.engines.vae_scaling import STREAM_SCALE, rescale_decoder
+from sdaccel.engines.fast.fuse import fuse_modules
+from sdaccel.engines.fast.vae import FusedSpatialAttention
+from sdaccel.engines.fast.vae_scaling import STREAM_SCALE, rescale_decoder
 from sdaccel.models import build_synthetic, get_spec
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
