@@ -158,8 +158,8 @@ def run_guarded(pipe, *args, strict: bool = False, generate=None, **kwargs):
     """pipe(*args, **kwargs), checked once at the end and repaired when it came out non-finite.
 
     Steps: generate -> inspect (one sync) -> if the latents are non-finite, switch the UNet to fp32 attention
-    (pipe.engine.upcast_attention, then drop_graphs) and generate again from the same seed -> if the decoded image is non-finite, decode the same
-    latents with an fp32 VAE (fp32_decode) -> flag a black/flat image. Returns the GenerationResult with
+    (pipe.engine.upcast_attention, then drop_graphs) and generate again from the same seed -> if the decoded image
+    is non-finite, decode the same latents with an fp32 VAE (fp32_decode) -> flag a black/flat image. Returns the GenerationResult with
     `result.guard` (a GuardReport) set. strict=True: raise NonFiniteOutputError / DegenerateImageError instead
     of repairing or warning. A remedy that does not make the output finite raises NonFiniteOutputError.
 

@@ -96,7 +96,8 @@ MATMUL_SCORES_BYTES = 64 << 20
 def matmul_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """softmax(q k^T / sqrt(d)) v as two cuBLAS GEMMs around sdaccel's softmax kernel, for head dims past what the
     flash-style kernels take. The memory-efficient backend, the one left there, takes 0.34-0.41 ms for SD1.5's
-    decoder (4096 tokens, about 85 TFLOP/s) and 3.9-4.1 ms for SDXL's (16384) on an H200; here the GEMMs run at cuBLAS's rate and the scores make one round trip through memory:
+    decoder (4096 tokens, about 85 TFLOP/s) and 3.9-4.1 ms for SDXL's (16384) on an H200; here the GEMMs run at
+    cuBLAS's rate and the scores make one round trip through memory:
     0.14 and 2.3 ms there, with an error against fp32 within 1.0-1.8x SDPA's.
     cuBLAS writes the scores in fp32 (alpha = 1/sqrt(d) applied to its fp32 sums): rounded to fp16 they gave 2-7x
     SDPA's error against fp32. The softmax kernel reads them once and writes the probabilities in the inputs' dtype
@@ -168,7 +169,8 @@ def _all_candidates() -> dict[str, Kernel]:
 
 def sm90_candidate(config: tuple | None) -> Kernel:
     """The Gluon sm_90 kernel in one tile, for head dims that cuDNN pads (SD1.x's 40, 80, 160). At multiples of 64
-    (SD2.x, SDXL) cuDNN pads nothing and measured faster at every shape on an H100, so the kernel refuses them: the pick then neither compiles nor times it there (5 s of an SDXL cold start)."""
+    (SD2.x, SDXL) cuDNN pads nothing and measured faster at every shape on an H100, so the kernel refuses them: the
+    pick then neither compiles nor times it there (5 s of an SDXL cold start)."""
     from ...kernels.flash_attention_sm90 import flash_attention_sm90
 
     def run(q, k, v):

@@ -134,7 +134,7 @@ class FastEngine(Engine):
     def report(self):
         """The kernel picked per shape (attention, feed-forward, convolution; FP8 mode: e4m3 or fp16 per transformer
         block shape): which kernels a figure came from."""
-        return (self.picks or KernelPicks()).chosen()  # before prepare: every kind, nothing chosen
+        return (self.picks or KernelPicks.build()).chosen()  # before prepare: every kind, nothing chosen
 
     def _worker_count(self, device: torch.device) -> int:
         """How many processes compile a new shape's kernels; 0 where that is off or cannot work."""
@@ -215,8 +215,8 @@ class FastEngine(Engine):
         no_plan = "off"
         if c.loop_plan:
             no_plan = plan_refusal(components.unet) if c.fused else "needs the fused blocks"
-        stages = Stages([builds.first_calls(f"text_encoder{i}", encode) for i, encode in enumerate(stages.text_encoders)],
-                        builds.first_calls("unet", stages.unet), builds.first_calls("decode", stages.decode),
+        encoders = [builds.first_calls(f"text_encoder{i}", encode) for i, encode in enumerate(stages.text_encoders)]
+        stages = Stages(encoders, builds.first_calls("unet", stages.unet), builds.first_calls("decode", stages.decode),
                         info=dict(stages.info, fusions=self.fusion_counts, parallel_compile=builds.reports,
                                   notes=self.notes, cfg_prefix="shared" if cfg_once else f"not shared: {refusal}",
                                   loop_plan="on" if no_plan is None else f"off: {no_plan}"),

@@ -21,8 +21,8 @@ inputs GroupNorm + SiLU writes:
     GroupNorm 1 + SiLU   -> conv1
     GroupNorm 2 + SiLU   -> conv2 (its bias and the shortcut added in the kernel's epilogue)
 through the Gluon implicit-GEMM convolution with e4m3 operands (kernels/conv_sm90.py). Whether a convolution
-takes it is decided per input shape (fp8_blocks.conv_config): where the kernel cannot tile it (the 8x8 level) or where the
-fp16 path timed faster (convolution.fp8_path: small ones, at CFG batch 2), it stays fp16. The shortcut's 1x1
+takes it is decided per input shape (fp8_blocks.conv_config): where the kernel cannot tile it (the 8x8 level) or
+where the fp16 path timed faster (convolution.fp8_path: small ones, at CFG batch 2), it stays fp16. The shortcut's 1x1
 convolution reads the block's input, which no kernel of ours writes, and stays fp16.
 
 Scales (per tensor):

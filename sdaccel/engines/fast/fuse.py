@@ -26,14 +26,14 @@ def fuse_modules(root: nn.Module, picks: KernelPicks | None = None, fp32_attenti
                  fold_biases: bool = True, fp8: FP8Settings | None = None) -> dict[str, int]:
     """Swap every supported block under `root` for its fused version, in place. Returns counts per kind.
 
-    picks: the engine's kernel choices, which every fused module calls (a fresh KernelPicks when None).
+    picks: the engine's kernel choices, which every fused module calls (KernelPicks.build()'s defaults when None).
     fp32_attention: run attention (q, k, v, softmax) in fp32 inside fp16/bf16 models, the seeds'
     `--force_fp32_ops unet:MultiHeadAttention`; the fused SDPA kernels already keep the softmax in fp32.
     fold_biases: fold each transformer's proj_out bias into the ResNet block before it (fold_proj_out_biases).
     fp8: the FP8 mode's settings (None: off): the transformer blocks' Q/K/V, cross Q and feed-forward GEMMs and,
     with fp8.convs, the ResNet blocks' convolutions in e4m3 (fp8.py), with the scales' update hooked after `root`'s
     last layer (conv_out; without one, FP8 stays off)."""
-    picks = picks if picks is not None else KernelPicks()
+    picks = picks if picks is not None else KernelPicks.build()
     first, last = getattr(root, "conv_in", None), getattr(root, "conv_out", None)
     bounded = isinstance(first, nn.Module) and isinstance(last, nn.Module)
     builder = _Builder(picks, fp32_attention, fp8 if bounded else None)

@@ -40,8 +40,8 @@ def plan_refusal(unet: nn.Module) -> str | None:
         return "the UNet projects its text context first (encoder_hid_proj)"
     config = getattr(unet, "config", None)
     if time is not None:
-        needed = ("time_proj", "time_embedding") + (("add_time_proj", "add_embedding")
-                                                    if getattr(config, "addition_embed_type", None) == "text_time" else ())
+        text_time = getattr(config, "addition_embed_type", None) == "text_time"
+        needed = ("time_proj", "time_embedding") + (("add_time_proj", "add_embedding") if text_time else ())
         if not all(isinstance(getattr(unet, name, None), nn.Module) for name in needed):
             return f"the UNet lacks one of {', '.join(needed)}"
         if getattr(unet, "class_embedding", None) is not None:

@@ -8,7 +8,7 @@ its own kernels for its own shapes, and the engine cache stores and restores exa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .attention import AttentionPicks
 from .convolution import ConvolutionPicks
@@ -20,20 +20,20 @@ BLOCK_FP8, BLOCK_FP16 = "fp8", "fp16"  # an FP8-mode transformer block's pick, a
 
 @dataclass
 class KernelPicks:
-    attention: AttentionPicks = field(default_factory=AttentionPicks)
-    feed_forward: FeedForwardPicks = field(default_factory=FeedForwardPicks)
-    convolution: ConvolutionPicks = field(default_factory=ConvolutionPicks)
+    attention: AttentionPicks
+    feed_forward: FeedForwardPicks
+    convolution: ConvolutionPicks
     # The FP8 mode: whether a transformer block's shape runs in e4m3 (fp8_blocks.Fp8TransformerBlock times it).
-    fp8_blocks: ShapePicks = field(default_factory=lambda: ShapePicks(BLOCK_FP8))
+    fp8_blocks: ShapePicks
     # What the timings read to push a candidate's weights out of L2 (the engine tracks its model's weights in it
     # once they are in place); empty: candidates are timed back to back.
-    eviction: L2Eviction = field(default_factory=L2Eviction)
+    eviction: L2Eviction
 
     @classmethod
     def build(cls, attention: str = "auto", gemm_geglu: str = "auto", conv: str = "auto", graphed: bool = True,
               attention_skip: tuple[str, ...] = ()) -> KernelPicks:
-        """The picks for an engine's options. graphed: the engine replays CUDA graphs (launch costs then do not
-        count against a kernel)."""
+        """The picks for an engine's options (the defaults: an engine's). graphed: the engine replays CUDA graphs
+        (launch costs then do not count against a kernel)."""
         eviction = L2Eviction()
         return cls(attention=AttentionPicks(attention == "auto", graphed, attention_skip),
                    feed_forward=FeedForwardPicks(gemm_geglu, graphed, eviction),

@@ -99,7 +99,8 @@ class ContextProjections(nn.Module):
             start += rows
         self.register_buffer("packed_weight", packed, persistent=False)
         self._once = OncePerCall()
-        self.pinned: torch.Tensor | None = None  # a loop plan's K/V of this image's context (as TimeEmbeddingProjections)
+        # A loop plan's K/V of this image's context (as TimeEmbeddingProjections.pinned).
+        self.pinned: torch.Tensor | None = None
 
     @staticmethod
     def eligible(attentions: list) -> bool:

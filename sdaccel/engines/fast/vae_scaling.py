@@ -18,8 +18,8 @@ range it lacks:
   - the upsamplers' convolutions read the scaled stream: their biases times s;
   - the final norm: eps times s^2 and an unscaled output: conv_out sees what it always saw.
 No weight is changed: the modules read the weights at every call, and the few scaled biases are formed per call or
-kept in the combined-bias buffers that the engine's refresh_weights() already rebuilds after a weight swap. With s = 2^-8 activations up to 1.7e7 fit
-fp16; values under 2^-6 of the original (below fp16's normal range once scaled) keep an absolute error under 2^-16.
+kept in the combined-bias buffers that the engine's refresh_weights() already rebuilds after a weight swap. With
+s = 2^-8 activations up to 1.7e7 fit fp16; values under 2^-6 of the original (below fp16's normal range once scaled) keep an absolute error under 2^-16.
 """
 
 from __future__ import annotations

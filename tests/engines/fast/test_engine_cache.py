@@ -48,7 +48,7 @@ def test_valid_json_that_is_not_a_cache_is_ignored_and_rebuilt(tmp_path, content
 def test_fields_of_the_wrong_type_are_ignored_by_the_picks():
     from sdaccel.engines.fast.picks import KernelPicks
 
-    picks = KernelPicks()
+    picks = KernelPicks.build()
     picks.restore({"attention": [], "feed_forward": "split", "convolution": {"x": 3, 4: "cudnn"}, "fp8_blocks": None})
     assert picks.chosen() == {"attention": {}, "feed_forward": {}, "convolution": {}, "fp8_blocks": {}}
 

@@ -150,7 +150,7 @@ def test_a_block_picked_fp16_runs_as_without_fp8_mode(monkeypatch):
     spec = get_spec("sd15-tiny")
     plain, fp8 = build_synthetic(spec).unet, build_synthetic(spec).unet
     fuse_modules(plain)
-    picks = KernelPicks()
+    picks = KernelPicks.build()
     counts = fuse_modules(fp8, picks, fp8=FP8Settings(convs=False, min_width=0))
     x, t, ctx = unet_inputs(spec, torch.Generator().manual_seed(4))
     args = (torch.cat([x, x]), t, ctx)
@@ -238,7 +238,7 @@ def test_host_weights_wait_until_a_shape_runs_fp16(monkeypatch):
     fuse_modules(plain)
     conv1 = next(m for m in fp8.modules() if type(m).__name__ == "ResnetBlock2D").conv1
     before = conv1.weight.detach().clone(), conv1.weight.data_ptr()
-    picks = KernelPicks()
+    picks = KernelPicks.build()
     counts = fuse_modules(fp8, picks, fp8=FP8)
     blocks, convs = fp8_sites(fp8)
     assert len(blocks) == counts["fp8_blocks"] > 0 and len(convs) == 2 * counts["fp8_resnets"] > 0
@@ -313,7 +313,7 @@ def test_resnet_block_on_the_gluon_e4m3_convolutions(monkeypatch, width, concat,
     torch.manual_seed(0)
     block = ResnetBlock2D(in_channels=width + concat, out_channels=width, temb_channels=1280).cuda().half()
     block = block.to(memory_format=torch.channels_last)
-    fused = Fp8ResnetBlock(block, KernelPicks())
+    fused = Fp8ResnetBlock(block, KernelPicks.build())
     scales = Fp8Scales(2, torch.device("cuda"))
     x = (torch.randn(2, width, size, size, device="cuda", dtype=torch.float16)
          .contiguous(memory_format=torch.channels_last))
@@ -349,7 +349,7 @@ def test_the_block_pick_on_the_gpu(monkeypatch):
         pytest.skip(reason)
     torch.manual_seed(0)
     block = BasicTransformerBlock(640, 10, 64, cross_attention_dim=768).cuda().half().eval()
-    picks = KernelPicks()
+    picks = KernelPicks.build()
     fused = Fp8TransformerBlock(block, picks)
     fused.attach(Fp8Scales(4, torch.device("cuda")), 0)
     h = torch.randn(2, 1024, 640, device="cuda", dtype=torch.float16)
