@@ -1,6 +1,7 @@
-"""The `sdaccel` command: generate, info (and the subcommands later modules register).
+"""The `sdaccel` command: generate, info, engines (and the subcommands other modules register).
 
-Errors caused by the input print one line, `sdaccel: error: ...`, and exit with code 2; no traceback.
+Every failure prints one line and exits with a code that says what kind it was (EXIT_CODES, also in `--help`);
+`--debug` shows the traceback and the third-party warnings the CLI otherwise keeps quiet.
 """
 
 from __future__ import annotations
@@ -9,11 +10,17 @@ import argparse
 import json
 import sys
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import SdaccelError
+from .errors import OutputCheckError, SdaccelError, first_line
 
-EXIT_USAGE = 2
+# The built-in engines, for help texts: importing the registry would import torch into `sdaccel --help`.
+ENGINE_NAMES = ("eager", "compile", "fast", "onnxruntime")
+EXIT_UNEXPECTED, EXIT_USAGE, EXIT_OUTPUT_CHECK, EXIT_INTERRUPTED = 1, 2, 3, 130
+EXIT_CODES = (f"exit codes: 0 done; {EXIT_UNEXPECTED} unexpected failure (rerun with --debug for the traceback); "
+              f"{EXIT_USAGE} bad input or an unusable environment; {EXIT_OUTPUT_CHECK} an output failed its numerical "
+              f"check under --strict (NaN/Inf, black or flat image); {EXIT_INTERRUPTED} interrupted")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,27 +63,44 @@ def engine_options(engine: str, args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="sdaccel", description="Fast, honestly measured Stable Diffusion inference.")
+    from .schedulers import SCHEDULERS
+
+    parser = _Parser(prog="sdaccel", description="Fast, honestly measured Stable Diffusion inference.",
+                     epilog=EXIT_CODES)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    gen = sub.add_parser("generate", help="text to image, PNGs with their parameters embedded")
-    gen.add_argument("prompt")
+    gen = sub.add_parser("generate", help="text to image, PNGs with their parameters embedded",
+                         description="Generate images from a prompt and write them as PNGs whose 'parameters' "
+                                     "text holds every setting (the format image tools read).", epilog=EXIT_CODES)
+    gen.add_argument("prompt", help="what to draw")
     _add_model_args(gen)
-    gen.add_argument("--engine", default="eager")
-    gen.add_argument("--steps", type=int)
-    gen.add_argument("--height", type=int)
-    gen.add_argument("--width", type=int)
-    gen.add_argument("--batch", type=int, default=1)
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--scheduler")
-    gen.add_argument("--negative", default="")
-    gen.add_argument("--guidance", type=float)
-    gen.add_argument("--out", default="sdaccel-out", help="output folder (default: ./sdaccel-out)")
+    gen.add_argument("--engine", metavar="|".join(ENGINE_NAMES),
+                     help="what runs the model (default: eager; onnxruntime for an ONNX pipeline folder); "
+                          "`sdaccel engines` describes them, `sdaccel info` says which run here")
+    gen.add_argument("--steps", type=int, help="denoising steps, 1 to 1000 (default: the model's own, 50 for SD)")
+    gen.add_argument("--height", type=int, help="pixels, a multiple of 8 (default: the model's own, e.g. 512, "
+                                                "1024 for SDXL)")
+    gen.add_argument("--width", type=int, help="pixels, a multiple of 8 (default: the model's own)")
+    gen.add_argument("--batch", type=int, default=1,
+                     help="images per call (default: 1); a batch that cannot fit in memory is refused up front")
+    gen.add_argument("--seed", type=int, default=0, help="initial noise seed, >= 0 (default: 0)")
+    gen.add_argument("--scheduler", metavar="NAME",
+                     help=f"sampler: {', '.join(SCHEDULERS)}; UI spellings are accepted ('Euler a', 'DPM++ 2M "
+                          f"Karras'); default: the model's own (pndm for SD)")
+    gen.add_argument("--negative", default="", help="negative prompt (default: none)")
+    gen.add_argument("--guidance", type=float,
+                     help="classifier-free guidance scale, finite and >= 0; <= 1 runs the UNet once per step "
+                          "(default: the model's own, 7.5 for SD)")
+    gen.add_argument("--out", default="sdaccel-out", help="output folder, created if absent (default: ./sdaccel-out)")
+    gen.add_argument("--overwrite", action="store_true",
+                     help="replace images of an earlier run with the same names (default: new names, never "
+                          "overwriting)")
     gen.add_argument("--repeat", type=int, default=1,
                      help="generate N times and print each run's timings (the first includes warm-up/compile)")
-    gen.add_argument("--no-progress", action="store_true")
+    gen.add_argument("--no-progress", action="store_true", help="no progress bar")
     gen.add_argument("--strict", action="store_true",
-                     help="fail on NaN/Inf or black/flat output instead of repairing it in fp32 with a warning")
+                     help=f"fail (exit code {EXIT_OUTPUT_CHECK}) on NaN/Inf or a black/flat image instead of "
+                          f"repairing it in fp32 with a warning")
     gen.set_defaults(func=cmd_generate)
 
     info = sub.add_parser("info", help="torch, CUDA, GPU and the engines usable here")
@@ -89,13 +113,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     for register in _extra_commands():
         register(sub)
+    _add_debug_flag(sub)
     return parser
+
+
+def _add_debug_flag(subparsers) -> None:
+    """`--debug` on every command and nested command (`main` reads it from argv, so it works before a failure in
+    parsing too)."""
+    for command in subparsers.choices.values():
+        command.add_argument("--debug", action="store_true",
+                             help="on failure, show the traceback; show third-party warnings")
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _add_debug_flag(action)
 
 
 def _extra_commands():
     """Subcommands that live beside their modules (bench, optimize, compare), when those modules exist."""
     registrars = []
-    for module in ("sdaccel.bench.cli", "sdaccel.onnx.cli", "sdaccel.quality.cli"):
+    for module in ("sdaccel.bench.cli", "sdaccel.onnx.cli", "sdaccel.quality.cli", "sdaccel.cache_cli"):
         try:
             mod = __import__(module, fromlist=["register"])
         except ModuleNotFoundError as exc:
@@ -122,61 +158,116 @@ def png_parameters(params: dict, index: int) -> str:
     return "\n".join(lines)
 
 
-def save_images(result, out_dir: Path, stem: str = "image") -> list[Path]:
+def image_names(out_dir: Path, stem: str, seed: int, count: int, attempt: int) -> list[Path]:
+    """The names of one call's images: `{stem}-{seed}-{i:02d}.png`, and for a later run whose names are taken,
+    the same with `-{attempt}` (2, 3, ...)."""
+    suffix = "" if attempt == 1 else f"-{attempt}"
+    return [out_dir / f"{stem}-{seed}-{i:02d}{suffix}.png" for i in range(count)]
+
+
+def save_images(result, out_dir: Path, stem: str = "image", overwrite: bool = False) -> list[Path]:
+    """Write the images as PNGs with their parameters, each complete under a temporary name before it gets its own.
+    Without `overwrite` no existing file is replaced: a taken name moves the whole call to the next free names, and
+    the final step is a hard link, which fails rather than replace a file another run wrote meanwhile."""
+    import os
+    import tempfile
+
     from PIL.PngImagePlugin import PngInfo
 
     from .atomic import atomic_path
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
+    seed, count = result.params["seed"], len(result.images)
+    attempt = 1
+    while not overwrite and any(p.exists() for p in image_names(out_dir, stem, seed, count, attempt)):
+        attempt += 1
+    written = []
     for i, image in enumerate(result.images):
         meta = PngInfo()
         meta.add_text("parameters", png_parameters(result.params, i))
-        path = out_dir / f"{stem}-{result.params['seed']}-{i:02d}.png"
-        with atomic_path(path) as tmp:  # never a half-written PNG under the final name
-            image.save(tmp, format="PNG", pnginfo=meta)
-        paths.append(path)
-    return paths
+        path = image_names(out_dir, stem, seed, count, attempt)[i]
+        if overwrite:
+            with atomic_path(path) as tmp:  # never a half-written PNG under the final name
+                image.save(tmp, format="PNG", pnginfo=meta)
+            written.append(path)
+            continue
+        handle, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{stem}-", suffix=".png.part")
+        try:
+            with os.fdopen(handle, "wb") as file:
+                image.save(file, format="PNG", pnginfo=meta)
+            while True:
+                try:
+                    os.link(tmp, path)
+                    break
+                except FileExistsError:
+                    attempt += 1
+                    path = image_names(out_dir, stem, seed, count, attempt)[i]
+                except OSError:  # a file system without hard links: the check above, then a rename
+                    os.replace(tmp, path)
+                    break
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        written.append(path)
+    return written
 
 
 def cmd_generate(args) -> int:
     import sdaccel
     from .device import resolve_device
     from .engines import get_engine
+    from .output_paths import prepare_output_folder
     from .pipeline import validate_request
     from .schedulers import canonical
 
-    # Everything checkable without a model is checked before loading one.
-    validate_request(1 if args.steps is None else args.steps, args.height, args.width, args.batch, args.guidance)
+    # Everything checkable without a model is checked before loading one, the output folder included.
+    validate_request(1 if args.steps is None else args.steps, args.height, args.width, args.batch, args.guidance,
+                     args.seed)
+    if args.repeat < 1:
+        raise SdaccelError(f"--repeat must be >= 1, got {args.repeat}")
     if args.scheduler:
         canonical(args.scheduler)
+    out_dir = prepare_output_folder(args.out)
     device = resolve_device(args.device)
-    get_engine(args.engine, device, **engine_options(args.engine, args))
     from .models.registry import default_model
 
     model = args.model or default_model(device.type)
-    pipe = sdaccel.load(model, engine=args.engine, dtype=args.dtype, device=device, arch=args.arch,
-                        seed=args.seed, **engine_options(args.engine, args))
+    engine = args.engine or "eager"
+    get_engine(engine, device, **engine_options(engine, args))
+    from .engines import ENGINES
+
+    first_start = ENGINES[engine].first_start
+    status(f"loading {model} on the {engine} engine ({device})"
+           + (f"; with caches still empty, the engine {first_start}" if first_start else ""))
+    pipe = sdaccel.load(model, engine=engine, dtype=args.dtype, device=device, arch=args.arch,
+                        seed=args.seed, **engine_options(engine, args))
     if pipe.components.synthetic:
         print(f"note: {model} has random weights: the image is noise by construction (use it to measure speed)")
-    if args.repeat < 1:
-        raise SdaccelError(f"--repeat must be >= 1, got {args.repeat}")
     runs = []
-    for _ in range(args.repeat):
+    for i in range(args.repeat):
+        if i == 0 and pipe.engine.first_call:
+            status(f"the first call on the {engine} engine {pipe.engine.first_call}")
         result = pipe(args.prompt, args.negative, steps=args.steps, guidance=args.guidance, height=args.height,
                       width=args.width, batch_size=args.batch, seed=args.seed, scheduler=args.scheduler,
                       progress=not args.no_progress, strict=args.strict)
         runs.append(result.timings)
-    paths = save_images(result, Path(args.out))
-    print(f"model {model} | engine {pipe.engine.name} | {result.params['dtype']} | device {device} | "
-          f"{result.params['width']}x{result.params['height']} x{result.params['batch_size']} | "
-          f"{result.params['steps']} steps {result.params['scheduler']}")
+    paths = save_images(result, out_dir, overwrite=args.overwrite)
+    params = result.params
+    evaluations = runs[-1].evaluations
+    print(f"model {model} | engine {pipe.engine.name} | {params['dtype']} | device {device} | "
+          f"{params['width']}x{params['height']} x{params['batch_size']} | {params['steps']} steps "
+          f"{params['scheduler']}" + (f" ({evaluations} UNet evaluations)" if evaluations != params["steps"] else ""))
     for i, timings in enumerate(runs):
         label = "timings" if len(runs) == 1 else f"run {i + 1}{' (cold)' if i == 0 else ''}"
         print(f"{label}: {timings.line()}")
     for path in paths:
         print(f"wrote {path}")
     return 0
+
+
+def status(message: str) -> None:
+    """A progress line on stderr (stdout keeps the results)."""
+    print(f"sdaccel: {message}", file=sys.stderr, flush=True)
 
 
 def machine_info() -> dict:
@@ -237,19 +328,63 @@ def cmd_engines(args) -> int:
     return 0
 
 
+# Warnings meant for the authors of the libraries sdaccel calls (numpy's __array__ copy keyword from diffusers'
+# schedulers, torch.jit deprecations, ...): noise between a user's progress lines. Shown under --debug.
+QUIET_CATEGORIES = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+    """Warnings as `sdaccel: warning: ...`, one line, without the source line the default format quotes."""
+    print(f"sdaccel: warning: {first_line(message) if isinstance(message, Warning) else str(message).strip()}",
+          file=file or sys.stderr, flush=True)
+
+
+@contextmanager
+def _cli_warnings(debug: bool):
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        if not debug:
+            for category in QUIET_CATEGORIES:
+                warnings.simplefilter("ignore", category)
+            warnings.showwarning = _one_line_warning
+            _quiet_library_logs()
+        yield
+
+
+def _quiet_library_logs() -> None:
+    """transformers' and diffusers' loggers say only errors (their warnings are about their own APIs)."""
+    import logging
+
+    for name in ("transformers", "diffusers"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv
     try:
-        args = parser.parse_args(argv)
-        with warnings.catch_warnings():
-            warnings.simplefilter("default")
+        args = build_parser().parse_args(argv)
+        with _cli_warnings(debug):
             return args.func(args)
     except SdaccelError as exc:
         print(f"sdaccel: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except OutputCheckError as exc:
+        print(f"sdaccel: output check failed: {exc}", file=sys.stderr)
+        return EXIT_OUTPUT_CHECK
     except KeyboardInterrupt:
         print("sdaccel: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - a bug or an environment failure: one line, the traceback on request
+        if debug:
+            raise
+        if isinstance(exc, OSError) and exc.strerror:
+            where = f" ({exc.filename})" if exc.filename else ""
+            print(f"sdaccel: error: {exc.strerror}{where}", file=sys.stderr)
+        else:
+            print(f"sdaccel: unexpected error: {exc.__class__.__name__}: {first_line(exc)} (rerun with --debug for "
+                  f"the traceback)", file=sys.stderr)
+        return EXIT_UNEXPECTED
 
 
 if __name__ == "__main__":

@@ -1,4 +1,7 @@
-"""User-facing errors: the CLI prints their message on one line and exits with code 2."""
+"""User-facing errors. The CLI prints their message on one line and exits with a code that says whose fault it was:
+2 for the caller's input or environment (SdaccelError), 3 for an output that failed its numerical check in strict mode
+(OutputCheckError), 1 for anything unexpected (a bug: rerun with --debug for the traceback).
+"""
 
 
 class SdaccelError(Exception):
@@ -15,6 +18,11 @@ class ModelLoadError(SdaccelError):
 
 class EngineUnavailableError(SdaccelError):
     """The engine cannot run on this machine (no GPU, missing package, ...)."""
+
+
+class OutputCheckError(Exception):
+    """A generation's output failed the output guard (NaN/Inf, a black or flat image) and strict mode asked for an
+    error instead of a repair: a numerical failure of the model or engine, not bad input."""
 
 
 def first_line(exc: BaseException) -> str:

@@ -12,6 +12,8 @@ non-finite result through the engine.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -20,6 +22,7 @@ import torch
 from .device import dtype_name, resolve_device, resolve_dtype
 from .engines import Engine, get_engine
 from .errors import UsageError
+from .memory_estimate import check_fits
 from .models.components import Components
 from .schedulers import canonical, make_scheduler
 from .timing import StageTimer, StageTimings
@@ -48,17 +51,28 @@ class Conditioning:
     time_ids: torch.Tensor | None = None  # SDXL size/crop conditioning
 
 
-def validate_request(steps, height, width, batch_size: int = 1, guidance: float = 0.0) -> None:
+# Bounds every entry point checks (CLI, Python API, bench, compare) through validate_request.
+MAX_STEPS = 1000  # the schedulers' training schedule has 1000 timesteps: more steps than that cannot be spaced
+MAX_SIDE = 16384  # pixels; far beyond any SD model's training size (memory is checked separately, per machine)
+MAX_SEED = 2**63 - 2  # torch's generators take 64-bit seeds; the ancestral samplers' generator uses seed + 1
+
+
+def validate_request(steps, height, width, batch_size: int = 1, guidance: float | None = 0.0, seed: int = 0) -> None:
     """Raise UsageError for settings no engine can run; cheap, so the CLI calls it before loading a model."""
-    if not isinstance(steps, int) or steps < 1:
-        raise UsageError(f"steps must be an integer >= 1, got {steps!r}")
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or not 1 <= steps <= MAX_STEPS:
+        raise UsageError(f"steps must be an integer from 1 to {MAX_STEPS}, got {steps!r}")
     for name, size in (("height", height), ("width", width)):
-        if size is not None and (not isinstance(size, int) or size < 8 or size % 8):
-            raise UsageError(f"{name} must be a positive multiple of 8, got {size!r}")
-    if not isinstance(batch_size, int) or batch_size < 1:
+        if size is not None and (isinstance(size, bool) or not isinstance(size, numbers.Integral) or not 8 <= size <= MAX_SIDE
+                                 or size % 8):
+            raise UsageError(f"{name} must be a multiple of 8 from 8 to {MAX_SIDE}, got {size!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
         raise UsageError(f"batch size must be an integer >= 1, got {batch_size!r}")
-    if guidance is not None and guidance < 0:
-        raise UsageError(f"guidance must be >= 0, got {guidance}")
+    if guidance is not None:
+        if isinstance(guidance, bool) or not isinstance(guidance, numbers.Real) or not math.isfinite(guidance) \
+                or guidance < 0:
+            raise UsageError(f"guidance must be a finite number >= 0, got {guidance!r}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed <= MAX_SEED:
+        raise UsageError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}")
 
 
 def latent_shape(spec, height: int, width: int, batch: int = 1) -> tuple[int, int, int, int]:
@@ -154,10 +168,11 @@ class Pipeline:
                  latents: torch.Tensor | None = None) -> GenerationResult:
         spec = self.spec
         steps = spec.steps if steps is None else steps
-        guidance = spec.guidance if guidance is None else float(guidance)
+        guidance = spec.guidance if guidance is None else guidance
         height = spec.height if height is None else height
         width = spec.width if width is None else width
-        validate_request(steps, height, width, batch_size, guidance)
+        validate_request(steps, height, width, batch_size, guidance, seed)
+        guidance = float(guidance)
         if output not in ("pil", "tensor", "latent"):
             raise UsageError(f"output must be pil, tensor or latent, got {output!r}")
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
@@ -167,6 +182,7 @@ class Pipeline:
         negatives = _as_list(negative_prompt, len(prompts) // batch_size, "negative prompts")
         negatives = [n for n in negatives for _ in range(batch_size)]
         cfg = guidance > 1.0  # guidance <= 1 is the conditional prediction alone: skip the uncond half
+        check_fits(spec, height, width, len(prompts), self.dtype, cfg, self.device)
         sched_name = canonical(scheduler or spec.default_scheduler)
         sched = self.scheduler(sched_name)
 
@@ -186,7 +202,7 @@ class Pipeline:
         with timer.stage("denoise"):
             sched.set_timesteps(steps)  # on the host: the scheduler's arithmetic never waits for the GPU
             latents = latents * sched.init_noise_sigma
-            latents = self._denoise(sched, latents, cond, guidance, cfg, step_gen, callback, progress)
+            latents = self._denoise(sched, latents, cond, guidance, cfg, step_gen, callback, progress, steps)
         with timer.stage("decode"):
             image = decoded_finite = None
             if output != "latent":
@@ -205,17 +221,15 @@ class Pipeline:
                                 decoded_finite=decoded_finite, checks=checks)
 
     def _denoise(self, sched, latents, cond: Conditioning, guidance: float, cfg: bool, step_gen: torch.Generator,
-                 callback: StepCallback | None, progress: bool) -> torch.Tensor:
+                 callback: StepCallback | None, progress: bool, steps: int | None = None) -> torch.Tensor:
         # Host copies of the timesteps for the scheduler's arithmetic, device copies for the UNet: no per-step sync.
         timesteps_host = sched.timesteps.tolist()
         timesteps_dev = sched.timesteps.to(self.device, non_blocking=True)
-        steps = range(len(timesteps_host))
+        evaluations = len(timesteps_host)
+        steps = evaluations if steps is None else steps
         unet = self.stages.unet_steps(timesteps_dev, cond.context, cond.text_embeds, cond.time_ids)
-        if progress:
-            from tqdm.auto import tqdm
-
-            steps = tqdm(steps, desc="denoising", unit="step", leave=False)
-        for i in steps:
+        bar = _progress_bar(steps, evaluations, type(sched).__name__) if progress else None
+        for i in range(evaluations):
             t = timesteps_host[i]
             model_in = torch.cat([latents, latents]) if cfg and not self.stages.unet_takes_cfg_once else latents
             model_in = sched.scale_model_input(model_in, t)
@@ -226,7 +240,23 @@ class Pipeline:
             latents = sched.step(pred, t, latents, return_dict=False, **_step_kwargs(sched, step_gen))[0]
             if callback is not None:
                 callback(i, t, latents)
+            if bar is not None:  # counted in steps: PNDM evaluates the UNet steps + 1 times
+                bar.update(round((i + 1) * steps / evaluations) - bar.n)
+        if bar is not None:
+            bar.close()
         return latents
+
+
+def _progress_bar(steps: int, evaluations: int, scheduler: str):
+    """A bar over the steps asked for; when the scheduler evaluates the UNet a different number of times, one line
+    says so before it."""
+    import sys
+
+    from tqdm.auto import tqdm
+
+    if evaluations != steps:
+        tqdm.write(f"{scheduler}: {evaluations} UNet evaluations for {steps} steps", file=sys.stderr)
+    return tqdm(total=steps, desc="denoising", unit="step", leave=False)
 
 
 def _step_kwargs(sched, generator) -> dict[str, Any]:

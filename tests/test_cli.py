@@ -32,8 +32,8 @@ def test_info_lists_engines():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--height", "100"], "height must be a positive multiple of 8"),
-    (["--steps", "0"], "steps must be an integer >= 1"),
+    (["--height", "100"], "height must be a multiple of 8 from 8 to"),
+    (["--steps", "0"], "steps must be an integer from 1 to 1000"),
     (["--scheduler", "warp"], "unknown scheduler 'warp'"),
     (["--engine", "warp"], "unknown engine 'warp'"),
     (["--model", "/no/such/model"], "/no/such/model: no such file or folder"),
@@ -46,16 +46,23 @@ def test_info_lists_engines():
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
     proc = run("generate", "a cat", "--model", "synthetic:sd15-tiny", *args, "--out", str(tmp_path))
     assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sdaccel: error:") and message in lines[0], proc.stderr
+    assert error_lines(proc) == [error_lines(proc)[0]] and message in error_lines(proc)[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def error_lines(proc) -> list[str]:
+    """stderr without the status lines ("sdaccel: loading ..."): what the failure said."""
+    lines = [line for line in proc.stderr.strip().splitlines() if line.startswith("sdaccel: error:")]
+    others = [line for line in proc.stderr.strip().splitlines() if not line.startswith("sdaccel: ")]
+    assert not others, proc.stderr
+    return lines
 
 
 def test_empty_model_folder_is_one_line_and_exit_2(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     proc = run("generate", "a cat", "--model", str(empty), "--out", str(tmp_path))
-    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0
+    assert proc.returncode == 2 and len(error_lines(proc)) == 1
     assert "not a diffusers model folder (no model_index.json)" in proc.stderr
 
 
@@ -82,3 +89,53 @@ def test_generate_takes_engine_options(tmp_path):
     proc = run("generate", "a cat", "--model", "synthetic:sd15-tiny", "--steps", "1", "--engine-opt",
                "channels_last=0", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_guidance_must_be_finite(value, tmp_path):
+    proc = run("generate", "a cat", "--model", "synthetic:sd15-tiny", f"--guidance={value}", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "guidance must be a finite number >= 0" in proc.stderr
+
+
+@pytest.mark.parametrize("out", ["a-file", "/proc/sdaccel-out", "/sys/kernel/sdaccel-out"])
+def test_unusable_out_is_refused_before_any_work(out, tmp_path):
+    (tmp_path / "a-file").write_text("keep me")
+    proc = run("generate", "a cat", "--model", "synthetic:sd15-tiny", "--steps", "1", "--out", out, cwd=tmp_path)
+    assert proc.returncode == 2 and error_lines(proc)[0].startswith(f"sdaccel: error: --out {out}:"), proc.stderr
+    assert "loading" not in proc.stderr  # refused before the model was loaded
+    assert (tmp_path / "a-file").read_text() == "keep me"
+
+
+def test_a_batch_that_cannot_fit_is_refused_saying_what_fits(tmp_path):
+    proc = run("generate", "a cat", "--model", "synthetic:sd15-tiny", "--steps", "1", "--batch", "100000000",
+               "--out", str(tmp_path))
+    assert proc.returncode == 2 and "at most" in error_lines(proc)[0] and "per call could fit" in proc.stderr
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_later_runs_never_overwrite_earlier_images_unless_asked(tmp_path):
+    args = ("--model", "synthetic:sd15-tiny", "--steps", "1", "--no-progress", "--out", str(tmp_path))
+    assert run("generate", "a fox", *args).returncode == 0
+    assert run("generate", "a crow", *args).returncode == 0
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["image-0-00-2.png", "image-0-00.png"]  # nothing else: no temporary file left either
+    assert Image.open(tmp_path / "image-0-00.png").text["parameters"].startswith("a fox")
+    assert Image.open(tmp_path / "image-0-00-2.png").text["parameters"].startswith("a crow")
+    assert run("generate", "an owl", *args, "--overwrite").returncode == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == names
+    assert Image.open(tmp_path / "image-0-00.png").text["parameters"].startswith("an owl")
+
+
+def test_every_generate_option_has_help():
+    from sdaccel.cli import build_parser
+
+    generate = build_parser()._subparsers._group_actions[0].choices["generate"]
+    missing = [a.dest for a in generate._actions if not a.help]
+    assert not missing
+
+
+def test_engine_names_in_help_are_the_registry():
+    from sdaccel.cli import ENGINE_NAMES
+    from sdaccel.engines import ENGINES
+
+    assert set(ENGINE_NAMES) == set(ENGINES)

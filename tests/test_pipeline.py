@@ -73,12 +73,21 @@ def test_negative_prompt_changes_the_image(pipes):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(height=60), "height must be a positive multiple of 8"),
-    (dict(width=0), "width must be a positive multiple of 8"),
-    (dict(steps=0), "steps must be an integer >= 1"),
+    (dict(height=60), "height must be a multiple of 8 from 8 to"),
+    (dict(width=0), "width must be a multiple of 8 from 8 to"),
+    (dict(steps=0), "steps must be an integer from 1 to 1000"),
     (dict(batch_size=0), "batch size"),
     (dict(scheduler="nope"), "unknown scheduler"),
-    (dict(guidance=-1.0), "guidance must be >= 0"),
+    (dict(guidance=-1.0), "guidance must be a finite number >= 0"),
+    (dict(guidance=float("nan")), "guidance must be a finite number >= 0, got nan"),
+    (dict(guidance=float("inf")), "guidance must be a finite number >= 0, got inf"),
+    (dict(guidance="7"), "guidance must be a finite number"),
+    (dict(steps=1001), "steps must be an integer from 1 to 1000"),
+    (dict(steps=True), "steps must be an integer"),
+    (dict(height=16392), "height must be a multiple of 8 from 8 to 16384"),
+    (dict(seed=-1), "seed must be an integer from 0"),
+    (dict(seed=2**63), "seed must be an integer from 0"),
+    (dict(batch_size=100_000), "at most .* per call could fit"),
 ])
 def test_bad_requests_raise_clear_errors(pipes, kwargs, message):
     with pytest.raises(UsageError, match=message):
@@ -110,3 +119,10 @@ def test_matches_diffusers_pipeline_on_the_same_weights(arch, saved_folder):
         kwargs["negative_prompt"] = None  # SDXL's zeroed unconditional embedding, as in ours
     theirs = ref("a small house", **kwargs).images
     torch.testing.assert_close(ours.latents, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_progress_counts_steps_and_names_extra_evaluations_once(pipes, capsys):
+    pipes["sd15-tiny"]("a cat", steps=3, scheduler="pndm", progress=True)
+    err = capsys.readouterr().err
+    assert err.count("4 UNet evaluations for 3 steps") == 1
+    assert "3/3" in err and "/4" not in err

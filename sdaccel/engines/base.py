@@ -79,7 +79,14 @@ class Engine(ABC):
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    # What the first call at a new shape does beyond computing, said once before it so a long first call is not
+    # mistaken for a hang ("" when it only computes).
+    first_call: ClassVar[str] = ""
+    # The same for `prepare` on a machine whose caches do not have this model yet.
+    first_start: ClassVar[str] = ""
     Config: ClassVar[type[EngineConfig]] = EngineConfig
+    # Whether the engine runs a model loaded from an ONNX pipeline folder (graphs, no torch modules).
+    runs_onnx_folders: ClassVar[bool] = False
 
     def __init__(self, config: EngineConfig | None = None, **options: Any):
         self.config = self.Config.from_options(options, base=config, what=f"engine {self.name!r}")
@@ -103,6 +110,9 @@ class Engine(ABC):
         """Make this engine the one serving `components`; an engine prepared for another model is refused."""
         if self.components is not None and self.components is not components:
             raise UsageError(f"this {self.name} engine already serves another model: make one engine per model")
+        if getattr(components, "onnx_folder", None) is not None and not self.runs_onnx_folders:
+            raise UsageError(f"{components.source} is an ONNX pipeline folder (no torch weights for the {self.name} "
+                             f"engine): use --engine onnxruntime (engine='onnxruntime')")
         self.components = components
 
     def refresh_weights(self, components: Components) -> dict[str, int]:

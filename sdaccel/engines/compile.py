@@ -31,6 +31,8 @@ class CompileConfig(EngineConfig):
 class CompileEngine(Engine):
     name = "compile"
     description = "torch.compile (Inductor) of UNet and VAE decoder; mode reduce-overhead on GPU uses CUDA graphs"
+    first_call = ("compiles the UNet and VAE decoder with torch.compile: tens of seconds to minutes, once per shape "
+                  "(Inductor keeps the result on disk for the next process)")
 
     Config = CompileConfig
 

@@ -34,7 +34,7 @@ def register(subparsers) -> None:
     p.add_argument("--gif-frames", type=int, default=10, help="decoded steps in each GIF (default: 10)")
     p.add_argument("--out", default="compare-out", help="output folder (default: ./compare-out)")
     p.add_argument("--strict", action="store_true",
-                   help="exit with an error (code 2) if any output is NaN/Inf, or flat/black")
+                   help="exit with an error (code 3) if any output is NaN/Inf, or flat/black")
     p.set_defaults(func=cmd_compare)
 
 
@@ -49,18 +49,22 @@ def _number(value, fmt: str) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'engine':10s} {'dtype':5s} {'finite':6s} {'rel err':>9s} {'PSNR dB':>8s} {'SSIM':>7s} {'max|d|':>6s}")
+    """The rows as aligned columns (the engine column as wide as its longest name)."""
+    width = max([len("engine")] + [len(r["engine"]) for r in rows])
+    print(f"{'engine':{width}s} {'dtype':5s} {'finite':6s} {'rel err':>9s} {'PSNR dB':>8s} {'SSIM':>7s} "
+          f"{'max|d|':>6s}")
     for r in rows:
         if r["status"] != "ok":
-            print(f"{r['engine']:10s} {r['dtype']:5s} {r['status']}: {r['note']}")
+            print(f"{r['engine']:{width}s} {r['dtype']:5s} {r['status']}: {r['note']}")
             continue
-        print(f"{r['engine']:10s} {r['dtype']:5s} {'yes' if r['finite'] else 'NO':6s} "
+        print(f"{r['engine']:{width}s} {r['dtype']:5s} {'yes' if r['finite'] else 'NO':6s} "
               f"{_number(r['final_rel_err'], '9.2e')} {_number(r['psnr_db'], '8.2f')} {_number(r['ssim'], '7.4f')} "
               f"{_number(r['max_abs_diff'], '6.0f')}")
 
 
 def cmd_compare(args) -> int:
     """0: every candidate that could run here ran; 1: some candidate failed (its row says why)."""
+    from ..output_paths import prepare_output_folder
     from .comparison import compare
     from .config import DEFAULT_PROMPT, CompareConfig
 
@@ -69,6 +73,7 @@ def cmd_compare(args) -> int:
                            height=args.height, width=args.width, scheduler=args.scheduler, guidance=args.guidance,
                            device=args.device, out=args.out, strict=args.strict, gif_frames=args.gif_frames,
                            engine_opts=args.engine_opt)
+    prepare_output_folder(config.out)  # before any model is loaded: a bad --out costs a second, not the run
     rows = compare(config, echo=print)
     print_table(rows)
     return 1 if any(r["status"] == "error" for r in rows) else 0

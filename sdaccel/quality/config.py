@@ -77,7 +77,8 @@ class CompareConfig:
             object.__setattr__(self, "engine_opts", parse_engine_opts(self.engine_opts, "engine option"))
         else:
             object.__setattr__(self, "engine_opts", {})
-        validate_request(1 if self.steps is None else self.steps, self.height, self.width, 1, self.guidance)
+        validate_request(1 if self.steps is None else self.steps, self.height, self.width, 1, self.guidance,
+                         self.seed)
         if self.scheduler:
             from ..schedulers import canonical
 

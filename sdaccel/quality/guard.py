@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import SdaccelError
+from ..errors import OutputCheckError
 from .remedies import fp32_decode, to_uint8
 
 # A uint8 image is "flat" when every channel's standard deviation over its pixels is below this...
@@ -38,11 +38,11 @@ class DegenerateImageWarning(UserWarning):
     """An output image is one flat colour or black: usually an overflow upstream, or a broken model."""
 
 
-class NonFiniteOutputError(SdaccelError):
+class NonFiniteOutputError(OutputCheckError):
     """NaN/Inf in the latents or the decoded image, and strict mode (or the remedy did not help)."""
 
 
-class DegenerateImageError(SdaccelError):
+class DegenerateImageError(OutputCheckError):
     """A flat or black output image, in strict mode."""
 
 

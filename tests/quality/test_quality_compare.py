@@ -118,23 +118,40 @@ def test_strict_cli_fails_on_a_non_finite_candidate(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(comparison, "record_generation", nan_for_bf16)
     args = ["compare", "--model", TINY_MODEL, "--engines", "eager", "--dtypes", "fp32,bf16", "--steps", str(STEPS),
             "--device", "cpu", "--out", str(tmp_path)]
-    assert main(args + ["--strict"]) == 2
+    assert main(args + ["--strict"]) == 3  # a numerical failure, not bad input
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["sdaccel: error: non-finite output (NaN/Inf) from eager bf16"]
+    assert err == ["sdaccel: output check failed: non-finite output (NaN/Inf) from eager bf16"]
     assert strict_json(tmp_path / "compare.json")["candidates"][1]["finite"] is False  # written before failing
     assert main(args) == 0  # without --strict: reported, not fatal
-    assert "eager      bf16  NO" in capsys.readouterr().out
+    assert "eager  bf16  NO" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args, message", [
     (["--engines", "warp"], "unknown engine 'warp'"),
     (["--dtypes", "fp64"], "unknown dtype 'fp64'"),
-    (["--steps", "0"], "steps must be an integer >= 1"),
+    (["--steps", "0"], "steps must be an integer from 1 to 1000"),
 ])
 def test_bad_arguments_are_one_line_errors(args, message, tmp_path, capsys):
     assert main(["compare", "--out", str(tmp_path), *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("sdaccel: error:") and message in err[0]
+
+
+def test_table_columns_line_up_whatever_the_engine_names(capsys):
+    from sdaccel.quality.cli import print_table
+
+    row = dict(status="ok", dtype="fp16", finite=True, final_rel_err=0.01, psnr_db=40.0, ssim=0.99, max_abs_diff=3)
+    print_table([dict(row, engine="eager"), dict(row, engine="onnxruntime"), dict(row, engine="fast@fp8-long")])
+    lines = capsys.readouterr().out.splitlines()
+    assert len({line.index("fp16" if "fp16" in line else "dtype") for line in lines}) == 1
+    assert len({len(line) for line in lines}) == 1
+
+
+def test_unusable_out_is_refused_before_any_work(tmp_path, capsys):
+    (tmp_path / "f").write_text("keep me")
+    assert main(["compare", "--out", str(tmp_path / "f"), "--steps", "1"]) == 2
+    assert capsys.readouterr().err.strip() == f"sdaccel: error: --out {tmp_path / 'f'}: exists and is not a folder"
+    assert (tmp_path / "f").read_text() == "keep me"
 
 
 def test_command_with_cpu_defaults(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from quality_fixtures import STEPS
-from sdaccel.errors import SdaccelError
+from sdaccel.errors import OutputCheckError, SdaccelError
 from sdaccel.quality import guard
 from sdaccel.quality.guard import (DegenerateImageError, DegenerateImageWarning, NonFiniteOutputError,
                                    PrecisionFallbackWarning, check_image, check_latents, inspect_output, run_guarded)
@@ -185,7 +185,8 @@ def test_strict_raises_a_one_line_error_instead(tiny_pipe, inject, message):
     with warnings.catch_warnings(record=True) as record, pytest.raises(NonFiniteOutputError) as info:
         warnings.simplefilter("always")
         run_guarded(pipe, PROMPT, steps=STEPS, strict=True)
-    assert str(info.value) == message and isinstance(info.value, SdaccelError)
+    assert str(info.value) == message and isinstance(info.value, OutputCheckError)
+    assert not isinstance(info.value, SdaccelError)  # a numerical failure, not the caller's input: exit code 3
     assert our_warnings(record) == [] and not attention_is_upcast(pipe)
 
 

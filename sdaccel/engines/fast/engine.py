@@ -48,6 +48,9 @@ class FastEngine(Engine):
     name = "fast"
     description = "sdaccel: fused Triton kernels (NHWC GroupNorm+SiLU, SkipLayerNorm, BiasSplitGelu, BiasAdd), " \
                   "packed QKV, kernels picked per shape, whole-call CUDA graphs"
+    first_start = "builds its Triton kernels in worker processes: about 20 s, once (cached on disk)"
+    first_call = ("times kernel choices and captures CUDA graphs: a few seconds, once per shape (the choices are "
+                  "cached on disk for the next process)")
     Config = FastConfig
 
     def __init__(self, config: FastConfig | None = None, **options):
@@ -170,9 +173,8 @@ class FastEngine(Engine):
         self.picks = KernelPicks.build(c.attention, c.gemm_geglu, c.conv, graphed, c.attention_skip)
         self.picks.restore(learned)
         self.notes = []
-        built = learned.get("precompiled", [])
-        built = [key for key in built if isinstance(key, str)] if isinstance(built, list) else []
-        self.builds = KernelBuilds(self._worker_count(device), built, self.notes)
+        # load() checked every field's type (engine_cache.SCHEMA): a file of the wrong shape came back as {}.
+        self.builds = KernelBuilds(self._worker_count(device), learned.get("precompiled", []), self.notes)
         if not self.builds.done:
             self.builds.start_workers()  # a first start here: their imports overlap the fusing and the dry run
         if c.fused:

@@ -3,7 +3,8 @@
 Kept: the attention backend chosen per shape, and the shapes that were captured (so a restart can warm them up
 front). Triton's compiled kernels live in Triton's own cache beside it. The file is keyed by everything that could
 make its content wrong: GPU, torch/triton/CUDA/sdaccel versions, and a digest of the weights. A file whose key
-does not match, or that cannot be parsed, is ignored and rewritten, never used; writes go to a temporary file that is
+does not match is ignored (and rewritten at the next save); one that cannot be parsed, or whose fields are not of the
+types SCHEMA gives, is never used: it is replaced at once, with a warning. Writes go to a temporary file that is
 renamed into place, so a crash leaves the old file or none.
 """
 
@@ -19,6 +20,30 @@ import torch
 from ...atomic import write_text
 
 FORMAT = 1
+
+# The fields of the cache's data, as FastEngine.save_cache writes them and FastEngine.prepare reads them back: the
+# kernel picked per shape by kind (KernelPicks.chosen), the fusion counts, and the "stage signature" keys whose
+# kernels were built (KernelBuilds.done). A field may be missing (nothing learned yet); other fields are kept as is.
+PICKS, COUNTS, NAMES = "an object of strings", "an object of integers", "a list of strings"
+SCHEMA = {"attention": PICKS, "feed_forward": PICKS, "convolution": PICKS, "fp8_blocks": PICKS,
+          "fusions": COUNTS, "precompiled": NAMES}
+
+
+def schema_problem(data: dict) -> str | None:
+    """What makes `data` not a cache's data (the first field of the wrong type), or None when it is one."""
+    for name, expected in SCHEMA.items():
+        if name not in data:
+            continue
+        value = data[name]
+        if expected == NAMES:
+            ok = isinstance(value, list) and all(isinstance(item, str) for item in value)
+        else:
+            wanted = str if expected == PICKS else int
+            ok = isinstance(value, dict) and all(
+                isinstance(item, wanted) and not isinstance(item, bool) for item in value.values())
+        if not ok:
+            return f"data.{name} is not {expected}"
+    return None
 
 
 def weights_digest(modules: list[torch.nn.Module]) -> str:
@@ -78,7 +103,9 @@ class EngineCache:
         self.path = Path(root) / f"{digest}.json"
 
     def load(self) -> dict:
-        """The cached data, or {} when there is none, it is stale (key differs) or corrupt (warned)."""
+        """The cached data, or {} when there is none, it is stale (key differs) or it is corrupt: not JSON, or a
+        field not of SCHEMA's type. A corrupt file is warned about and replaced by an empty cache under this key,
+        so that the next start neither uses it nor warns again."""
         if not self.path.is_file():
             return {}
         try:
@@ -90,10 +117,17 @@ class EngineCache:
             data = payload["data"]
             if not isinstance(data, dict):
                 raise ValueError("data is not an object")
+            problem = schema_problem(data)
+            if problem:
+                raise ValueError(problem)
             return data
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            warnings.warn(f"{self.path}: unreadable engine cache ({exc.__class__.__name__}); rebuilding it",
-                          stacklevel=2)
+            why = str(exc) if type(exc) is ValueError else exc.__class__.__name__  # ours say which field
+            warnings.warn(f"{self.path}: unreadable engine cache ({why}); rebuilding it", stacklevel=2)
+            try:
+                self.save({})
+            except OSError:  # a read-only cache folder: the file stays ignored
+                pass
             return {}
 
     def save(self, data: dict) -> None:
