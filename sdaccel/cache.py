@@ -19,6 +19,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 
+from .atomic import TEMP_NAME, stale_temp
 from .errors import UsageError
 
 # Sub-folder -> what it holds. Each is created by sdaccel (fast, onnx) or given by sdaccel to a tool as its cache.
@@ -36,7 +37,6 @@ TOOL_VARIABLES = {"triton": "TRITON_CACHE_DIR", "inductor": "TORCHINDUCTOR_CACHE
 IN_PROGRESS_S = 3600
 
 _FAST_FILE = re.compile(r"[0-9a-f]{20}\.json")  # engine_cache.EngineCache's file names
-_FAST_TEMPORARY = re.compile(r"\.[0-9a-f]{20}\.json\.\d+\.tmp")  # atomic.py's temporary names for them
 _ONNX_FOLDER = re.compile(r"[^.].*-[0-9a-f]{16}")  # onnx/optimize.py's cache_folder names
 _ONNX_TEMPORARY = re.compile(r"\..+\.(tmp|old)-[0-9a-f]{8}")  # optimize.py's folders being built or replaced
 
@@ -134,9 +134,11 @@ def _kept_reason(kind: str, name: str, path: str, modified: float, now: float) -
     if os.path.islink(path):
         return "a link: not sdaccel's"
     if kind == "fast":
-        if not os.path.isfile(path) or not (_FAST_FILE.fullmatch(name) or _FAST_TEMPORARY.fullmatch(name)):
+        temporary = TEMP_NAME.fullmatch(name)  # atomic.py's temporary name for one of them
+        if not os.path.isfile(path) or not (_FAST_FILE.fullmatch(name) or
+                                            (temporary and _FAST_FILE.fullmatch(temporary["name"]))):
             return "not recognised: not sdaccel's"
-        if _FAST_FILE.fullmatch(name):
+        if _FAST_FILE.fullmatch(name) or stale_temp(name):  # a dead writer's temporary file may go at once
             return ""
     elif kind == "onnx":
         if not os.path.isdir(path):

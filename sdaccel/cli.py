@@ -169,14 +169,15 @@ def save_images(result, out_dir: Path, stem: str = "image", overwrite: bool = Fa
     """Write the images as PNGs with their parameters, each complete under a temporary name before it gets its own.
     Without `overwrite` no existing file is replaced: a taken name moves the whole call to the next free names, and
     the final step is a hard link, which fails rather than replace a file another run wrote meanwhile."""
+    import glob
     import os
-    import tempfile
 
     from PIL.PngImagePlugin import PngInfo
 
-    from .atomic import atomic_path
+    from .atomic import atomic_path, fsync_file, remove_stale_temps, temp_path
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out_dir, f".{glob.escape(stem)}-*.part")  # what killed runs left
     seed, count = result.params["seed"], len(result.images)
     attempt = 1
     while not overwrite and any(p.exists() for p in image_names(out_dir, stem, seed, count, attempt)):
@@ -191,10 +192,10 @@ def save_images(result, out_dir: Path, stem: str = "image", overwrite: bool = Fa
                 image.save(tmp, format="PNG", pnginfo=meta)
             written.append(path)
             continue
-        handle, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{stem}-", suffix=".png.part")
+        tmp = temp_path(path, "part")
         try:
-            with os.fdopen(handle, "wb") as file:
-                image.save(file, format="PNG", pnginfo=meta)
+            image.save(tmp, format="PNG", pnginfo=meta)
+            fsync_file(tmp)
             while True:
                 try:
                     os.link(tmp, path)
@@ -205,9 +206,13 @@ def save_images(result, out_dir: Path, stem: str = "image", overwrite: bool = Fa
                 except OSError:  # a file system without hard links: the check above, then a rename
                     os.replace(tmp, path)
                     break
+        except OSError as exc:
+            if exc.filename is None:  # a full disk names no file: name the image being written
+                exc.filename = os.fspath(path)
+            raise
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            if tmp.exists():
+                tmp.unlink()
         written.append(path)
     return written
 

@@ -171,3 +171,14 @@ def test_listing_does_not_import_torch(root):
                           env=dict(os.environ, SDACCEL_CACHE=str(root)))
     assert proc.returncode == 0, proc.stderr
     assert f"onnx/{ONNX}" in proc.stdout
+
+
+def test_a_dead_writers_temporary_engine_cache_file_goes_a_live_ones_stays(root, capsys):
+    from sdaccel.atomic import HOST_TAG, pid_alive
+
+    dead = next(pid for pid in range(4_000_000, 4_100_000) if not pid_alive(pid))
+    leftover = write(root / "fast" / f".{FAST}.{HOST_TAG}-{dead}-0123abcd.tmp")
+    writing = write(root / "fast" / f".{FAST}.{HOST_TAG}-{os.getpid()}-4567cdef.tmp")
+    assert main(["cache", "clear", "--what", "fast"]) == 0
+    assert not leftover.exists() and writing.exists()
+    assert "being written" in capsys.readouterr().out

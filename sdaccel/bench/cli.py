@@ -61,9 +61,21 @@ def config_from_args(args: argparse.Namespace):
         engine_opts=parse_engine_opts(getattr(args, "engine_opt", None) or [], "--engine-opt"))
 
 
+EXIT_TERMINATED = 128 + 15  # the shell's code for a process ended by SIGTERM
+
+
 def cmd_bench(args) -> int:
-    """0 when at least one engine measured something, 1 when every engine failed (their rows say why)."""
+    """0 when at least one engine measured something, 1 when every engine failed (their rows say why), 143 when
+    stopped by SIGTERM (handled as Ctrl-C is: the worker stopped, the engines done so far kept as partial results)."""
+    import sys
+
+    from .lifeline import Terminated, sigterm_as_interrupt
     from .runner import run_bench
 
-    rows = run_bench(config_from_args(args))
+    try:
+        with sigterm_as_interrupt():
+            rows = run_bench(config_from_args(args))
+    except Terminated:
+        print("sdaccel: terminated (SIGTERM)", file=sys.stderr)
+        return EXIT_TERMINATED
     return 0 if any(row["status"] == "ok" for row in rows) else 1

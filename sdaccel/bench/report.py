@@ -1,6 +1,8 @@
 """Results on disk and on screen: CSV (appended, header checked), JSON (one per invocation), a Markdown table.
 
 Every file is written under a temporary name and renamed, so an interrupted run never leaves half a file behind.
+Appending to the CSV holds a lock (`results.csv.lock` beside it), so benchmarks sharing an output folder cannot
+lose each other's rows.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import json
 import math
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock
 
 from ..atomic import write_text
 from ..errors import UsageError
@@ -48,17 +52,22 @@ def csv_cell(value: Any) -> Any:
 
 
 def append_csv(path: Path, rows: list[dict]) -> None:
-    """Append rows (writing the header if the file is new) after checking the existing header matches."""
+    """Append rows (writing the header if the file is new) after checking the existing header matches.
+
+    Under an exclusive lock from the header check to the write, so concurrent appends (two benchmarks sharing
+    --out) serialize instead of losing rows; the file is replaced whole (atomic.write_text), so a reader sees it
+    before or after an append, never half a row."""
     path = Path(path)
-    check_csv_header(path)
-    existing = path.read_text(encoding="utf-8") if path.exists() else ""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    if not existing:
-        writer.writerow(COLUMNS)
-    for row in rows:
-        writer.writerow([csv_cell(row.get(name)) for name in COLUMNS])
-    write_text(path, existing + buffer.getvalue())
+    with FileLock(path.with_name(f"{path.name}.lock")):
+        check_csv_header(path)
+        existing = path.read_text(encoding="utf-8") if path.exists() else ""
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        if not existing:
+            writer.writerow(COLUMNS)
+        for row in rows:
+            writer.writerow([csv_cell(row.get(name)) for name in COLUMNS])
+        write_text(path, existing + buffer.getvalue())
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -131,16 +140,28 @@ def clock_cell(row: dict) -> str:
     return f"{float(median):.0f}" + (f" ({slowdown.replace(',', ', ')})" if slowdown else "")
 
 
+GUARD_NOTE = ("guard: what the output guard did during the row's runs. remedied: part of the generation was "
+              "recomputed in fp32 (fp32 attention: kept for every later call), so the figures measure that, not the "
+              "configuration asked for; flagged: black or flat-colour images. Over a row's runs the worst wins.")
+
+
+def shows_guard(rows: list[dict]) -> bool:
+    """Whether some measured row's output was remedied or flagged (the table's guard column and note then show)."""
+    return any(r.get("guard") not in (None, "ok") for r in rows)
+
+
 CLOCK_NOTE = ("SM MHz: the GPU's SM clock, median over the timed runs (nvidia-smi every 100 ms); in brackets what "
               "nvidia-smi said held it down (power_cap, sw_thermal, hw_thermal, ...). Figures taken at different "
               "clocks are not comparable.")
 
 
 def markdown_table(rows: list[dict], baseline: str | None) -> str:
-    """One line per engine and batch size; the speed-up column only when the baseline engine was run."""
+    """One line per engine and batch size; the guard column only when some row was remedied or flagged, the
+    speed-up column only when the baseline engine was run."""
     with_ratio = baseline is not None and any(r["engine"] == baseline for r in rows)
-    header = ["engine", "batch", "status", "median s", "p90 s", "min s", "UNet it/s", "images/min", "cold start s",
-              "1st-run MB", "2nd-run MB", "1st-run device MB"]
+    with_guard = shows_guard(rows)
+    header = ["engine", "batch", "status", *(["guard"] if with_guard else []), "median s", "p90 s", "min s",
+              "UNet it/s", "images/min", "cold start s", "1st-run MB", "2nd-run MB", "1st-run device MB"]
     with_restart = any(r.get("restart_start_s") is not None for r in rows)
     if with_restart:
         header.append("2nd start s")
@@ -155,9 +176,10 @@ def markdown_table(rows: list[dict], baseline: str | None) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r['error'] or ''}".replace("|", "/")
-        cells = [r["engine"], _fmt(r["batch_size"]), status, _fmt(r["latency_median_s"]), _fmt(r["latency_p90_s"]),
-                 _fmt(r["latency_min_s"]), _fmt(r["unet_it_s"], 1), _fmt(r["images_per_min"], 1),
-                 _fmt(r["cold_start_s"], 1), _fmt(r["first_run_memory_MB"], 0), _fmt(r["second_run_memory_MB"], 0),
+        cells = [r["engine"], _fmt(r["batch_size"]), status, *([_fmt(r.get("guard"))] if with_guard else []),
+                 _fmt(r["latency_median_s"]), _fmt(r["latency_p90_s"]), _fmt(r["latency_min_s"]),
+                 _fmt(r["unet_it_s"], 1), _fmt(r["images_per_min"], 1), _fmt(r["cold_start_s"], 1),
+                 _fmt(r["first_run_memory_MB"], 0), _fmt(r["second_run_memory_MB"], 0),
                  _fmt(r["first_run_device_MB"], 0)]
         if with_restart:
             cells.append(_fmt(r.get("restart_start_s"), 1))

@@ -8,13 +8,15 @@ While engines are measured, `bench-<run_id>.partial.json` in the output folder h
 far (rewritten after each one), and `table-<run_id>.partial.md` their table, so a run stopped from outside (a time
 limit) still leaves its finished measurements; the complete `bench-<run_id>.json` and `table.md` replace them at the
 end.
+
+Each worker dies with this process (lifeline.py): stopping `sdaccel bench` (Ctrl-C, SIGTERM, even kill -9) never
+leaves a worker running, nor holding the GPU.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from datetime import datetime, timezone
@@ -23,12 +25,14 @@ from pathlib import Path
 from typing import Callable
 
 from ..engines.options import engine_kind
+from ..output_paths import prepare_output_folder
 from .config import BenchConfig
+from .lifeline import WorkerProcess
 from .memory import SOURCE_DESCRIPTIONS
 from .plots import write_plots
 from ..atomic import write_text
-from .report import CLOCK_NOTE, CSV_NAME, add_speedups, append_csv, check_csv_header, markdown_table, \
-    write_json
+from .report import CLOCK_NOTE, CSV_NAME, GUARD_NOTE, add_speedups, append_csv, check_csv_header, \
+    markdown_table, shows_guard, write_json
 from .schema import new_row
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # so the worker imports this very sdaccel
@@ -49,10 +53,12 @@ def measure_in_subprocess(cfg: BenchConfig, engine: str) -> dict:
         request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
         request.write_text(json.dumps({"config": cfg.to_dict(), "engine": engine}))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [PACKAGE_PARENT, os.environ.get("PYTHONPATH")])))
-        proc = subprocess.run([sys.executable, "-m", "sdaccel.bench.worker", str(request), str(result)], env=env)
+        # Interrupted (Ctrl-C, SIGTERM), the worker is stopped on leaving this block, then the folder removed.
+        with WorkerProcess([sys.executable, "-m", "sdaccel.bench.worker", str(request), str(result)], env) as worker:
+            code = worker.wait()
         if result.exists():
             return json.loads(result.read_text())
-    return failure_result(cfg, engine, "error", f"worker process exited with code {proc.returncode} without a "
+    return failure_result(cfg, engine, "error", f"worker process exited with code {code} without a "
                                                 f"result (crashed or killed; its output is above)")
 
 
@@ -79,26 +85,11 @@ def _unique_path(folder: Path, stem: str, suffix: str) -> Path:
     return path
 
 
-def run_bench(config: BenchConfig, *, isolate: bool = True, log: Callable[[str], None] = print) -> list[dict]:
-    """Benchmark every engine of `config`; write CSV, JSON, table and plots under config.out; return the rows."""
-    import torch
-
-    from ..version import __version__
-    from ..engines import available_engines
-    from .environment import environment, git_commit
-
-    cfg = config.resolved()
-    out = Path(cfg.out)
-    check_csv_header(out / CSV_NAME)  # a schema clash is reported now, not after minutes of measuring
-    for note in cfg.notes:
-        log(f"note: {note}")
-    started = datetime.now(timezone.utc)
-    run_id = started.strftime("%Y%m%d-%H%M%S")
-    availability = available_engines(torch.device(cfg.device))
+def _measure_engines(cfg: BenchConfig, isolate: bool, availability: dict, results: list[dict], run_id: str,
+                     started: datetime, partial: Path, partial_table: Path, log: Callable[[str], None]) -> None:
+    """Measure each engine in turn into `results`; after each one, the rows so far go to the partial JSON and
+    table."""
     measure = measure_in_subprocess if isolate else measure_in_process
-    results = []
-    partial = out / f"bench-{run_id}.partial.json"
-    partial_table = out / f"table-{run_id}.partial.md"  # the same rows, readable, should the run be stopped
     for engine in cfg.engines:
         reason = availability.get(engine_kind(engine))
         if reason:
@@ -123,6 +114,37 @@ def run_bench(config: BenchConfig, *, isolate: bool = True, log: Callable[[str],
                              "rows": done})
         write_text(partial_table, _partial_table(done, cfg, run_id))
 
+
+def run_bench(config: BenchConfig, *, isolate: bool = True, log: Callable[[str], None] = print) -> list[dict]:
+    """Benchmark every engine of `config`; write CSV, JSON, table and plots under config.out; return the rows.
+    UsageError before anything is measured when config.out cannot be written or its results.csv has another
+    schema. Interrupted (KeyboardInterrupt, lifeline.Terminated), it stops the running worker and keeps the engines
+    done so far in bench-<run_id>.partial.json and table-<run_id>.partial.md."""
+    import torch
+
+    from ..version import __version__
+    from ..engines import available_engines
+    from .environment import environment, git_commit
+
+    cfg = config.resolved()
+    # A bad --out or a schema clash is reported now, not after minutes of measuring.
+    out = prepare_output_folder(cfg.out)
+    check_csv_header(out / CSV_NAME)
+    for note in cfg.notes:
+        log(f"note: {note}")
+    started = datetime.now(timezone.utc)
+    run_id = started.strftime("%Y%m%d-%H%M%S")
+    availability = available_engines(torch.device(cfg.device))
+    results = []
+    partial = out / f"bench-{run_id}.partial.json"
+    partial_table = out / f"table-{run_id}.partial.md"  # the same rows, readable, should the run be stopped
+    try:
+        _measure_engines(cfg, isolate, availability, results, run_id, started, partial, partial_table, log)
+    except KeyboardInterrupt:
+        log(f"stopped: the engines measured so far are in {partial} and {partial_table}" if results
+            else "stopped before any engine was measured: nothing to keep")
+        raise
+
     rows = [row for result in results for row in result["rows"]]
     commit = git_commit()
     for row in rows:
@@ -135,6 +157,8 @@ def run_bench(config: BenchConfig, *, isolate: bool = True, log: Callable[[str],
              f"{env['gpu_name'] or 'CPU'}")
     memory_note = SOURCE_DESCRIPTIONS.get(first["memory_source"], first["memory_source"])
     report = f"{title}\n\n{markdown_table(rows, cfg.baseline)}\n\nmemory: {memory_note}\n"
+    if shows_guard(rows):
+        report += f"{GUARD_NOTE}\n"
     if any(r.get("gpu_sm_mhz_median") is not None for r in rows):
         report += f"{CLOCK_NOTE}\n"
     written = [out / CSV_NAME]

@@ -11,6 +11,9 @@ from typing import Any
 COLUMNS: tuple[str, ...] = (
     # which invocation and measurement
     "run_id", "timestamp", "engine", "engine_options", "status", "error",
+    # what the output guard did during the row's runs: ok, remedied: fp32 attention / fp32 VAE, flagged: black /
+    # flat colour (guard_verdict.py); empty when nothing was measured
+    "guard",
     # what was run
     "model", "arch", "dtype", "device", "gpu_name", "height", "width", "steps", "scheduler", "guidance",
     "batch_size", "mode",

@@ -5,12 +5,13 @@
 REQUEST holds {"config": BenchConfig.to_dict(), "engine": name}; RESULT receives {"engine", "status", "error",
 "rows", "throughput", "engine_info"} (engine_info: what the engine reported doing, Stages.info, JSON-safe). Failures
 of the engine are results (status/error in its rows), not crashes: the parent goes on with the next engine either way.
-Progress goes to stderr.
+Progress goes to stderr. The worker dies with the process that started it (lifeline.hold_to_parent).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -24,6 +25,8 @@ import torch
 from ..engines.options import engine_kind
 from .config import BenchConfig
 from .gpu_clocks import ClockMonitor
+from .guard_verdict import row_verdict, run_verdict, with_attention_kept
+from .lifeline import hold_to_parent
 from .memory import MemoryProbe, is_out_of_memory, release_memory, simulated_out_of_memory
 from .report import json_safe
 from .schema import new_row
@@ -31,6 +34,8 @@ from .stats import summarize
 
 THROUGHPUT_MIN_GAIN = 0.03  # stop raising the batch when images/minute improves by less than this
 THROUGHPUT_MAX_BATCH = 1024
+# Test hook: a worker measuring the engine label this names announces itself and waits to be stopped, doing nothing.
+HOLD_ENV = "SDACCEL_BENCH_TEST_HOLD"
 
 
 @dataclass
@@ -40,6 +45,7 @@ class Run:
     peak_mb: float | None
     device_mb: float | None
     params: dict
+    guard: Any = None  # what the output guard did (quality.guard.GuardReport)
 
 
 def log(message: str) -> None:
@@ -82,7 +88,7 @@ def run_once(pipe, cfg: BenchConfig, batch: int, seed: int, probe: MemoryProbe) 
     synchronize(pipe.device)
     wall = time.perf_counter() - start
     peak, device_mb = probe.end_run()
-    return Run(wall, result.timings, peak, device_mb, result.params)
+    return Run(wall, result.timings, peak, device_mb, result.params, getattr(result, "guard", None))
 
 
 def measure_batch(pipe, cfg: BenchConfig, batch: int, probe: MemoryProbe, first: Run | None = None) -> dict:
@@ -92,6 +98,7 @@ def measure_batch(pipe, cfg: BenchConfig, batch: int, probe: MemoryProbe, first:
     with ClockMonitor(pipe.device, enabled=cfg.clock_monitor) as clocks:
         timed = [run_once(pipe, cfg, batch, seed=i, probe=probe) for i in range(cfg.runs)]
     second = (warmups + timed)[0]
+    guard = row_verdict(run.guard for run in [first, *warmups, *timed])  # a GuardVerdict: text at the engine's end
     latency = summarize([r.wall_s for r in timed])
     unet_calls = timed[0].timings.evaluations  # the scheduler's timesteps (PNDM: steps + 1)
     stages = {name: summarize([getattr(r.timings, name) for r in timed]) for name in ("text", "denoise", "decode")}
@@ -105,7 +112,7 @@ def measure_batch(pipe, cfg: BenchConfig, batch: int, probe: MemoryProbe, first:
         decode_median_s=stages["decode"]["median"],
         unet_calls=unet_calls,
         unet_it_s=unet_calls / stages["denoise"]["median"] if stages["denoise"]["median"] > 0 else None,
-        images_per_min=batch * 60 / latency["median"], stage_stats=stages, **clocks.fields(),
+        images_per_min=batch * 60 / latency["median"], stage_stats=stages, guard=guard, **clocks.fields(),
     )
 
 
@@ -121,9 +128,11 @@ def guarded_batch(pipe, cfg, batch, probe, base: dict, first: Run | None = None)
     if failure:
         release_memory(probe.device)  # after the except block: the traceback's frames (and tensors) are gone
         fields = dict(status=failure[0], error=failure[1])
+    guard = fields.get("guard")
     log(f"[{base['engine']}] batch {batch}: {fields['status']}"
         + (f", median {fields['latency_median_s']:.3f} s, {fields['images_per_min']:.1f} images/min"
-           if failure is None else f" ({failure[1]})"))
+           if failure is None else f" ({failure[1]})")
+        + (f", guard: {guard.text}" if guard is not None and guard.text != "ok" else ""))
     return new_row(**base, batch_size=batch, timestamp=now_iso(), **fields)
 
 
@@ -152,6 +161,23 @@ def throughput_rows(pipe, cfg, probe, base, first: Run, start: int) -> tuple[lis
     return rows, summary
 
 
+def prepare_note(engine: str, options: dict) -> str | None:
+    """What preparing `engine` (a label) may spend minutes on before its first image, said before it starts; None
+    when it only loads. (What an engine's first call does is its own `first_call`.)"""
+    if engine_kind(engine) == "onnxruntime" and not options.get("folder"):
+        return ("preparing: the engine exports and optimizes the model into an ONNX folder unless the cache holds "
+                "one for it (minutes for a full-size model); the cold start line follows when it is done")
+    return None
+
+
+def with_guard_text(rows: list[dict]) -> list[dict]:
+    """Rows of one engine with `guard` as the column's text (fp32 attention carried to the rows after the one that
+    switched it: it stays for every later call)."""
+    for row, verdict in zip(rows, with_attention_kept([row.get("guard") for row in rows])):
+        row["guard"] = None if verdict is None else verdict.text
+    return rows
+
+
 def measure_engine(cfg: BenchConfig, engine: str) -> dict:
     """Everything for one engine; never raises for a failing engine (the failure is in the rows)."""
     import diffusers  # noqa: F401 - imported before the clock starts: cold start measures loading, not imports
@@ -177,10 +203,16 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
             + (f", engine options {json.dumps(options, sort_keys=True)}" if options else ""))
         start = time.perf_counter()
         components = load_components(cfg.model, arch=cfg.arch, device=device, dtype=resolve_dtype(cfg.dtype, device))
+        note = prepare_note(engine, options)
+        if note:
+            log(f"[{engine}] {note}")
         pipe = GuardedPipeline(Pipeline(components, engine=engine_kind(engine), dtype=cfg.dtype, device=device,
                                         **options))
         synchronize(device)
         load_s = time.perf_counter() - start
+        first_call = getattr(pipe.engine, "first_call", "")
+        if first_call:  # compiling or building kernels: minutes of silence otherwise
+            log(f"[{engine}] first image: the engine {first_call}; the cold start line follows when it is done")
         first = run_once(pipe, cfg, first_batch, seed=0, probe=probe)
     except Exception as exc:  # noqa: BLE001 - recorded in the row; the parent continues with the next engine
         from ..errors import EngineUnavailableError
@@ -210,14 +242,15 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
     for note in logged:
         log(f"[{engine}] note: {note}")
     if cfg.cold_only:
-        return dict(engine=engine, status="ok", error=None, rows=[new_row(**base, status="ok", timestamp=now_iso())],
-                    throughput=None, engine_info=engine_info(pipe))
+        row = new_row(**base, status="ok", guard=run_verdict(first.guard).text, timestamp=now_iso())
+        return dict(engine=engine, status="ok", error=None, rows=[row], throughput=None, engine_info=engine_info(pipe))
     summary = None
     if cfg.throughput:
         rows, summary = throughput_rows(pipe, cfg, probe, base, first, first_batch)
     else:
         rows = [guarded_batch(pipe, cfg, batch, probe, base, first if i == 0 else None)
                 for i, batch in enumerate(cfg.batch_sizes)]
+    with_guard_text(rows)
     ok = any(r["status"] == "ok" for r in rows)
     if ok and cfg.quality:
         quality = psnr_after_timing(pipe, cfg, first_batch)
@@ -250,11 +283,16 @@ def psnr_after_timing(pipe, cfg: BenchConfig, batch: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     from ..atomic import write_text
 
+    hold_to_parent()
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
         log("usage: python -m sdaccel.bench.worker REQUEST.json RESULT.json")
         return 2
     request = json.loads(Path(argv[0]).read_text())
+    if request["engine"] == os.environ.get(HOLD_ENV):
+        log(f"[{request['engine']}] worker {os.getpid()} holding ({HOLD_ENV})")
+        while True:
+            time.sleep(60)
     result = measure_engine(BenchConfig.from_dict(request["config"]), request["engine"])
     write_text(Path(argv[1]), json.dumps(result))
     return 0

@@ -31,7 +31,7 @@ def test_bench_command_end_to_end(tmp_path):
     (["--engines", "warp"], "unknown engine 'warp'"),
     (["--baseline", "warp"], "unknown baseline engine 'warp'"),
     (["--steps", "many"], "invalid int value"),
-    (["--height", "100"], "height must be a positive multiple of 8"),
+    (["--height", "100"], "height must be a multiple of 8 from 8 to"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path, capsys):
     assert cli.main(["bench", *args, "--out", str(tmp_path)]) == 2

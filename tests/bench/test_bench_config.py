@@ -17,8 +17,8 @@ from sdaccel.errors import UsageError
     (dict(engines=("eager", "warp")), "unknown engine 'warp'"),
     (dict(engines=""), "engines is empty"),
     (dict(baseline="warp"), "unknown baseline engine 'warp'"),
-    (dict(height=100), "height must be a positive multiple of 8"),
-    (dict(steps=0), "steps must be an integer >= 1"),
+    (dict(height=100), "height must be a multiple of 8 from 8 to"),
+    (dict(steps=0), "steps must be an integer from 1 to 1000"),
     (dict(scheduler="warp"), "unknown scheduler 'warp'"),
     (dict(compile_mode="fastest"), "unknown compile mode 'fastest'"),
 ])

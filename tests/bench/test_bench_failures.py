@@ -8,6 +8,7 @@ import torch
 from sdaccel import cli
 from sdaccel.bench import BenchConfig, run_bench, runner, worker
 from sdaccel.bench.memory import is_out_of_memory
+from sdaccel.memory_estimate import InsufficientMemoryError
 from sdaccel.engines import ENGINES
 from sdaccel.engines.eager import EagerEngine
 
@@ -105,6 +106,7 @@ def test_throughput_stops_when_the_gain_is_under_3_percent(monkeypatch):
     (RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Failed to allocate memory: out of memory"), True),
     (RuntimeError("shape mismatch"), False),
     (ValueError("out of memory"), False),
+    (InsufficientMemoryError("batch 4096 at 512x512 needs at least 1.0 TB beyond the weights"), True),
 ])
 def test_out_of_memory_is_recognised(exc, expected):
     assert is_out_of_memory(exc) is expected

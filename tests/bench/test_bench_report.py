@@ -64,3 +64,56 @@ def test_no_ratio_column_without_the_baseline():
 def test_failed_rows_show_their_error_in_the_table():
     table = markdown_table([row("fast", 1, None, status="error")], "eager")
     assert "| fast | 1 | error: boom |" in table
+
+
+def test_a_csv_of_an_older_version_without_the_guard_column_is_refused(tmp_path):
+    path = tmp_path / "results.csv"
+    old = ",".join(c for c in COLUMNS if c != "guard") + "\n"
+    path.write_text(old)
+    with pytest.raises(UsageError, match=r"missing guard\).*new --out"):
+        append_csv(path, [row("eager", 1, 2.0)])
+    assert path.read_text() == old
+
+
+def _append_many(path, writer, count, start):
+    start.wait()
+    for i in range(count):
+        append_csv(path, [row(f"w{writer}", i + 1, 1.0)])
+
+
+def _read_until_done(path, done, seen):
+    """Read the CSV over and over while writers append: every read must parse into complete rows."""
+    import csv
+
+    reads = 0
+    while not done.is_set() or reads == 0:
+        if path.exists():
+            with path.open(newline="") as handle:
+                lines = list(csv.reader(handle))
+            assert all(len(line) == len(COLUMNS) for line in lines), "a row was read half-written"
+            reads += 1
+    seen.value = reads
+
+
+def test_concurrent_appends_keep_every_row(tmp_path):
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    path, writers, count = tmp_path / "results.csv", 4, 40
+    start, done, seen = context.Event(), context.Event(), context.Value("i", 0)
+    reader = context.Process(target=_read_until_done, args=(path, done, seen))
+    procs = [context.Process(target=_append_many, args=(path, w, count, start)) for w in range(writers)]
+    reader.start()
+    for proc in procs:
+        proc.start()
+    start.set()
+    for proc in procs:
+        proc.join()
+    done.set()
+    reader.join()
+    assert [proc.exitcode for proc in procs] == [0] * writers and reader.exitcode == 0 and seen.value > 0
+    lines = path.read_text().splitlines()
+    assert lines[0] == ",".join(COLUMNS) and lines.count(lines[0]) == 1
+    rows = read_csv(path)
+    assert sorted((r["engine"], int(r["batch_size"])) for r in rows) == sorted(
+        (f"w{w}", i + 1) for w in range(writers) for i in range(count))
