@@ -178,3 +178,18 @@ def test_on_the_gpu_the_fp8_pick_is_recorded_and_the_result_matches():
     assert key == "m2048 k640 d2560 e4m3" and name in feed_forward.FP8_PATHS
     hopper = torch.cuda.get_device_capability()[0] == 9
     assert name == feed_forward.FP8_SPLIT or hopper
+
+
+def test_a_candidate_that_warns_before_refusing_shows_no_warning():
+    import warnings
+
+    def refusing(x):
+        warnings.warn("Flash attention requires q,k,v to have the same last dimension", UserWarning)
+        raise RuntimeError("No available kernel")
+
+    x = torch.randn(4, 8)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert pick_fastest((x,), {"refuses": refusing, "works": lambda t: t * 2}, "none",
+                            time_ms=lambda fn: 1.0) == "works"
+    assert seen == []
