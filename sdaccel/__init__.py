@@ -9,6 +9,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from .version import __version__
 
 from .errors import EngineUnavailableError, ModelLoadError, SdaccelError, UsageError
@@ -17,25 +20,61 @@ __all__ = ["__version__", "accelerate", "load", "refresh_weights", "Pipeline", "
            "ModelLoadError", "EngineUnavailableError"]
 
 
-def load(model: str = "synthetic:sd15", engine="eager", dtype=None, device=None, *, arch: str | None = None,
+def load(model: str = "synthetic:sd15", engine=None, dtype=None, device=None, *, arch: str | None = None,
          seed: int = 0, **engine_options):
     """Load `model` and prepare it on `engine` (a name, with its options as keyword arguments or `config=`, or an
     engine object). Returns the Pipeline inside the output guard (quality.GuardedPipeline): callable like a diffusers
     pipeline, each call's output checked once and repaired in fp32 if it came out non-finite.
 
     model: a diffusers folder, a single-file checkpoint, a Hugging Face repo id (from the local cache when
-    offline), or `synthetic:<arch>` (exact architecture, random weights: images are noise by construction).
+    offline), `synthetic:<arch>` (exact architecture, random weights: images are noise by construction), or an ONNX
+    pipeline folder written by `sdaccel optimize` (sdaccel.models.is_onnx_pipeline_folder), which the onnxruntime
+    engine runs as it is, without torch weights.
+    engine: default "eager", or "onnxruntime" for an ONNX pipeline folder (the only engine that runs one).
+    dtype: default the device's own; for an ONNX pipeline folder, the precision it was built for.
     """
     from .device import resolve_device, resolve_dtype
-    from .models import load_components
+    from .models import is_onnx_pipeline_folder, load_components
     from .pipeline import Pipeline
     from .quality.guard import GuardedPipeline
 
     dev = resolve_device(device)
+    if isinstance(model, (str, os.PathLike)) and is_onnx_pipeline_folder(model):
+        engine, dtype = _onnx_folder_defaults(model, engine, dtype, dev)
+    engine = "eager" if engine is None else engine
     dt = resolve_dtype(dtype, dev)
     # Load weights in the target dtype straight onto the device: no fp32 copy of SDXL on the host.
     components = load_components(model, arch=arch, seed=seed, device=dev, dtype=dt)
     return GuardedPipeline(Pipeline(components, engine=engine, dtype=dt, device=dev, **engine_options))
+
+
+def _onnx_folder_defaults(folder, engine, dtype, device):
+    """(engine, dtype) for an ONNX pipeline folder: the onnxruntime engine (another one is a one-line UsageError) and
+    the precision its manifest records; a folder built for the CUDA provider needs a CUDA device."""
+    import json
+
+    from .engines import ENGINES, Engine
+
+    if engine is None:
+        engine = "onnxruntime"
+    runs = engine.runs_onnx_folders if isinstance(engine, Engine) else \
+        isinstance(engine, str) and engine in ENGINES and ENGINES[engine].runs_onnx_folders
+    if not runs:
+        name = engine.name if isinstance(engine, Engine) else engine
+        raise UsageError(f"{folder} is an ONNX pipeline folder (no torch weights for the {name} engine): use "
+                         f"--engine onnxruntime (engine='onnxruntime')")
+    try:
+        manifest = json.loads((Path(folder) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        manifest = None  # the engine says what is wrong with the folder
+    if not isinstance(manifest, dict):
+        return engine, dtype
+    if manifest.get("provider") == "cuda" and device.type != "cuda":
+        raise ModelLoadError(f"{folder}: built for onnxruntime's CUDA provider: load it on a CUDA device, or build "
+                             f"a CPU folder with sdaccel optimize --provider cpu")
+    if dtype is None and manifest.get("precision") in ("fp32", "fp16", "bf16"):
+        dtype = manifest["precision"]
+    return engine, dtype
 
 
 def accelerate(pipe, engine="eager", dtype=None, **engine_options):

@@ -38,7 +38,7 @@ IN_PROGRESS_S = 3600
 
 _FAST_FILE = re.compile(r"[0-9a-f]{20}\.json")  # engine_cache.EngineCache's file names
 _ONNX_FOLDER = re.compile(r"[^.].*-[0-9a-f]{16}")  # onnx/optimize.py's cache_folder names
-_ONNX_TEMPORARY = re.compile(r"\..+\.(tmp|old)-[0-9a-f]{8}")  # optimize.py's folders being built or replaced
+_ONNX_TEMPORARY = re.compile(r"\..+\.(tmp|old)-[0-9a-f]{8}")  # folders being built or replaced, older versions
 
 
 def cache_root() -> str:
@@ -143,7 +143,11 @@ def _kept_reason(kind: str, name: str, path: str, modified: float, now: float) -
     elif kind == "onnx":
         if not os.path.isdir(path):
             return "not recognised: not sdaccel's"
-        if not _ONNX_TEMPORARY.fullmatch(name):
+        temporary = TEMP_NAME.fullmatch(name)  # optimize.py's folders being built (tmp) or replaced (old)
+        if temporary and temporary["kind"] in ("tmp", "old") and _ONNX_FOLDER.fullmatch(temporary["name"]):
+            if stale_temp(name):
+                return ""  # its writer is gone
+        elif not _ONNX_TEMPORARY.fullmatch(name):
             known = _ONNX_FOLDER.fullmatch(name) or _onnx_manifest(path) is not None
             return "" if known else "not recognised: not sdaccel's"
     else:

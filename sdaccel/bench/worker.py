@@ -164,10 +164,14 @@ def throughput_rows(pipe, cfg, probe, base, first: Run, start: int) -> tuple[lis
 def prepare_note(engine: str, options: dict) -> str | None:
     """What preparing `engine` (a label) may spend minutes on before its first image, said before it starts; None
     when it only loads. (What an engine's first call does is its own `first_call`.)"""
-    if engine_kind(engine) == "onnxruntime" and not options.get("folder"):
-        return ("preparing: the engine exports and optimizes the model into an ONNX folder unless the cache holds "
-                "one for it (minutes for a full-size model); the cold start line follows when it is done")
-    return None
+    from ..engines import ENGINES
+
+    kind = engine_kind(engine)
+    if kind == "onnxruntime" and options.get("folder"):
+        return None  # a folder built beforehand: nothing to build
+    first_start = getattr(ENGINES[kind], "first_start", "") if kind in ENGINES else ""
+    return (f"preparing: with caches still empty, the engine {first_start}; the cold start line follows when it is "
+            f"done") if first_start else None
 
 
 def with_guard_text(rows: list[dict]) -> list[dict]:

@@ -1,10 +1,12 @@
-"""ONNX Runtime: every stage runs as an ORT session over an `sdaccel optimize` folder.
+"""ONNX Runtime: every stage runs as an ORT session over an `sdaccel optimize` folder (a standard ONNX pipeline
+folder: models.onnx_folder). A model loaded from such a folder (sdaccel.load(DIR)) has no torch weights: this engine
+runs the folder itself, checked against its manifest (provider, precision, every file's sha256).
 
 Options:
   provider    "auto" (CUDA on a GPU device, else CPU), "cuda" or "cpu"
-  folder      an optimized folder to use (must match model, provider, precision, versions: else a one-line
-              ModelLoadError); None: optimize on first use into SDACCEL_CACHE/onnx/<arch>-<provider>-<precision>-<key>,
-              rebuilt whenever the manifest no longer matches
+  folder      an optimized folder to use for torch weights (must match model, provider, precision, versions: else a
+              one-line ModelLoadError); None: optimize on first use into
+              SDACCEL_CACHE/onnx/<arch>-<provider>-<precision>-<key>, rebuilt whenever the manifest no longer matches
   cuda_graph  CUDA EP only: one session per input shape with ORT's CUDA graph capture (enable_cuda_graph); a stage
               whose graph cannot be captured falls back to plain runs, which Stages.info records
   stream      CUDA EP only: "auto" runs each session on a torch stream handed to ORT (user_compute_stream) and orders
@@ -31,6 +33,8 @@ import torch
 
 from ..errors import EngineUnavailableError, ModelLoadError, UsageError, first_line
 from ..models.components import Components
+from ..models.onnx_folder import (TEXT_INPUT, UNET_OUTPUT, VAE_DECODER_INPUT, VAE_DECODER_OUTPUT, text_encoder_names,
+                                  text_encoder_outputs)
 from .base import Engine, Stages
 from .options import EngineConfig, option
 
@@ -243,8 +247,9 @@ class GraphedRunner:
 @dataclass(frozen=True)
 class OnnxRuntimeConfig(EngineConfig):
     provider: str = option("auto", "auto (CUDA on a GPU device, else CPU), cuda or cpu", choices=PROVIDER_CHOICES)
-    folder: str | None = option(None, "an `sdaccel optimize` folder to run (it must match model, provider, precision "
-                                      "and versions); None: optimize on first use into the cache")
+    folder: str | None = option(None, "an `sdaccel optimize` folder to run for torch weights (it must match model, "
+                                      "provider, precision and versions); None: optimize on first use into the "
+                                      "cache. A model loaded from an optimized folder runs that folder")
     cuda_graph: bool = option(False, "CUDA EP: one session per input shape with ORT's CUDA graph capture; a stage "
                                      "that cannot be captured runs without")
     stream: str = option("auto", "CUDA EP: auto runs ORT on a torch stream ordered by stream waits; sync has the "
@@ -257,6 +262,9 @@ class OnnxRuntimeEngine(Engine):
                    "SkipLayerNorm, BiasSplitGelu, NhwcConv fusions; CUDA EP with IO binding, optional CUDA graphs")
 
     Config = OnnxRuntimeConfig
+    runs_onnx_folders = True
+    first_start = ("exports and optimizes the model into an ONNX folder unless one is given (option folder): "
+                   "minutes for a full-size model, once (cached on disk)")
 
     def __init__(self, config: OnnxRuntimeConfig | None = None, **options):
         if isinstance(options.get("folder"), Path):
@@ -294,6 +302,7 @@ class OnnxRuntimeEngine(Engine):
         return 0
 
     def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
+        from ..onnx.manifest import component_path
         from ..onnx.optimize import OptimizeSettings, ensure_optimized
 
         self.bind(components)
@@ -312,6 +321,8 @@ class OnnxRuntimeEngine(Engine):
         notes: list[str] = []
         settings = OptimizeSettings(provider=provider, precision=precision)
         folder, manifest, built = ensure_optimized(components, settings, self.folder, log=notes.append)
+        if components.onnx_folder is not None:
+            self.folder = folder  # the model is this folder: options() names it
         graphs = self.config.cuda_graph and provider == "cuda"
         if self.config.cuda_graph and not graphs:
             notes.append("cuda_graph needs the CUDA provider: ignored")
@@ -319,7 +330,7 @@ class OnnxRuntimeEngine(Engine):
 
         def runner(name: str):
             entry = manifest["components"][name]
-            path = folder / entry["file"]
+            path = component_path(folder, manifest, name)
             sessions[name] = {}
             if graphs:
                 dims = {k: v["shape"] for k, v in entry["inputs"].items()}
@@ -331,47 +342,57 @@ class OnnxRuntimeEngine(Engine):
         stages = _stages(components, manifest, runner, device)
         stages.info.update(provider=provider, precision=precision, folder=str(folder), built=built,
                            cuda_graph=graphs, io_binding=True, stream=self.config.stream, sessions=sessions, notes=notes,
-                           fused_ops={n: c["fused_ops"] for n, c in manifest["components"].items()})
+                           fused_ops={n: c.get("fused_ops", {}) for n, c in manifest["components"].items()})
         return stages
 
 
 def _stages(components: Components, manifest: dict, runner, device: torch.device) -> Stages:
+    """The pipeline's stages over the folder's graphs, fed and read by the names diffusers' ONNX pipelines use
+    (models.onnx_folder); the VAE encoder, when there is one, is not a txt2img stage."""
     spec = components.spec
-    names = [n for n in manifest["components"] if n.startswith("text_encoder")]
-    encoders = [_text_stage(runner(n), te, device) for n, te in zip(sorted(names), spec.text_encoders)]
+    encoders = [_text_stage(runner(name), te, list(manifest["components"][name]["outputs"]), device)
+                for name, te in zip(text_encoder_names(spec), spec.text_encoders)]
     unet_runner, vae_runner = runner("unet"), runner("vae_decoder")
     multiple = int(manifest.get("unet_size_multiple", 1))
     out_channels = int(spec.unet.get("out_channels", spec.latent_channels))
     image_channels, scale = int(spec.vae.get("out_channels", 3)), spec.vae_scale
+    # The timestep as the graph declares it: (1,) in diffusers' exports and sdaccel's, a scalar in newer Optimum's.
+    timestep_shape = (1,) * len(manifest["components"]["unet"]["inputs"]["timestep"]["shape"])
 
     def unet(sample, timestep, context, text_embeds=None, time_ids=None):
         b, _, h, w = sample.shape
         if h % multiple or w % multiple:
             raise UsageError(f"the exported UNet takes latent sizes that are multiples of {multiple} (images "
                              f"multiples of {multiple * scale} pixels); got {h}x{w} latents")
-        feeds = {"sample": sample, "timestep": torch.as_tensor(timestep).reshape(()), "context": context}
+        feeds = {"sample": sample, "timestep": torch.as_tensor(timestep).reshape(timestep_shape),
+                 "encoder_hidden_states": context}
         if text_embeds is not None:
             feeds.update(text_embeds=text_embeds, time_ids=time_ids)
-        (out,) = unet_runner.run(feeds, {"out_sample": (b, out_channels, h, w)}, torch.float32)
+        (out,) = unet_runner.run(feeds, {UNET_OUTPUT: (b, out_channels, h, w)}, torch.float32)
         return out.to(device)  # no-op on the session's device; the CPU provider's output for a GPU pipeline
 
     def decode(latents):
         b, _, h, w = latents.shape
-        (image,) = vae_runner.run({"latents": latents}, {"image": (b, image_channels, h * scale, w * scale)},
-                                  torch.float32)
+        (image,) = vae_runner.run({VAE_DECODER_INPUT: latents},
+                                  {VAE_DECODER_OUTPUT: (b, image_channels, h * scale, w * scale)}, torch.float32)
         return image.to(device)
 
     return Stages(text_encoders=encoders, unet=unet, decode=decode, info={})
 
 
-def _text_stage(run, te, device: torch.device):
+def _text_stage(run, te, outputs: list[str], device: torch.device):
+    """ids -> (hidden states, pooled) from the graph's outputs by name. Every output is bound, the layers' hidden
+    states of an SDXL encoder included: a captured CUDA graph writes each into memory of its own."""
     width = int(te.config["hidden_size"])
     pooled_width = int(te.config["projection_dim"]) if te.with_projection else width
+    hidden_name, pooled_name = text_encoder_outputs(te)
+    wanted = outputs.index(hidden_name), outputs.index(pooled_name)
 
     def encode(ids: torch.Tensor):
         b, s = ids.shape
-        hidden, pooled = run.run({"input_ids": ids}, {"hidden_states": (b, s, width), "pooled": (b, pooled_width)},
-                                 torch.float32)
-        return hidden.to(device), pooled.to(device)
+        shapes = {name: (b, pooled_width) if name == "text_embeds" else (b, width) if name == "pooler_output"
+                  else (b, s, width) for name in outputs}
+        values = run.run({TEXT_INPUT: ids}, shapes, torch.float32)
+        return values[wanted[0]].to(device), values[wanted[1]].to(device)
 
     return encode

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -15,16 +16,20 @@ Tokenizer = Callable[[list[str]], torch.Tensor]  # prompts -> (batch, 77) int64 
 
 @dataclass
 class Components:
+    """A model's modules. A model loaded from an ONNX pipeline folder has none (unet and vae None, no text encoders):
+    its weights are the folder's ONNX graphs (`onnx_folder`), which only the onnxruntime engine runs."""
+
     spec: ModelSpec
-    unet: nn.Module  # diffusers UNet2DConditionModel
-    vae: nn.Module  # diffusers AutoencoderKL
+    unet: nn.Module | None  # diffusers UNet2DConditionModel
+    vae: nn.Module | None  # diffusers AutoencoderKL
     text_encoders: list[nn.Module]  # transformers CLIPTextModel / CLIPTextModelWithProjection, one per spec entry
     tokenizers: list[Tokenizer]
     source: str  # what the user asked for: "synthetic:sd15", a folder, a file, a repo id
     synthetic: bool = False  # random weights: images are noise by construction
+    onnx_folder: Path | None = None  # an ONNX pipeline folder (model_index.json, <component>/model.onnx)
 
     def modules(self) -> list[nn.Module]:
-        return [self.unet, self.vae, *self.text_encoders]
+        return [m for m in (self.unet, self.vae, *self.text_encoders) if m is not None]
 
 
 # The functions below are what every engine runs. They call the module classes' own methods (not the instance

@@ -1,5 +1,6 @@
-"""Turn what the user names into Components: a diffusers folder, a Hugging Face repo id (cache first, offline
-respected), a single-file checkpoint, or `synthetic:<arch>` (exact architecture, seeded random weights)."""
+"""Turn what the user names into Components: a diffusers folder, an ONNX pipeline folder (onnx_folder.py), a Hugging
+Face repo id (cache first, offline respected), a single-file checkpoint, or `synthetic:<arch>` (exact architecture,
+seeded random weights)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 
 from ..errors import ModelLoadError, UsageError, first_line
 from .components import Components
+from .onnx_folder import is_onnx_pipeline_folder, load_onnx_pipeline_folder
 from .registry import ModelSpec, get_spec, list_specs, with_overrides
 from .tokenizer import HashTokenizer, HFTokenizerAdapter
 
@@ -38,6 +40,8 @@ def load_components(ref: str, *, arch: str | None = None, seed: int = 0, device:
         return build_synthetic(spec, seed=seed, device=device, dtype=dtype, source=ref)
     path = Path(ref).expanduser()
     if path.is_dir():
+        if is_onnx_pipeline_folder(path):
+            return load_onnx_pipeline_folder(path, arch=arch)  # graphs, no torch modules: the onnxruntime engine
         return load_diffusers_folder(path, arch=arch, device=device, dtype=dtype)
     if path.is_file():
         if path.suffix.lower() not in _SINGLE_FILE_SUFFIXES:
@@ -127,7 +131,7 @@ def _load_part(loader, folder: Path, sub: str, what: str, dtype: torch.dtype):
         raise ModelLoadError(f"{part}: cannot load {what} ({first_line(exc)[:200]})") from None
 
 
-def _folder_tokenizer(folder: Path, sub: str, pad_with_eos: bool, vocab_size: int):
+def folder_tokenizer(folder: Path, sub: str, pad_with_eos: bool, vocab_size: int):
     tok_dir = folder / sub
     if tok_dir.is_dir() and any(tok_dir.iterdir()):
         from transformers import CLIPTokenizer
@@ -167,7 +171,7 @@ def load_diffusers_folder(folder: Path, *, arch: str | None = None, device: str 
         cls = CLIPTextModelWithProjection if (xl and i == 1) else CLIPTextModel
         enc = _load_part(cls, folder, f"text_encoder{suffix}", "text encoder", dtype)
         encoders.append(enc)
-        tokenizers.append(_folder_tokenizer(folder, f"tokenizer{suffix}", te.pad_with_eos, enc.config.vocab_size))
+        tokenizers.append(folder_tokenizer(folder, f"tokenizer{suffix}", te.pad_with_eos, enc.config.vocab_size))
 
     spec = _spec_from_modules(base, unet, vae, encoders, sched_cfg)
     comps = Components(spec=spec, unet=unet, vae=vae, text_encoders=encoders, tokenizers=tokenizers,
@@ -178,17 +182,27 @@ def load_diffusers_folder(folder: Path, *, arch: str | None = None, device: str 
 
 def _spec_from_modules(base: ModelSpec, unet, vae, encoders, sched_cfg: dict[str, Any]) -> ModelSpec:
     """The registry entry with the loaded modules' own configs (fine-tunes may differ from the published ones)."""
+    return spec_from_configs(base, dict(unet.config), dict(vae.config), [enc.config.to_dict() for enc in encoders],
+                             sched_cfg)
+
+
+def spec_from_configs(base: ModelSpec, unet: dict[str, Any] | None, vae: dict[str, Any] | None,
+                      encoders: list[dict[str, Any] | None], sched_cfg: dict[str, Any]) -> ModelSpec:
+    """The registry entry with the components' own configs where given (None: the entry's own), as diffusers and
+    transformers write them (config.json of each component, the scheduler's scheduler_config.json)."""
     scheduler = dict(base.scheduler)
     scheduler.update({k: v for k, v in sched_cfg.items() if not k.startswith("_") and k in (
         "num_train_timesteps", "beta_start", "beta_end", "beta_schedule", "prediction_type", "steps_offset",
         "timestep_spacing", "rescale_betas_zero_snr")})
+    unet = base.unet if unet is None else {k: v for k, v in unet.items() if not k.startswith("_")}
+    vae = base.vae if vae is None else {k: v for k, v in vae.items() if not k.startswith("_")}
     return with_overrides(
-        base, unet=dict(unet.config), vae=dict(vae.config),
-        text_encoders=tuple(replace(te, config=enc.config.to_dict())
-                            for te, enc in zip(base.text_encoders, encoders)),
-        scheduler=scheduler, vae_scaling_factor=float(vae.config.scaling_factor),
-        vae_force_upcast=bool(getattr(vae.config, "force_upcast", base.vae_force_upcast)),
-        upcast_attention=bool(unet.config.get("upcast_attention", False)) or base.upcast_attention,
+        base, unet=dict(unet), vae=dict(vae),
+        text_encoders=tuple(te if config is None else replace(te, config=config)
+                            for te, config in zip(base.text_encoders, encoders)),
+        scheduler=scheduler, vae_scaling_factor=float(vae.get("scaling_factor", base.vae_scaling_factor)),
+        vae_force_upcast=bool(vae.get("force_upcast", base.vae_force_upcast)),
+        upcast_attention=bool(unet.get("upcast_attention", False)) or base.upcast_attention,
     )
 
 

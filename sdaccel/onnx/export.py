@@ -2,8 +2,9 @@
 
 Why the legacy exporter: its graphs keep the operator patterns onnxruntime.transformers' fusions recognise
 (InstanceNormalization-based GroupNorm, LayerNormalization, Erf-Gelu, Conv), while graphs from the dynamo exporter
-get none of those fusions. Each graph wraps exactly one of sdaccel.models.components' stage functions, so its
-inputs and outputs are the engine stage's own; batch, spatial size and sequence length stay dynamic.
+get none of those fusions. Each graph wraps one of sdaccel.models.components' stage functions (the text encoders:
+the encoder's own outputs), named as diffusers' and Optimum's ONNX pipelines name them; batch, spatial size and
+sequence length stay dynamic.
 """
 
 from __future__ import annotations
@@ -19,45 +20,74 @@ import torch
 from torch import nn
 
 from ..errors import first_line
-from ..models.components import Components, text_encoder_fn, unet_fn, vae_decode_fn
+from ..models.components import Components, unet_fn, vae_decode_fn
+from ..models.onnx_folder import (TEXT_INPUT, UNET_INPUTS, UNET_OUTPUT, UNET_XL_INPUTS, VAE_DECODER_INPUT,
+                                  VAE_DECODER_OUTPUT, VAE_ENCODER_INPUT, VAE_ENCODER_OUTPUT, text_encoder_names,
+                                  text_encoder_output_names)
+from ..models.registry import TextEncoderSpec
 
 OPSET = 17
 PROTOBUF_LIMIT = 2**31 - 1  # one protobuf message (a model without external data) can't exceed 2 GB
 
 
 class TextEncoderGraph(nn.Module):
-    """ids (B, S) int64 -> (hidden (B, S, D), pooled (B, P)): sdaccel's text stage."""
+    """input_ids (B, S) int32 -> the encoder's outputs as diffusers' and Optimum's ONNX exports name them:
+    (last_hidden_state, pooler_output) for CLIPTextModel, (text_embeds, last_hidden_state) with the projection, then
+    every layer's hidden states (hidden_states.0 ... .N) for encoders conditioned on the penultimate one (SDXL)."""
 
-    def __init__(self, encoder: nn.Module, penultimate: bool):
+    def __init__(self, encoder: nn.Module, te: TextEncoderSpec):
         super().__init__()
         self.encoder = encoder  # registered so the exporter names weights after it
-        self.penultimate = penultimate
+        self.with_projection, self.all_hidden = te.with_projection, te.penultimate
 
     def forward(self, input_ids):
-        # Built per call, not stored: a copy of this module (fp32_copy) must run its own weights.
-        return text_encoder_fn(self.encoder, self.penultimate)(input_ids)
+        # The class's forward, not the instance attribute: sdaccel.accelerate may have patched the latter.
+        out = type(self.encoder).forward(self.encoder, input_ids, output_hidden_states=self.all_hidden,
+                                         return_dict=True)
+        first = (out.text_embeds, out.last_hidden_state) if self.with_projection else \
+            (out.last_hidden_state, out.pooler_output)
+        return (*first, *(out.hidden_states if self.all_hidden else ()))
 
 
 class UNetGraph(nn.Module):
-    """(sample, timestep (0-d), context[, text_embeds, time_ids]) -> prediction: sdaccel's UNet stage."""
+    """(sample, timestep (1,), encoder_hidden_states[, text_embeds, time_ids]) -> out_sample: sdaccel's UNet stage
+    with diffusers' input names."""
 
     def __init__(self, unet: nn.Module):
         super().__init__()
         self.unet = unet
 
-    def forward(self, sample, timestep, context, text_embeds=None, time_ids=None):
-        return unet_fn(self.unet)(sample, timestep, context, text_embeds, time_ids)
+    def forward(self, sample, timestep, encoder_hidden_states, text_embeds=None, time_ids=None):
+        return unet_fn(self.unet)(sample, timestep, encoder_hidden_states, text_embeds, time_ids)
 
 
 class VaeDecoderGraph(nn.Module):
-    """scaled latents -> image in [-1, 1]: sdaccel's decode stage."""
+    """latent_sample (scaled latents) -> sample (image in [-1, 1]): sdaccel's decode stage, diffusers' names."""
 
     def __init__(self, vae: nn.Module):
         super().__init__()
         self.vae = vae
 
-    def forward(self, latents):
-        return vae_decode_fn(self.vae)(latents)
+    def forward(self, latent_sample):
+        return vae_decode_fn(self.vae)(latent_sample)
+
+
+class VaeEncoderGraph(nn.Module):
+    """sample (image in [-1, 1]) -> latent_sample (a draw from the latent distribution, unscaled), as diffusers'
+    converter exports it for OnnxStableDiffusionImg2ImgPipeline. The draw is written out (mean + std * noise with
+    randn_like) so that its shape follows the input's: batch and size stay dynamic."""
+
+    def __init__(self, vae: nn.Module):
+        super().__init__()
+        self.vae = vae
+
+    def forward(self, sample):
+        moments = self.vae.encoder(sample)
+        if self.vae.quant_conv is not None:
+            moments = self.vae.quant_conv(moments)
+        mean, logvar = torch.chunk(moments, 2, dim=1)
+        std = torch.exp(0.5 * torch.clamp(logvar, -30.0, 20.0))  # DiagonalGaussianDistribution's clamp
+        return mean + std * torch.randn_like(mean)
 
 
 @dataclass
@@ -79,39 +109,51 @@ def unet_size_multiple(spec) -> int:
 
 
 def component_graphs(components: Components) -> list[ComponentGraph]:
-    """Every component of the model, in pipeline order, wrapped for export with small example inputs.
+    """Every component of the model, in pipeline order, wrapped for export with small example inputs, with the
+    input/output names, dtypes and dynamic axes of diffusers' ONNX pipelines (models.onnx_folder).
 
     Tracing runs one forward pass, so the examples are small (a latent of 2x the UNet's size multiple): the graph
     does not depend on them except through the decision `unet_size_multiple` describes."""
     spec = components.spec
     graphs = []
     batch = 2  # classifier-free guidance batches uncond + cond; any batch works at run time
-    for i, (encoder, te) in enumerate(zip(components.text_encoders, spec.text_encoders)):
-        ids = torch.full((batch, te.config["max_position_embeddings"]), te.config.get("pad_token_id", 1))
+    for name, encoder, te in zip(text_encoder_names(spec), components.text_encoders, spec.text_encoders):
+        ids = torch.full((batch, te.config["max_position_embeddings"]), te.config.get("pad_token_id", 1),
+                         dtype=torch.int32)  # int32: what diffusers' ONNX pipeline feeds
         ids[:, 0], ids[:, -1] = te.config["bos_token_id"], te.config["eos_token_id"]
-        graphs.append(ComponentGraph(
-            "text_encoder" if i == 0 else f"text_encoder_{i + 1}", TextEncoderGraph(encoder, te.penultimate), (ids,),
-            ["input_ids"], ["hidden_states", "pooled"],
-            {"input_ids": {0: "batch", 1: "sequence"}, "hidden_states": {0: "batch", 1: "sequence"},
-             "pooled": {0: "batch"}}))
+        outputs = text_encoder_output_names(te)
+        axes = {out: {0: "batch"} if out in ("pooler_output", "text_embeds") else {0: "batch", 1: "sequence"}
+                for out in outputs}
+        graphs.append(ComponentGraph(name, TextEncoderGraph(encoder, te), (ids,), [TEXT_INPUT], outputs,
+                                     {TEXT_INPUT: {0: "batch", 1: "sequence"}, **axes}))
     side = 2 * unet_size_multiple(spec)
     context_dim = spec.unet["cross_attention_dim"]
     sample = torch.randn(batch, spec.latent_channels, side, side)
-    unet_inputs = [sample, torch.tensor(500.0), torch.randn(batch, 77, context_dim)]
-    names = ["sample", "timestep", "context"]
-    axes = {"sample": {0: "batch", 2: "height", 3: "width"}, "context": {0: "batch", 1: "sequence"},
-            "out_sample": {0: "batch", 2: "height", 3: "width"}}
+    unet_inputs = [sample, torch.tensor([500.0]), torch.randn(batch, 77, context_dim)]
+    names = list(UNET_INPUTS)
+    # The timestep's own dimension name: pipelines feed (1,) beside any batch, and a free-dimension override of
+    # "batch" (CUDA graphs) must not pin it.
+    axes = {"sample": {0: "batch", 2: "height", 3: "width"}, "timestep": {0: "steps"},
+            "encoder_hidden_states": {0: "batch", 1: "sequence"}, UNET_OUTPUT: {0: "batch", 2: "height", 3: "width"}}
     if spec.is_xl:
         pooled_dim = spec.text_encoders[-1].config["projection_dim"]
         unet_inputs += [torch.randn(batch, pooled_dim), torch.tensor([[64.0, 64, 0, 0, 64, 64]] * batch)]
-        names += ["text_embeds", "time_ids"]
+        names += list(UNET_XL_INPUTS)
         axes.update(text_embeds={0: "batch"}, time_ids={0: "batch"})
-    graphs.append(ComponentGraph("unet", UNetGraph(components.unet), tuple(unet_inputs), names, ["out_sample"], axes))
+    graphs.append(ComponentGraph("unet", UNetGraph(components.unet), tuple(unet_inputs), names, [UNET_OUTPUT], axes))
     graphs.append(ComponentGraph(
         "vae_decoder", VaeDecoderGraph(components.vae), (torch.randn(1, spec.latent_channels, side, side),),
-        ["latents"], ["image"],
-        {"latents": {0: "batch", 2: "height", 3: "width"}, "image": {0: "batch", 2: "image_height",
-                                                                      3: "image_width"}}))
+        [VAE_DECODER_INPUT], [VAE_DECODER_OUTPUT],
+        {VAE_DECODER_INPUT: {0: "batch", 2: "height", 3: "width"},
+         VAE_DECODER_OUTPUT: {0: "batch", 2: "image_height", 3: "image_width"}}))
+    if not spec.is_xl:
+        # diffusers' OnnxStableDiffusionPipeline will not load a folder without one (SDXL's ONNX pipeline, Optimum's,
+        # does without it, and its encoder's output convention differs: none is written there).
+        image = torch.randn(1, int(spec.vae.get("in_channels", 3)), side * spec.vae_scale, side * spec.vae_scale)
+        graphs.append(ComponentGraph(
+            "vae_encoder", VaeEncoderGraph(components.vae), (image,), [VAE_ENCODER_INPUT], [VAE_ENCODER_OUTPUT],
+            {VAE_ENCODER_INPUT: {0: "batch", 2: "image_height", 3: "image_width"},
+             VAE_ENCODER_OUTPUT: {0: "batch", 2: "height", 3: "width"}}))
     return graphs
 
 

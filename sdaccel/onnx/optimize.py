@@ -1,18 +1,22 @@
-"""The driver: for every component, export -> fuse -> convert precision -> save; then the manifest; atomically.
+"""The driver: for every component, export it (or take a source folder's graph) -> fuse -> convert precision ->
+save; then the pipeline files (layout.py) and the manifest, all into a staging folder that nothing reads until it is
+complete.
 
-Everything is written into a temporary folder beside the destination and renamed into place at the end, so a reader
-sees either the old complete folder, no folder, or the new complete folder, never a half-written one. Raw exports
-live in a sub-folder of the temporary one and are deleted before the rename.
+Two destinations. The engine's cache (SDACCEL_CACHE/onnx/<arch>-<provider>-<precision>-<key>, sdaccel's own): the
+staging folder is renamed into place, a stale folder renamed aside first and deleted after, so a reader sees the old
+complete folder, no folder, or the new complete one. A folder the user names (`sdaccel optimize --out`): output.py
+puts the files in, never touching a file sdaccel did not write.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
 import shutil
 import time
-import uuid
+import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,15 +24,19 @@ from typing import Callable
 
 import onnx
 
+from ..atomic import remove_stale_temps, temp_path
 from ..cache import cache_dir
 from ..errors import ModelLoadError, UsageError
+from ..models.onnx_folder import ONNX_EXTERNAL_DATA_NAME, ONNX_MODEL_NAME
 from . import COMPONENT_MODEL_TYPES, FUSION_NAMES, PRECISIONS, PROVIDERS
 from .capabilities import capabilities, form_op, provider_installed, smoke_run
 from .export import PROTOBUF_LIMIT, component_graphs, export_graph_where, unet_size_multiple
 from .fusions import apply_fusions, check_fusion_names, fusion_for_error
-from .manifest import (FORMAT_VERSION, MANIFEST_NAME, check_folder, file_facts, model_digest, tool_versions,
-                       write_manifest)
+from .layout import write_component_configs, write_pipeline_files
+from .manifest import (FORMAT_VERSION, GENERATOR, MANIFEST_NAME, check_folder, file_facts, mismatches, model_digest,
+                       read_manifest, tool_versions, verify_files, write_manifest)
 from .precision import convert_precision
+from .sources import SourceGraph, source_digest, source_graphs
 
 Log = Callable[[str], None]
 # Above this many bytes of weights a model is saved with external data (protobuf's 2 GB limit, with headroom for
@@ -74,10 +82,27 @@ def parse_force_fp32(entries) -> tuple[tuple[str, str], ...]:
 
 
 def component_precision(spec, component: str, precision: str) -> str:
-    """SDXL's VAE overflows in fp16 (force_upcast): its decoder stays fp32, as the eager engine runs it."""
-    if precision == "fp16" and component == "vae_decoder" and spec.vae_force_upcast:
+    """SDXL's VAE overflows in fp16 (force_upcast): it stays fp32, as the eager engine runs it."""
+    if precision == "fp16" and component in ("vae_decoder", "vae_encoder") and spec.vae_force_upcast:
         return "fp32"
     return precision
+
+
+@dataclass(frozen=True)
+class ModelDigest:
+    """What a folder is built from: the torch weights' digest in the folder's precision, or, for a model loaded from
+    an ONNX pipeline folder, the source files' sha256 (`source_files`: relative path -> sha256)."""
+
+    whole: str
+    parts: dict[str, str]  # component -> digest
+    source_files: dict[str, str] | None = None
+
+
+def digest_of(components, precision: str) -> ModelDigest:
+    """The digest a folder built from `components` in `precision` records (and a cache folder is keyed by)."""
+    if components.onnx_folder is not None:
+        return ModelDigest(*source_digest(components))
+    return ModelDigest(*model_digest(components, precision))
 
 
 def expected_manifest(components, settings: OptimizeSettings, digest: str) -> dict:
@@ -100,7 +125,7 @@ def _save(model: onnx.ModelProto, path: Path, external: bool | None) -> list[Pat
     if external is None:
         external = weights > EXTERNAL_DATA_ABOVE
     if external:
-        data = path.with_name(path.name + ".data")
+        data = path.with_name(ONNX_EXTERNAL_DATA_NAME)  # diffusers' converter's name for it
         onnx.save_model(model, os.fspath(path), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=data.name, size_threshold=1024)
         onnx.checker.check_model(os.fspath(path))  # by path: works past 2 GB
@@ -123,10 +148,21 @@ def _io(model: onnx.ModelProto) -> tuple[dict, dict]:
 
 
 def build_component(graph, folder: Path, components, settings: OptimizeSettings, log: Log) -> dict:
+    """Export `graph` (a ComponentGraph; a SourceGraph is read from its folder instead), fuse, convert and save it
+    as folder/<component>/model.onnx, run it once; returns its manifest entry."""
     name = graph.name
-    raw = folder / "_export" / name / "model.onnx"
-    raw.parent.mkdir(parents=True)
-    export_s, export_on = export_graph_where(graph, raw, log=log)
+    work = folder / "_export" / name
+    work.mkdir(parents=True)
+    if isinstance(graph, SourceGraph):
+        raw, export_s, export_on, feeds, load = graph.path, 0.0, "source folder", graph.feeds, graph.load
+    else:
+        raw = work / ONNX_MODEL_NAME
+        export_s, export_on = export_graph_where(graph, raw, log=log)
+        feeds = {n: t.detach().cpu().numpy() for n, t in zip(graph.input_names, graph.inputs)}
+
+        def load() -> onnx.ModelProto:
+            return onnx.load(os.fspath(raw))
+    (folder / name).mkdir(exist_ok=True)
     start = time.perf_counter()
     precision = component_precision(components.spec, name, settings.precision)
     forced = settings.fp32_ops_for(name)
@@ -136,13 +172,13 @@ def build_component(graph, folder: Path, components, settings: OptimizeSettings,
         # fp32 probes only when an op is forced to fp32 (each probe is a session on the provider)
         return (capabilities(settings.provider, "fp32") if form_op(form) in forced else compute).can(form)
 
-    feeds = {n: t.detach().cpu().numpy() for n, t in zip(graph.input_names, graph.inputs)}
     off, refused, smoke_s = set(settings.disabled), [], 0.0
     for _ in range(len(FUSION_NAMES) + 1):
-        fused = apply_fusions(lambda: onnx.load(os.fspath(raw)), COMPONENT_MODEL_TYPES[name], can_run,
-                              settings.provider, off, workdir=os.fspath(raw.parent))
+        # ORT's passes work in `work` (never in a source folder, which is only read).
+        fused = apply_fusions(load, COMPONENT_MODEL_TYPES[name], can_run, settings.provider, off,
+                              workdir=os.fspath(work))
         report = convert_precision(fused.model, precision, keep_fp32_ops=forced)
-        files = _save(fused.model, folder / f"{name}.onnx", settings.external_data)
+        files = _save(fused.model, folder / name / ONNX_MODEL_NAME, settings.external_data)
         # Kernels also refuse shapes and input forms no probe covers: run the result once where it will run and
         # leave out the fusion whose op failed.
         if not provider_installed(settings.provider):
@@ -162,11 +198,11 @@ def build_component(graph, folder: Path, components, settings: OptimizeSettings,
     else:
         raise RuntimeError(f"{name}: onnxruntime ({settings.provider}) refused every fusion set tried: {refused}")
     optimize_s = time.perf_counter() - start
-    shutil.rmtree(raw.parent)
+    shutil.rmtree(work)
     inputs, outputs = _io(fused.model)
     counts = ", ".join(f"{op} {n}" for op, n in fused.counts.items()) or "none"
-    log(f"{name}: export {export_s:.1f} s ({export_on}), optimize {optimize_s:.1f} s (smoke run {smoke_s:.1f} s), "
-        f"{precision}; fused: {counts}")
+    where = f"export {export_s:.1f} s ({export_on})" if export_on != "source folder" else f"read from {raw}"
+    log(f"{name}: {where}, optimize {optimize_s:.1f} s (smoke run {smoke_s:.1f} s), {precision}; fused: {counts}")
     return {
         "file": files[0].name, "external_data": files[1].name if len(files) > 1 else None,
         "files": {f.name: file_facts(f) for f in files}, "precision": precision, "inputs": inputs,
@@ -177,31 +213,49 @@ def build_component(graph, folder: Path, components, settings: OptimizeSettings,
     }
 
 
-def build(components, out: Path, settings: OptimizeSettings, digest: tuple[str, dict] | None = None,
+def write_folder(components, folder: Path, settings: OptimizeSettings, digest: ModelDigest | None = None,
+                 log: Log = lambda line: None) -> dict:
+    """Build every component of `components` into the empty staging `folder`, then the pipeline files and, last,
+    the manifest. Returns the manifest."""
+    from_source = components.onnx_folder is not None
+    digest = digest or digest_of(components, settings.precision)
+    graphs = source_graphs(components) if from_source else component_graphs(components)
+    entries = {}
+    for graph in graphs:
+        entries[graph.name] = build_component(graph, folder, components, settings, log)
+        entries[graph.name]["source_sha256" if from_source else "weights_sha256"] = digest.parts[graph.name]
+    shutil.rmtree(folder / "_export", ignore_errors=True)
+    for name, file in write_component_configs(folder, components.spec, list(entries)).items():
+        entries[name]["files"][file] = file_facts(folder / name / file)
+    pipeline_files = write_pipeline_files(folder, components, list(entries))
+    caps = {p: capabilities(settings.provider, p).to_json() for p in sorted({e["precision"] for e in entries.values()})}
+    model = {"reference": components.source, "arch": components.spec.name, "digest": digest.whole,
+             "digest_dtype": None if from_source else settings.precision, "synthetic": components.synthetic,
+             "source": "onnx" if from_source else "torch"}
+    if from_source:
+        model["source_files"] = digest.source_files
+    manifest = {
+        "generator": GENERATOR, "format": FORMAT_VERSION, "versions": tool_versions(), "provider": settings.provider,
+        "precision": settings.precision, "options": settings.options(), "model": model,
+        "unet_size_multiple": unet_size_multiple(components.spec), "capabilities": caps, "components": entries,
+        "pipeline_files": {f: file_facts(folder / f) for f in pipeline_files},
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    write_manifest(folder, manifest)
+    return manifest
+
+
+def build(components, out: Path, settings: OptimizeSettings, digest: ModelDigest | None = None,
           log: Log = lambda line: None) -> dict:
-    """Optimize every component of `components` into `out` (replacing what is there). Returns the manifest."""
+    """Optimize `components` into the cache folder `out`, replacing what is there (the cache is sdaccel's own).
+    Returns the manifest."""
     out = Path(out)
-    whole, parts = digest or model_digest(components, settings.precision)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    remove_stale_temps(out.parent, f".{glob.escape(out.name)}.*")  # what killed builds of this key left
+    tmp = temp_path(out)  # names its writer: cache.py and the line above tell a dead writer's from a live one's
     tmp.mkdir()
     try:
-        entries = {}
-        for graph in component_graphs(components):
-            entries[graph.name] = build_component(graph, tmp, components, settings, log)
-            entries[graph.name]["weights_sha256"] = parts[graph.name]
-        shutil.rmtree(tmp / "_export", ignore_errors=True)
-        caps = {p: capabilities(settings.provider, p).to_json()
-                for p in sorted({e["precision"] for e in entries.values()})}
-        manifest = {
-            "format": FORMAT_VERSION, "versions": tool_versions(), "provider": settings.provider,
-            "precision": settings.precision, "options": settings.options(),
-            "model": {"reference": components.source, "arch": components.spec.name, "digest": whole,
-                      "digest_dtype": settings.precision, "synthetic": components.synthetic},
-            "unet_size_multiple": unet_size_multiple(components.spec), "capabilities": caps,
-            "components": entries, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        }
-        write_manifest(tmp, manifest)
+        manifest = write_folder(components, tmp, settings, digest, log)
         _replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -210,55 +264,68 @@ def build(components, out: Path, settings: OptimizeSettings, digest: tuple[str, 
 
 
 def _replace(tmp: Path, out: Path) -> None:
-    """Move the finished folder into place. An existing `out` is renamed aside first and deleted after."""
+    """Move the finished cache folder into place; an existing `out` is renamed aside first and deleted after. When
+    another process got there first (same key: same inputs, same result), its folder is kept."""
+    old = None
     if out.exists():
-        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(out, old)
+        old = temp_path(out, "old")
         try:
-            os.rename(tmp, out)
-        finally:
-            shutil.rmtree(old, ignore_errors=True)
-        return
+            os.rename(out, old)
+        except FileNotFoundError:
+            old = None  # another process moved it aside first
     try:
         os.rename(tmp, out)
     except OSError:
-        # Another process finished the same folder first: keep theirs (same inputs, same result).
         if not (out / MANIFEST_NAME).is_file():
             raise
         shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def check_graph_folder(folder: Path, settings: OptimizeSettings) -> dict:
+    """The manifest of an optimized folder loaded as the model itself (no torch weights to compare digests with):
+    it must be sdaccel's, built for this provider and precision, with every file as recorded."""
+    folder = Path(folder)
+    if not (folder / MANIFEST_NAME).is_file():
+        raise ModelLoadError(f"{folder}: an ONNX pipeline folder sdaccel has not optimized (no {MANIFEST_NAME}); "
+                             f"run `sdaccel optimize --model {folder} --out DIR` and load DIR")
+    manifest = read_manifest(folder)
+    for key, want in (("provider", settings.provider), ("precision", settings.precision)):
+        if manifest[key] != want:
+            raise ModelLoadError(f"{folder}: built for {key} {manifest[key]}, not {want} (load it with "
+                                 f"{'device=cuda' if key == 'provider' else f'dtype={manifest[key]}'}, or build "
+                                 f"another folder with sdaccel optimize)")
+    verify_files(folder, manifest)
+    return manifest
 
 
 def ensure_optimized(components, settings: OptimizeSettings, folder: Path | None = None,
                      log: Log = lambda line: None) -> tuple[Path, dict, bool]:
-    """(folder, manifest, built now). With `folder`: it must match (else ModelLoadError). Without: the cache folder
-    for this model/settings, rebuilt when missing, stale or damaged."""
-    digest = model_digest(components, settings.precision)
-    expected = expected_manifest(components, settings, digest[0])
+    """(folder, manifest, built now). A model loaded from an optimized folder runs that folder. With `folder`: it
+    must match (else ModelLoadError). Without: the cache folder for this model/settings, rebuilt when missing,
+    stale or damaged (a manifest there that sdaccel cannot read is ignored, with a warning)."""
+    if components.onnx_folder is not None:
+        if folder is not None and Path(folder).resolve() != Path(components.onnx_folder).resolve():
+            raise UsageError(f"the model is the ONNX folder {components.onnx_folder}: it runs that folder, not "
+                             f"engine option folder={folder}")
+        return Path(components.onnx_folder), check_graph_folder(components.onnx_folder, settings), False
+    digest = digest_of(components, settings.precision)
+    expected = expected_manifest(components, settings, digest.whole)
     if folder is not None:
         # A folder the user names may carry any fusion options they chose when building it.
         return Path(folder), check_folder(Path(folder), dict(expected, options=None)), False
-    target = cache_folder(components, settings, digest[0])
+    target = cache_folder(components, settings, digest.whole)
     if target.exists():
         try:
-            return target, check_folder(target, expected), False
+            manifest = read_manifest(target)
+            wrong = mismatches(manifest, expected)
+            if not wrong:
+                verify_files(target, manifest)
+                return target, manifest, False
+            log(f"rebuilding {target}: {'; '.join(wrong)}")
         except ModelLoadError as exc:
+            warnings.warn(f"ignoring {target} ({exc}); rebuilding it", stacklevel=2)
             log(f"rebuilding {target}: {exc}")
     return target, build(components, target, settings, digest, log), True
-
-
-def folder_state(out: Path, expected: dict) -> tuple[str, str]:
-    """("missing" | "current" | "stale" | "foreign", detail) for the CLI: foreign folders are never replaced."""
-    out = Path(out)
-    if not out.exists():
-        return "missing", ""
-    if not out.is_dir():
-        return "foreign", f"{out} exists and is not a folder"
-    if not (out / MANIFEST_NAME).is_file():
-        if any(out.iterdir()):
-            return "foreign", f"{out} is not empty and has no {MANIFEST_NAME} (not an sdaccel optimize folder)"
-        return "missing", ""
-    try:
-        check_folder(out, expected)
-    except ModelLoadError as exc:
-        return "stale", str(exc)
-    return "current", ""

@@ -192,6 +192,10 @@ def run_guarded(pipe, *args, strict: bool = False, generate=None, **kwargs):
         if strict:
             raise NonFiniteOutputError(f"non-finite image from the VAE decoder ({where}); strict mode: no fp32 "
                                        f"fallback")
+        if pipe.components.vae is None:  # a model loaded from an ONNX pipeline folder: no torch VAE to run
+            raise NonFiniteOutputError(f"non-finite image from the VAE decoder ({where}), and this ONNX pipeline "
+                                       f"folder has no torch VAE to decode again in fp32: build it with an fp32 VAE "
+                                       f"decoder (sdaccel optimize without --fp16)")
         warnings.warn(f"non-finite image from the VAE decoder ({where}): decoded again in fp32",
                       PrecisionFallbackWarning, stacklevel=2)
         remedies.append("vae_fp32_decode")

@@ -36,7 +36,8 @@ def test_an_engine_that_only_computes_says_nothing_more(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("engine, options, expected", [
-    ("onnxruntime", {}, "exports and optimizes the model into an ONNX folder unless the cache holds one"),
+    ("onnxruntime", {}, "exports and optimizes the model into an ONNX folder unless one is given"),
+    ("fast", {}, "builds its Triton kernels in worker processes"),
     ("onnxruntime@cpu", {"provider": "cpu"}, "exports and optimizes the model into an ONNX folder"),
     ("onnxruntime", {"folder": "/tmp/sd15-onnx"}, None),  # a folder built beforehand: nothing to build
     ("eager", {}, None),

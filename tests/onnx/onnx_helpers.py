@@ -135,12 +135,16 @@ def cpu_session(model_or_path, disable_optimizations: bool = False):
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
-_NP_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
+_NP_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
+             "tensor(int32)": np.int32}
 
 
 def run_unet(session, sample, timestep, context, extra=()):
-    """Feed torch tensors in the session's declared input types; returns the output as fp32 torch."""
-    values = dict(zip(["sample", "timestep", "context", "text_embeds", "time_ids"],
+    """Feed torch tensors in the session's declared input types and ranks (the timestep as (1,) or a scalar);
+    returns the output as fp32 torch."""
+    values = dict(zip(["sample", "timestep", "encoder_hidden_states", "text_embeds", "time_ids"],
                       [sample, timestep, context, *extra]))
     feeds = {i.name: values[i.name].numpy().astype(_NP_TYPES[i.type]) for i in session.get_inputs()}
+    rank = len(next(i.shape for i in session.get_inputs() if i.name == "timestep"))
+    feeds["timestep"] = feeds["timestep"].reshape((1,) * rank)
     return torch.from_numpy(session.run(None, feeds)[0].astype(np.float32))

@@ -28,7 +28,7 @@ CUDA_ONLY = {"GroupNorm", "SkipGroupNorm", "NhwcConv"}
 
 
 def load_unet(folder, manifest) -> onnx.ModelProto:
-    return onnx.load(str(folder / manifest["components"]["unet"]["file"]))
+    return onnx.load(str(folder / "unet" / manifest["components"]["unet"]["file"]))
 
 
 def unet_inputs(spec, seed=3):
@@ -64,7 +64,7 @@ def test_sdxl_vae_decoder_stays_fp32_in_an_fp16_folder(built):
     folder, manifest, _ = built("sdxl-tiny", "cuda", "fp16")
     assert manifest["components"]["vae_decoder"]["precision"] == "fp32"
     assert manifest["components"]["unet"]["precision"] == "fp16"
-    assert manifest["components"]["vae_decoder"]["inputs"]["latents"]["type"] == "float32"
+    assert manifest["components"]["vae_decoder"]["inputs"]["latent_sample"]["type"] == "float32"
 
 
 def test_bias_split_gelu_and_bias_add_fuse_at_sd_widths(tmp_path):
@@ -80,12 +80,12 @@ def test_bias_split_gelu_and_bias_add_fuse_at_sd_widths(tmp_path):
     counts = entry["fused_ops"]
     assert counts["BiasSplitGelu"] > 0 and counts["BiasAdd"] > 0, counts
     assert counts["MultiHeadAttention"] == attention_modules(components.unet)
-    check_against_eager(onnx.load(str(tmp_path / entry["file"])), components, atol=3e-2)
+    check_against_eager(onnx.load(str(tmp_path / "unet" / entry["file"])), components, atol=3e-2)
 
 
 def test_fp16_unet_is_valid_and_ort_resolves_its_graph(built):
     folder, manifest, _ = built("sd15-tiny", "cuda", "fp16")
-    path = folder / manifest["components"]["unet"]["file"]
+    path = folder / "unet" / manifest["components"]["unet"]["file"]
     model = onnx.load(str(path))
     onnx.checker.check_model(model, full_check=True)
     onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
@@ -116,7 +116,8 @@ def test_fp16_unet_resize_scales_and_group_norm_params_stay_fp32(built):
             assert types[node.input[1]] == types[node.input[2]] == TensorProto.FLOAT  # CUDA kernel's requirement
     # The timestep embedding's sin/cos stay fp32; the model's inputs otherwise fp16.
     inputs = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
-    assert inputs == {"sample": TensorProto.FLOAT16, "timestep": TensorProto.FLOAT, "context": TensorProto.FLOAT16}
+    assert inputs == {"sample": TensorProto.FLOAT16, "timestep": TensorProto.FLOAT,
+                      "encoder_hidden_states": TensorProto.FLOAT16}
     assert all(types[n.output[0]] == TensorProto.FLOAT for n in model.graph.node if n.op_type in ("Sin", "Cos"))
 
 

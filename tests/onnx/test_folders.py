@@ -40,31 +40,36 @@ def one_line(exc: Exception) -> str:
 
 def test_manifest_records_what_was_built(built):
     folder, manifest, components = built("sdxl-tiny")
+    assert (manifest["generator"], manifest["format"]) == ("sdaccel", 2)
     assert set(manifest["versions"]) == {"sdaccel", "onnxruntime", "onnx", "torch", "format"}
     assert (manifest["provider"], manifest["precision"]) == ("cpu", "fp32")
     assert manifest["model"]["reference"] == "synthetic:sdxl-tiny" and manifest["model"]["arch"] == "sdxl-tiny"
-    assert len(manifest["model"]["digest"]) == 64
+    assert len(manifest["model"]["digest"]) == 64 and manifest["model"]["source"] == "torch"
     assert list(manifest["components"]) == ["text_encoder", "text_encoder_2", "unet", "vae_decoder"]
     for name, entry in manifest["components"].items():
-        path = folder / entry["file"]
+        path = folder / name / entry["file"]
+        assert entry["file"] == "model.onnx" and set(entry["files"]) == {"model.onnx", "config.json"}
         assert path.is_file() and entry["files"][path.name]["sha256"] == file_sha256(path)
         assert entry["export_s"] > 0 and entry["optimize_s"] > 0 and len(entry["weights_sha256"]) == 64
         assert isinstance(entry["fused_ops"], dict)
     unet = manifest["components"]["unet"]
-    assert set(unet["inputs"]) == {"sample", "timestep", "context", "text_embeds", "time_ids"}
+    assert set(unet["inputs"]) == {"sample", "timestep", "encoder_hidden_states", "text_embeds", "time_ids"}
     assert unet["inputs"]["sample"]["shape"] == ["batch", 4, "height", "width"]
     assert unet["fused_ops"]["MultiHeadAttention"] > 0
-    # Nothing but the manifest and the models: no raw exports, no temporary folders beside it.
-    assert sorted(p.name for p in folder.iterdir()) == sorted(
-        ["manifest.json"] + [e["file"] for e in manifest["components"].values()])
-    assert not [p for p in folder.parent.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+    for file, facts in manifest["pipeline_files"].items():
+        assert facts["sha256"] == file_sha256(folder / file)
+    # Nothing but the manifest, the pipeline files and the components: no raw exports, no temporary folders.
+    listed = {"manifest.json"} | set(manifest["pipeline_files"]) | {
+        f"{name}/{file}" for name, entry in manifest["components"].items() for file in entry["files"]}
+    assert {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} == listed
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left
 
 
 def test_external_data_folder_runs(built):
     folder, manifest, _ = built("sd15-tiny", external_data=True)
     unet = manifest["components"]["unet"]
-    assert unet["external_data"] == "unet.onnx.data" and set(unet["files"]) == {"unet.onnx", "unet.onnx.data"}
-    graph_only = onnx.load(str(folder / "unet.onnx"), load_external_data=False)
+    assert unet["external_data"] == "weights.pb" and set(unet["files"]) == {"model.onnx", "weights.pb", "config.json"}
+    graph_only = onnx.load(str(folder / "unet" / "model.onnx"), load_external_data=False)
     inits = graph_only.graph.initializer
     assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in inits)
     assert all(len(t.raw_data) < 1024 for t in inits if t.data_location != onnx.TensorProto.EXTERNAL)
@@ -100,18 +105,18 @@ def test_wrong_versions_provider_or_model(built, tmp_path):
 
 def test_corrupted_or_truncated_model_file(built, tmp_path):
     folder = copy_of(built, tmp_path)
-    path = folder / "unet.onnx"
+    path = folder / "unet" / "model.onnx"
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, different contents
     path.write_bytes(bytes(data))
     with pytest.raises(ModelLoadError) as exc:
         prepare_with(folder)
-    assert "unet.onnx: contents differ from the manifest's sha256" in one_line(exc.value)
+    assert "unet/model.onnx: contents differ from the manifest's sha256" in one_line(exc.value)
     path.write_bytes(bytes(data[:100]))
     with pytest.raises(ModelLoadError, match="100 bytes, the manifest says"):
         prepare_with(folder)
     path.unlink()
-    with pytest.raises(ModelLoadError, match="unet.onnx: missing"):
+    with pytest.raises(ModelLoadError, match="unet/model.onnx: missing"):
         prepare_with(folder)
 
 
@@ -121,7 +126,7 @@ def test_unreadable_manifest(built, tmp_path):
     with pytest.raises(ModelLoadError, match="unreadable manifest"):
         prepare_with(folder)
     (folder / "manifest.json").write_text("[]")
-    with pytest.raises(ModelLoadError, match="not an sdaccel ONNX manifest"):
+    with pytest.raises(ModelLoadError, match="manifest: expected dict, got list .not a manifest sdaccel can use"):
         prepare_with(folder)
 
 
@@ -146,13 +151,13 @@ def test_cli_optimize_writes_a_folder_and_skips_when_current(tmp_path):
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["provider"] == "cpu" and manifest["precision"] == "fp32"
-    for entry in manifest["components"].values():
-        assert (out / entry["file"]).is_file()
+    for name, entry in manifest["components"].items():
+        assert (out / name / entry["file"]).is_file()
     assert "unet:" in proc.stdout and "MultiHeadAttention" in proc.stdout and f"wrote {out}" in proc.stdout
     assert "fusion:" not in proc.stderr  # ORT's progress bars stay quiet
     again = run_cli("optimize", "--model", "synthetic:sd15-tiny", "--out", str(out), "--provider", "cpu")
     assert again.returncode == 0 and "up to date" in again.stdout
-    assert file_sha256(out / "unet.onnx") == manifest["components"]["unet"]["files"]["unet.onnx"]["sha256"]
+    assert file_sha256(out / "unet" / "model.onnx") == manifest["components"]["unet"]["files"]["model.onnx"]["sha256"]
 
 
 def main_in_process(capsys, *args) -> tuple[int, list[str]]:
@@ -184,7 +189,7 @@ def test_cli_refuses_a_folder_it_did_not_write(tmp_path, capsys):
     (out / "cat.png").write_bytes(b"not mine")
     code, lines = main_in_process(capsys, "optimize", "--model", "synthetic:sd15-tiny", "--out", str(out),
                                   "--provider", "cpu")
-    assert code == 2 and len(lines) == 1 and "not empty and has no manifest.json" in lines[0]
+    assert code == 2 and len(lines) == 1 and "not empty and has no manifest.json of sdaccel's" in lines[0]
     assert [p.name for p in out.iterdir()] == ["cat.png"] and (out / "cat.png").read_bytes() == b"not mine"
 
 
@@ -221,7 +226,7 @@ def test_large_model_path(tmp_path, monkeypatch):
 
     monkeypatch.setattr(optimize, "EXTERNAL_DATA_ABOVE", 100_000)
     entry = unet_entry(tmp_path, OptimizeSettings(provider="cpu"))
-    assert entry["external_data"] == "unet.onnx.data" and entry["smoke_run"] == "ok"
+    assert entry["external_data"] == "weights.pb" and entry["smoke_run"] == "ok"
     assert entry["fused_ops"]["MultiHeadAttention"] > 0 and entry["fused_ops"]["SkipLayerNormalization"] > 0
 
 
