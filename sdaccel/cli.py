@@ -30,8 +30,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_model_args(p: argparse.ArgumentParser, default_model: str | None = None) -> None:
     p.add_argument("--model", default=default_model,
-                   help="diffusers folder, .safetensors/.ckpt file, HF repo id (cache), or synthetic:<arch> "
-                        "(default: synthetic:sd15 on a GPU, synthetic:sd15-tiny on CPU)")
+                   help="diffusers folder, .safetensors/.ckpt file, HF repo id (cache), synthetic:<arch>, or an "
+                        "ONNX pipeline folder written by `sdaccel optimize` (run on onnxruntime) (default: "
+                        "synthetic:sd15 on a GPU, synthetic:sd15-tiny on CPU)")
     p.add_argument("--arch", help="force the architecture (sd15, sd21, sd21-base, sdxl, *-tiny)")
     p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], help="default: fp16 on GPU, fp32 on CPU")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
