@@ -156,3 +156,16 @@ def test_a_non_finite_decode_without_a_torch_vae_is_a_clear_error(built):
     with pytest.raises(NonFiniteOutputError) as exc:
         pipe("a cat", steps=2)
     assert "\n" not in str(exc.value) and "no torch VAE" in str(exc.value)
+
+
+def test_generate_runs_the_folder_on_onnxruntime_without_being_told(built, tmp_path, capsys):
+    from PIL import Image
+
+    from sdaccel.cli import main
+
+    folder, _, _ = built("sd15-tiny")
+    assert main(["generate", "a cat", "--model", str(folder), "--steps", "1", "--device", "cpu", "--no-progress",
+                 "--out", str(tmp_path)]) == 0
+    assert "engine onnxruntime" in capsys.readouterr().out
+    assert "Engine: onnxruntime" in Image.open(tmp_path / "image-0-00.png").text["parameters"]
+    assert main(["generate", "a cat", "--model", str(folder), "--engine", "eager", "--out", str(tmp_path)]) == 2
