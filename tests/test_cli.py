@@ -1,5 +1,6 @@
 """The CLI in a subprocess, as users run it: PNGs with parameters, timings, and one-line errors with exit code 2."""
 
+import os
 import subprocess
 import sys
 
@@ -139,3 +140,11 @@ def test_engine_names_in_help_are_the_registry():
     from sdaccel.engines import ENGINES
 
     assert set(ENGINE_NAMES) == set(ENGINES)
+
+
+def test_help_and_cache_listing_do_not_import_torch(tmp_path):
+    code = ("import sys; from sdaccel import cli; cli.build_parser(); "
+            "assert cli.main(['cache']) == 0; assert 'torch' not in sys.modules, 'torch imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SDACCEL_CACHE": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr

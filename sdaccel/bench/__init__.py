@@ -8,8 +8,14 @@
 
 from __future__ import annotations
 
-from .config import BenchConfig
-from .runner import run_bench
-from .schema import COLUMNS
-
 __all__ = ["BenchConfig", "COLUMNS", "run_bench"]
+_LAZY = {"BenchConfig": "config", "run_bench": "runner", "COLUMNS": "schema"}
+
+
+def __getattr__(name):
+    # Lazy, so that `sdaccel --help` and `sdaccel cache` (which import sdaccel.bench.cli) do not import torch.
+    if name in _LAZY:
+        from importlib import import_module
+
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(name)

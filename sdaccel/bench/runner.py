@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from dataclasses import replace
 from pathlib import Path
@@ -30,7 +32,7 @@ from .config import BenchConfig
 from .lifeline import WorkerProcess
 from .memory import SOURCE_DESCRIPTIONS
 from .plots import write_plots
-from ..atomic import write_text
+from ..atomic import remove_stale_temps, temp_path, write_text
 from .report import CLOCK_NOTE, CSV_NAME, GUARD_NOTE, add_speedups, append_csv, check_csv_header, \
     markdown_table, shows_guard, write_json
 from .schema import new_row
@@ -49,8 +51,8 @@ def failure_result(cfg: BenchConfig, engine: str, status: str, error: str) -> di
 
 def measure_in_subprocess(cfg: BenchConfig, engine: str) -> dict:
     """Run the worker in a new interpreter; its progress streams to our stderr, its result comes back as JSON."""
-    with tempfile.TemporaryDirectory(prefix="sdaccel-bench-") as tmp:
-        request, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
+    with _exchange_folder() as tmp:
+        request, result = tmp / "request.json", tmp / "result.json"
         request.write_text(json.dumps({"config": cfg.to_dict(), "engine": engine}))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [PACKAGE_PARENT, os.environ.get("PYTHONPATH")])))
         # Interrupted (Ctrl-C, SIGTERM), the worker is stopped on leaving this block, then the folder removed.
@@ -60,6 +62,20 @@ def measure_in_subprocess(cfg: BenchConfig, engine: str) -> dict:
             return json.loads(result.read_text())
     return failure_result(cfg, engine, "error", f"worker process exited with code {code} without a "
                                                 f"result (crashed or killed; its output is above)")
+
+
+@contextmanager
+def _exchange_folder():
+    """A fresh folder for one worker's request and result, named after this process (atomic.temp_path), so that the
+    folder of a `sdaccel bench` killed with -9 is removed by the next run rather than left forever."""
+    root = Path(tempfile.gettempdir())
+    remove_stale_temps(root, ".sdaccel-bench.*.tmp")
+    folder = temp_path(root / "sdaccel-bench")
+    folder.mkdir()
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def measure_in_process(cfg: BenchConfig, engine: str) -> dict:

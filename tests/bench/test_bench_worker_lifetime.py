@@ -107,7 +107,7 @@ class Bench:
         return stdout, "".join(rest)
 
     def worker_temp_folders(self) -> list[str]:
-        return [p.name for p in self.temp.iterdir() if p.name.startswith("sdaccel-bench-")]
+        return [p.name for p in self.temp.iterdir() if p.name.startswith(".sdaccel-bench.")]
 
 
 def test_sigterm_stops_the_worker_and_keeps_the_finished_engines(tmp_path):

@@ -74,7 +74,7 @@ def test_bench_killed_mid_measurement(tmp_path):
             time.sleep(0.1)
         alive = [pid for pid in workers if running(pid)]
         assert not alive, f"worker processes outlived the killed bench: {alive}"
-        finished = sorted(str(p.relative_to(scratch)) for p in scratch.glob("sdaccel-bench-*/result.json"))
+        finished = sorted(str(p.relative_to(scratch)) for p in scratch.glob(".sdaccel-bench.*/result.json"))
         assert not finished, f"a worker went on measuring after the bench was killed: {finished}"
     finally:
         for pid in workers:
@@ -86,6 +86,8 @@ def test_bench_killed_mid_measurement(tmp_path):
     rows = read_whole_csv(csv_path, COLUMNS)
     assert len(rows) == len(after_kill) + 1 and rows[:len(after_kill)] == after_kill
     assert temporaries(out) == []
+    # The killed run's request/result folder went with the next run.
+    assert not [p.name for p in scratch.iterdir() if "sdaccel-bench" in p.name]
 
 
 APPEND_THEN_STALL = HOOKS + r'''
