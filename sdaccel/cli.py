@@ -64,7 +64,8 @@ def engine_options(engine: str, args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .schedulers import SCHEDULERS
+    from .presets import PRESETS
+    from .schedulers import PREDICTION_TYPES, SCHEDULERS, TIMESTEP_SPACINGS
 
     parser = _Parser(prog="sdaccel", description="Fast, honestly measured Stable Diffusion inference.",
                      epilog=EXIT_CODES)
@@ -88,6 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--scheduler", metavar="NAME",
                      help=f"sampler: {', '.join(SCHEDULERS)}; UI spellings are accepted ('Euler a', 'DPM++ 2M "
                           f"Karras'); default: the model's own (pndm for SD)")
+    gen.add_argument("--preset", metavar="NAME",
+                     help=f"a few-step model's published settings: {', '.join(PRESETS)}; explicit --steps, "
+                          f"--guidance, --scheduler, --timestep-spacing win over it (`sdaccel presets` says what "
+                          f"each sets)")
+    gen.add_argument("--timestep-spacing", choices=TIMESTEP_SPACINGS,
+                     help="how the steps spread over the training schedule (default: the model's own, leading for "
+                          "SD); few-step models want trailing")
+    gen.add_argument("--prediction-type", choices=PREDICTION_TYPES,
+                     help="what the UNet predicts, for a model whose folder does not say (default: the model's own)")
     gen.add_argument("--negative", default="", help="negative prompt (default: none)")
     gen.add_argument("--guidance", type=float,
                      help="classifier-free guidance scale, finite and >= 0; <= 1 runs the UNet once per step "
@@ -111,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     engines = sub.add_parser("engines", help="the engines, or one engine's options (name, type, default, meaning)")
     engines.add_argument("name", nargs="?", help="an engine: list its options")
     engines.set_defaults(func=cmd_engines)
+
+    presets = sub.add_parser("presets", help="few-step models' published settings (--preset NAME)")
+    presets.set_defaults(func=cmd_presets)
 
     for register in _extra_commands():
         register(sub)
@@ -154,7 +167,9 @@ def png_parameters(params: dict, index: int) -> str:
     lines.append(
         f"Steps: {params['steps']}, Sampler: {params['scheduler']}, CFG scale: {params['guidance']}, "
         f"Seed: {params['seed']}, Size: {params['width']}x{params['height']}, Model: {params['model']}, "
-        f"Batch index: {index}, Engine: {params['engine']}, Dtype: {params['dtype']}, Generator: sdaccel"
+        f"Batch index: {index}, Engine: {params['engine']}, Dtype: {params['dtype']}, "
+        f"Timestep spacing: {params['timestep_spacing']}, Prediction type: {params['prediction_type']}, "
+        + (f"Preset: {params['preset']}, " if params.get("preset") else "") + "Generator: sdaccel"
     )
     return "\n".join(lines)
 
@@ -226,6 +241,7 @@ def cmd_generate(args) -> int:
     from .models.registry import default_model
     from .output_paths import prepare_output_folder
     from .pipeline import validate_request
+    from .presets import get_preset
     from .schedulers import canonical
 
     # Everything checkable without a model is checked before loading one, the output folder included.
@@ -235,6 +251,8 @@ def cmd_generate(args) -> int:
         raise SdaccelError(f"--repeat must be >= 1, got {args.repeat}")
     if args.scheduler:
         canonical(args.scheduler)
+    if args.preset:
+        get_preset(args.preset)
     out_dir = prepare_output_folder(args.out)
     device = resolve_device(args.device)
     model = args.model or default_model(device.type)
@@ -256,7 +274,8 @@ def cmd_generate(args) -> int:
             status(f"the first call on the {engine} engine {pipe.engine.first_call}")
         result = pipe(args.prompt, args.negative, steps=args.steps, guidance=args.guidance, height=args.height,
                       width=args.width, batch_size=args.batch, seed=args.seed, scheduler=args.scheduler,
-                      progress=not args.no_progress, strict=args.strict)
+                      timestep_spacing=args.timestep_spacing, prediction_type=args.prediction_type,
+                      preset=args.preset, progress=not args.no_progress, strict=args.strict)
         runs.append(result.timings)
     paths = save_images(result, out_dir, overwrite=args.overwrite)
     params = result.params
@@ -364,6 +383,15 @@ def _quiet_library_logs() -> None:
 
     for name in ("transformers", "diffusers"):
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def cmd_presets(args) -> int:
+    from .presets import PRESETS
+
+    for preset in PRESETS.values():
+        settings = ", ".join(f"{k}={v}" for k, v in preset.settings().items() if v is not None)
+        print(f"{preset.name:16s} {preset.description}\n{'':16s} {settings}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,7 @@ from .engines import Engine, get_engine
 from .errors import UsageError
 from .memory_estimate import check_fits
 from .models.components import Components
+from .presets import get_preset
 from .schedulers import canonical, make_scheduler
 from .timing import StageTimer, StageTimings
 
@@ -123,10 +124,12 @@ class Pipeline:
         """Call after changing the model's weights (e.g. fusing a LoRA into them) so every engine uses them."""
         return self.engine.refresh_weights(self.components)
 
-    def scheduler(self, name: str | None = None):
-        key = canonical(name or self.spec.default_scheduler)
+    def scheduler(self, name: str | None = None, timestep_spacing: str | None = None,
+                  prediction_type: str | None = None):
+        """The scheduler `name` (default: the model's), built once per (name, spacing, prediction type)."""
+        key = (canonical(name or self.spec.default_scheduler), timestep_spacing, prediction_type)
         if key not in self._schedulers:
-            self._schedulers[key] = make_scheduler(key, self.spec.scheduler)
+            self._schedulers[key] = make_scheduler(key[0], self.spec.scheduler, timestep_spacing, prediction_type)
         return self._schedulers[key]
 
     @torch.inference_mode()
@@ -165,8 +168,15 @@ class Pipeline:
                  steps: int | None = None, guidance: float | None = None, height: int | None = None,
                  width: int | None = None, batch_size: int = 1, seed: int = 0, scheduler: str | None = None,
                  output: str = "pil", callback: StepCallback | None = None, progress: bool = False,
-                 latents: torch.Tensor | None = None) -> GenerationResult:
+                 latents: torch.Tensor | None = None, timestep_spacing: str | None = None,
+                 prediction_type: str | None = None, preset: str | None = None) -> GenerationResult:
         spec = self.spec
+        if preset is not None:  # the preset fills what the call leaves unset
+            given = dict(scheduler=scheduler, steps=steps, guidance=guidance, timestep_spacing=timestep_spacing,
+                         prediction_type=prediction_type)
+            chosen = {k: given[k] if given[k] is not None else v for k, v in get_preset(preset).settings().items()}
+            scheduler, steps, guidance = chosen["scheduler"], chosen["steps"], chosen["guidance"]
+            timestep_spacing, prediction_type = chosen["timestep_spacing"], chosen["prediction_type"]
         steps = spec.steps if steps is None else steps
         guidance = spec.guidance if guidance is None else guidance
         height = spec.height if height is None else height
@@ -184,7 +194,7 @@ class Pipeline:
         cfg = guidance > 1.0  # guidance <= 1 is the conditional prediction alone: skip the uncond half
         check_fits(spec, height, width, len(prompts), self.dtype, cfg, self.device)
         sched_name = canonical(scheduler or spec.default_scheduler)
-        sched = self.scheduler(sched_name)
+        sched = self.scheduler(sched_name, timestep_spacing, prediction_type)
 
         timer = StageTimer(self.device)
         n = len(prompts)
@@ -215,7 +225,9 @@ class Pipeline:
 
         params = dict(prompt=prompts[0], negative_prompt=negatives[0], steps=steps, guidance=guidance,
                       height=height, width=width, seed=seed, scheduler=sched_name, batch_size=n,
-                      model=self.components.source, engine=self.engine.name, dtype=dtype_name(self.dtype))
+                      model=self.components.source, engine=self.engine.name, dtype=dtype_name(self.dtype),
+                      timestep_spacing=sched.config.timestep_spacing, prediction_type=sched.config.prediction_type,
+                      preset=preset)
         images = _to_pil(image) if output == "pil" else []
         return GenerationResult(images=images, image_tensor=image, latents=latents, timings=timings, params=params,
                                 decoded_finite=decoded_finite, checks=checks)
