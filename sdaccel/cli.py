@@ -98,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "SD); few-step models want trailing")
     gen.add_argument("--prediction-type", choices=PREDICTION_TYPES,
                      help="what the UNet predicts, for a model whose folder does not say (default: the model's own)")
+    gen.add_argument("--image", metavar="FILE",
+                     help="image to image: start from this picture (its size, a multiple of 8, sets the output's)")
+    gen.add_argument("--strength", type=float,
+                     help="with --image: how far to move from it, in (0, 1] (default: 0.8; 1 ignores it); "
+                          "steps x strength steps run")
     gen.add_argument("--negative", default="", help="negative prompt (default: none)")
     gen.add_argument("--guidance", type=float,
                      help="classifier-free guidance scale, finite and >= 0; <= 1 runs the UNet once per step "
@@ -169,7 +174,9 @@ def png_parameters(params: dict, index: int) -> str:
         f"Seed: {params['seed']}, Size: {params['width']}x{params['height']}, Model: {params['model']}, "
         f"Batch index: {index}, Engine: {params['engine']}, Dtype: {params['dtype']}, "
         f"Timestep spacing: {params['timestep_spacing']}, Prediction type: {params['prediction_type']}, "
-        + (f"Preset: {params['preset']}, " if params.get("preset") else "") + "Generator: sdaccel"
+        + (f"Preset: {params['preset']}, " if params.get("preset") else "")
+        + (f"Denoising strength: {params['strength']}, " if params.get("strength") is not None else "")
+        + "Generator: sdaccel"
     )
     return "\n".join(lines)
 
@@ -241,18 +248,24 @@ def cmd_generate(args) -> int:
     from .models.registry import default_model
     from .output_paths import prepare_output_folder
     from .pipeline import validate_request
+    from .images import image_batch
     from .presets import get_preset
     from .schedulers import canonical
 
     # Everything checkable without a model is checked before loading one, the output folder included.
     validate_request(1 if args.steps is None else args.steps, args.height, args.width, args.batch, args.guidance,
-                     args.seed)
+                     args.seed, args.strength)
+    if args.strength is not None and not args.image:
+        raise SdaccelError("--strength needs --image (image to image)")
     if args.repeat < 1:
         raise SdaccelError(f"--repeat must be >= 1, got {args.repeat}")
     if args.scheduler:
         canonical(args.scheduler)
     if args.preset:
         get_preset(args.preset)
+    init_image = read_image(args.image) if args.image else None
+    if init_image is not None:
+        image_batch(init_image, "--image")  # size and range checked before the model loads
     out_dir = prepare_output_folder(args.out)
     device = resolve_device(args.device)
     model = args.model or default_model(device.type)
@@ -275,7 +288,8 @@ def cmd_generate(args) -> int:
         result = pipe(args.prompt, args.negative, steps=args.steps, guidance=args.guidance, height=args.height,
                       width=args.width, batch_size=args.batch, seed=args.seed, scheduler=args.scheduler,
                       timestep_spacing=args.timestep_spacing, prediction_type=args.prediction_type,
-                      preset=args.preset, progress=not args.no_progress, strict=args.strict)
+                      preset=args.preset, image=init_image, strength=args.strength,
+                      progress=not args.no_progress, strict=args.strict)
         runs.append(result.timings)
     paths = save_images(result, out_dir, overwrite=args.overwrite)
     params = result.params
@@ -289,6 +303,19 @@ def cmd_generate(args) -> int:
     for path in paths:
         print(f"wrote {path}")
     return 0
+
+
+def read_image(path: str):
+    """The picture at `path`, loaded now (a missing or unreadable file is a one-line error before any work)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except FileNotFoundError:
+        raise SdaccelError(f"--image {path}: no such file") from None
+    except (UnidentifiedImageError, OSError) as exc:
+        raise SdaccelError(f"--image {path}: not an image PIL can read ({exc.__class__.__name__})") from None
 
 
 def status(message: str) -> None:

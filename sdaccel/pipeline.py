@@ -22,6 +22,7 @@ import torch
 from .device import dtype_name, resolve_device, resolve_dtype
 from .engines import Engine, get_engine
 from .errors import UsageError
+from .images import image_batch
 from .memory_estimate import check_fits
 from .models.components import Components
 from .presets import get_preset
@@ -58,7 +59,8 @@ MAX_SIDE = 16384  # pixels; far beyond any SD model's training size (memory is c
 MAX_SEED = 2**63 - 2  # torch's generators take 64-bit seeds; the ancestral samplers' generator uses seed + 1
 
 
-def validate_request(steps, height, width, batch_size: int = 1, guidance: float | None = 0.0, seed: int = 0) -> None:
+def validate_request(steps, height, width, batch_size: int = 1, guidance: float | None = 0.0, seed: int = 0,
+                     strength: float | None = None) -> None:
     """Raise UsageError for settings no engine can run; cheap, so the CLI calls it before loading a model."""
     if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or not 1 <= steps <= MAX_STEPS:
         raise UsageError(f"steps must be an integer from 1 to {MAX_STEPS}, got {steps!r}")
@@ -74,6 +76,9 @@ def validate_request(steps, height, width, batch_size: int = 1, guidance: float 
             raise UsageError(f"guidance must be a finite number >= 0, got {guidance!r}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed <= MAX_SEED:
         raise UsageError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}")
+    if strength is not None and (isinstance(strength, bool) or not isinstance(strength, numbers.Real)
+                                 or not 0 < strength <= 1):
+        raise UsageError(f"strength must be a number in (0, 1], got {strength!r}")
 
 
 def latent_shape(spec, height: int, width: int, batch: int = 1) -> tuple[int, int, int, int]:
@@ -169,7 +174,11 @@ class Pipeline:
                  width: int | None = None, batch_size: int = 1, seed: int = 0, scheduler: str | None = None,
                  output: str = "pil", callback: StepCallback | None = None, progress: bool = False,
                  latents: torch.Tensor | None = None, timestep_spacing: str | None = None,
-                 prediction_type: str | None = None, preset: str | None = None) -> GenerationResult:
+                 prediction_type: str | None = None, preset: str | None = None, image=None,
+                 strength: float | None = None) -> GenerationResult:
+        """Text to image; with `image` (PIL image(s) or a tensor, sizes multiples of 8), image to image: the image
+        through the VAE encoder, noised to the step `strength` of the way (0 < strength <= 1, default 0.8) and
+        denoised from there, as diffusers' img2img pipelines do (steps * strength UNet steps)."""
         spec = self.spec
         if preset is not None:  # the preset fills what the call leaves unset
             given = dict(scheduler=scheduler, steps=steps, guidance=guidance, timestep_spacing=timestep_spacing,
@@ -179,9 +188,19 @@ class Pipeline:
             timestep_spacing, prediction_type = chosen["timestep_spacing"], chosen["prediction_type"]
         steps = spec.steps if steps is None else steps
         guidance = spec.guidance if guidance is None else guidance
+        init_image = None
+        if image is not None:
+            init_image = image_batch(image)
+            for name, given, size in (("height", height, init_image.shape[2]), ("width", width, init_image.shape[3])):
+                if given is not None and given != size:
+                    raise UsageError(f"{name} {given} differs from the image's {size}: leave it unset with an image")
+            height, width = init_image.shape[2], init_image.shape[3]
+            strength = 0.8 if strength is None else strength
+        elif strength is not None:
+            raise UsageError("strength needs an image (image to image)")
         height = spec.height if height is None else height
         width = spec.width if width is None else width
-        validate_request(steps, height, width, batch_size, guidance, seed)
+        validate_request(steps, height, width, batch_size, guidance, seed, strength)
         guidance = float(guidance)
         if output not in ("pil", "tensor", "latent"):
             raise UsageError(f"output must be pil, tensor or latent, got {output!r}")
@@ -198,6 +217,11 @@ class Pipeline:
 
         timer = StageTimer(self.device)
         n = len(prompts)
+        if init_image is not None:
+            if len(init_image) not in (1, n):
+                raise UsageError(f"image: {len(init_image)} images for {n} outputs (give one, or one per output)")
+            if latents is not None:
+                raise UsageError("latents and image exclude each other (the image's latents are the start)")
         if latents is None:
             latents = initial_noise(spec, height, width, seed, n)
         else:
@@ -209,10 +233,17 @@ class Pipeline:
 
         with timer.stage("text"):
             cond = self.encode_prompt(prompts, negatives, cfg, height, width)
-        with timer.stage("denoise"):
-            sched.set_timesteps(steps)  # on the host: the scheduler's arithmetic never waits for the GPU
+        sched.set_timesteps(steps)  # on the host: the scheduler's arithmetic never waits for the GPU
+        start = 0
+        if init_image is not None:
+            start = self._img2img_start(sched, steps, strength)
+            with timer.stage("encode"):
+                latents = self._noised_image_latents(sched, init_image, n, start, seed)
+        else:
             latents = latents * sched.init_noise_sigma
-            latents = self._denoise(sched, latents, cond, guidance, cfg, step_gen, callback, progress, steps)
+        with timer.stage("denoise"):
+            latents = self._denoise(sched, latents, cond, guidance, cfg, step_gen, callback, progress,
+                                    steps - start, start)
         with timer.stage("decode"):
             image = decoded_finite = None
             if output != "latent":
@@ -221,22 +252,54 @@ class Pipeline:
                 image = ((decoded / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
         # Queued before the call's one sync, the checks run back to back behind the decode (a few us).
         checks = None if self.output_checks is None else self.output_checks(latents, decoded_finite, image)
-        timings = timer.result(steps=steps, unet_calls=len(sched.timesteps))
+        timings = timer.result(steps=steps - start, unet_calls=len(sched.timesteps) - start * sched.order)
 
         params = dict(prompt=prompts[0], negative_prompt=negatives[0], steps=steps, guidance=guidance,
                       height=height, width=width, seed=seed, scheduler=sched_name, batch_size=n,
                       model=self.components.source, engine=self.engine.name, dtype=dtype_name(self.dtype),
                       timestep_spacing=sched.config.timestep_spacing, prediction_type=sched.config.prediction_type,
-                      preset=preset)
+                      preset=preset, strength=strength if init_image is not None else None)
         images = _to_pil(image) if output == "pil" else []
         return GenerationResult(images=images, image_tensor=image, latents=latents, timings=timings, params=params,
                                 decoded_finite=decoded_finite, checks=checks)
 
+    def _img2img_start(self, sched, steps: int, strength: float) -> int:
+        """The first of the `steps` the image enters at (diffusers' get_timesteps): steps * strength steps remain."""
+        kept = min(int(steps * strength), steps)
+        if kept < 1:
+            raise UsageError(f"strength {strength} of {steps} steps leaves no step to run: raise one of them")
+        start = steps - kept
+        if hasattr(sched, "set_begin_index"):
+            sched.set_begin_index(start * sched.order)
+        return start
+
+    def _noised_image_latents(self, sched, image: torch.Tensor, n: int, start: int, seed: int) -> torch.Tensor:
+        """The image's latents (a sample of the VAE encoder's distribution), scaled, noised to the start timestep.
+        Both draws come from one CPU generator seeded with `seed`, so a seed gives the same start on every device
+        (and, on the CPU, diffusers' img2img pipeline's with generator=torch.Generator().manual_seed(seed))."""
+        vae = self.components.vae
+        if vae is None:
+            raise UsageError(f"image to image needs the VAE encoder: the {self.engine.name} engine over an ONNX "
+                             f"pipeline folder does not run it yet; load the torch model instead")
+        weight = next(vae.parameters())
+        generator = torch.Generator("cpu").manual_seed(seed)
+        with torch.inference_mode():
+            posterior = vae.encode(image.to(weight.device, weight.dtype)).latent_dist
+            encoded = posterior.sample(generator=generator).to(self.device, torch.float32)
+        encoded = encoded * self.spec.vae_scaling_factor
+        encoded = encoded.expand(n, -1, -1, -1) if len(encoded) == 1 else encoded
+        noise = torch.randn(encoded.shape, generator=generator, dtype=torch.float32).to(self.device)
+        first = sched.timesteps[start * sched.order:][:1].repeat(n)
+        return sched.add_noise(encoded, noise, first)
+
     def _denoise(self, sched, latents, cond: Conditioning, guidance: float, cfg: bool, step_gen: torch.Generator,
-                 callback: StepCallback | None, progress: bool, steps: int | None = None) -> torch.Tensor:
+                 callback: StepCallback | None, progress: bool, steps: int | None = None,
+                 start: int = 0) -> torch.Tensor:
         # Host copies of the timesteps for the scheduler's arithmetic, device copies for the UNet: no per-step sync.
-        timesteps_host = sched.timesteps.tolist()
-        timesteps_dev = sched.timesteps.to(self.device, non_blocking=True)
+        # `start`: img2img enters the schedule at that step (its timesteps before it are skipped).
+        timesteps = sched.timesteps[start * sched.order:]
+        timesteps_host = timesteps.tolist()
+        timesteps_dev = timesteps.to(self.device, non_blocking=True)
         evaluations = len(timesteps_host)
         steps = evaluations if steps is None else steps
         unet = self.stages.unet_steps(timesteps_dev, cond.context, cond.text_embeds, cond.time_ids)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-STAGES = ("text", "denoise", "decode")
+STAGES = ("text", "encode", "denoise", "decode")  # encode: img2img's init image through the VAE encoder
 
 
 @dataclass
@@ -22,6 +22,7 @@ class StageTimings:
     text: float = 0.0
     denoise: float = 0.0
     decode: float = 0.0
+    encode: float = 0.0  # 0 without an init image
     total: float = 0.0
     steps: int = 0
     # UNet evaluations in the denoising loop: the scheduler's timesteps, not always `steps` (diffusers' PNDM, SD1.x's
@@ -39,11 +40,12 @@ class StageTimings:
         return self.evaluations / self.denoise if self.denoise > 0 else 0.0
 
     def line(self) -> str:
-        return (f"text {self.text * 1e3:.1f} ms | denoise {self.denoise * 1e3:.1f} ms "
+        encode = f"encode {self.encode * 1e3:.1f} ms | " if self.encode else ""
+        return (f"text {self.text * 1e3:.1f} ms | {encode}denoise {self.denoise * 1e3:.1f} ms "
                 f"({self.unet_calls_per_s:.1f} it/s) | decode {self.decode * 1e3:.1f} ms | total {self.total:.3f} s")
 
     def as_dict(self) -> dict[str, float]:
-        return {"text_s": self.text, "denoise_s": self.denoise, "decode_s": self.decode, "total_s": self.total,
+        return {"text_s": self.text, "encode_s": self.encode, "denoise_s": self.denoise, "decode_s": self.decode, "total_s": self.total,
                 "steps": self.steps, "unet_calls": self.evaluations, "unet_it_s": self.unet_calls_per_s}
 
 

@@ -148,3 +148,21 @@ def test_help_and_cache_listing_do_not_import_torch(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "SDACCEL_CACHE": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
+
+
+def test_generate_from_an_image(tmp_path):
+    import numpy as np
+
+    source = tmp_path / "in.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 40, 3), dtype=np.uint8)).save(source)
+    proc = run("generate", "a fox", "--model", "synthetic:sd15-tiny", "--image", str(source), "--strength", "0.5",
+               "--steps", "4", "--scheduler", "ddim", "--no-progress", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    assert "encode" in proc.stdout and "40x48" in proc.stdout
+    made = Image.open(tmp_path / "out" / "image-0-00.png")
+    assert made.size == (40, 48) and "Denoising strength: 0.5" in made.text["parameters"]
+    for args, message in ((["--image", str(tmp_path / "none.png")], "none.png: no such file"),
+                          (["--strength", "0.5"], "--strength needs --image"),
+                          (["--image", str(source), "--strength", "2"], "strength must be a number in (0, 1]")):
+        proc = run("generate", "a fox", "--model", "synthetic:sd15-tiny", *args, "--out", str(tmp_path / "out"))
+        assert proc.returncode == 2 and message in proc.stderr and "loading" not in proc.stderr, proc.stderr
