@@ -16,7 +16,7 @@ def picture(size=64, seed=0):
 
 @pytest.fixture(scope="module")
 def pipe():
-    return sdaccel.load("synthetic:sd15-tiny")
+    return sdaccel.load("synthetic:sd15-tiny", device="cpu")  # compared with diffusers on the CPU
 
 
 @pytest.mark.parametrize("arch, scheduler", [("sd15-tiny", "ddim"), ("sd15-tiny", "euler"), ("sdxl-tiny", "euler")])
@@ -25,7 +25,7 @@ def test_matches_diffusers_img2img(arch, scheduler, saved_folder):
     from diffusers import AutoPipelineForImage2Image
 
     folder = saved_folder(arch)
-    ours = sdaccel.Pipeline(load_components(str(folder)), engine="eager")
+    ours = sdaccel.Pipeline(load_components(str(folder)), engine="eager", device="cpu")
     ref = AutoPipelineForImage2Image.from_pretrained(folder)
     cls = {"ddim": diffusers.DDIMScheduler, "euler": diffusers.EulerDiscreteScheduler}[scheduler]
     ref.scheduler = cls.from_config(ref.scheduler.config)

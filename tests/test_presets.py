@@ -12,7 +12,7 @@ from sdaccel.schedulers import make_scheduler
 
 @pytest.fixture(scope="module")
 def pipe():
-    return sdaccel.load("synthetic:sd15-tiny")
+    return sdaccel.load("synthetic:sd15-tiny", device="cpu")  # compared with diffusers on the CPU
 
 
 @pytest.mark.parametrize("spacing", ["leading", "trailing", "linspace"])
@@ -36,7 +36,7 @@ def test_few_step_call_matches_diffusers_pipeline(saved_folder):
     from diffusers import DiffusionPipeline, EulerDiscreteScheduler
 
     folder = saved_folder("sd15-tiny")
-    ours = sdaccel.Pipeline(load_components(str(folder)), engine="eager")
+    ours = sdaccel.Pipeline(load_components(str(folder)), engine="eager", device="cpu")
     ref = DiffusionPipeline.from_pretrained(folder)
     ref.scheduler = EulerDiscreteScheduler.from_config(ref.scheduler.config, timestep_spacing="trailing")
     noise = torch.randn((1, 4, 32, 32), generator=torch.Generator().manual_seed(3))
