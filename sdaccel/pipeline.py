@@ -1,4 +1,5 @@
-"""Text-to-image for every family: encode -> denoise -> decode, calling only the engine's stages.
+"""Text to image (and image to image) for every family: encode -> denoise -> decode, calling only the engine's
+stages; an init image enters through the VAE encoder, noised to the step its strength names.
 
 The loop never waits for the GPU: the scheduler gets host-side timesteps (computed once), the UNet a device tensor,
 through the stages' per-image steps (Stages.unet_steps: an engine may compute what every step shares once), guidance
@@ -222,13 +223,14 @@ class Pipeline:
                 raise UsageError(f"image: {len(init_image)} images for {n} outputs (give one, or one per output)")
             if latents is not None:
                 raise UsageError("latents and image exclude each other (the image's latents are the start)")
-        if latents is None:
+        if latents is None and init_image is None:
             latents = initial_noise(spec, height, width, seed, n)
-        else:
+        elif latents is not None:
             shape = latent_shape(spec, height, width, n)
             if tuple(latents.shape) != shape:
                 raise UsageError(f"latents must have shape {shape}, got {tuple(latents.shape)}")
-        latents = latents.to(self.device, torch.float32)
+        if latents is not None:
+            latents = latents.to(self.device, torch.float32)
         step_gen = torch.Generator(self.device).manual_seed(seed + 1)  # ancestral samplers' per-step noise
 
         with timer.stage("text"):
