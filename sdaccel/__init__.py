@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from .version import __version__
 
@@ -51,9 +50,8 @@ def load(model: str = "synthetic:sd15", engine=None, dtype=None, device=None, *,
 def _onnx_folder_defaults(folder, engine, dtype, device):
     """(engine, dtype) for an ONNX pipeline folder: the onnxruntime engine (another one is a one-line UsageError) and
     the precision its manifest records; a folder built for the CUDA provider needs a CUDA device."""
-    import json
-
     from .engines import ENGINES, Engine
+    from .models.onnx_folder import folder_target
 
     if engine is None:
         engine = "onnxruntime"
@@ -63,18 +61,11 @@ def _onnx_folder_defaults(folder, engine, dtype, device):
         name = engine.name if isinstance(engine, Engine) else engine
         raise UsageError(f"{folder} is an ONNX pipeline folder (no torch weights for the {name} engine): use "
                          f"--engine onnxruntime (engine='onnxruntime')")
-    try:
-        manifest = json.loads((Path(folder) / "manifest.json").read_text())
-    except (OSError, ValueError):
-        manifest = None  # the engine says what is wrong with the folder
-    if not isinstance(manifest, dict):
-        return engine, dtype
-    if manifest.get("provider") == "cuda" and device.type != "cuda":
+    provider, precision = folder_target(folder)
+    if provider == "cuda" and device.type != "cuda":
         raise ModelLoadError(f"{folder}: built for onnxruntime's CUDA provider: load it on a CUDA device, or build "
                              f"a CPU folder with sdaccel optimize --provider cpu")
-    if dtype is None and manifest.get("precision") in ("fp32", "fp16", "bf16"):
-        dtype = manifest["precision"]
-    return engine, dtype
+    return engine, precision if dtype is None else dtype
 
 
 def accelerate(pipe, engine="eager", dtype=None, **engine_options):

@@ -243,7 +243,7 @@ def save_images(result, out_dir: Path, stem: str = "image", overwrite: bool = Fa
 def cmd_generate(args) -> int:
     import sdaccel
     from .device import resolve_device
-    from .engines import ENGINES, get_engine
+    from .engines import get_engine
     from .models import is_onnx_pipeline_folder
     from .models.registry import default_model
     from .output_paths import prepare_output_folder
@@ -272,13 +272,12 @@ def cmd_generate(args) -> int:
     onnx_folder = is_onnx_pipeline_folder(model)
     engine = args.engine or ("onnxruntime" if onnx_folder else "eager")
     options = engine_options(engine, args)
-    get_engine(engine, device, **options)
+    engine_object = get_engine(engine, device, **options)  # options checked before the model loads
     # An ONNX folder, given as the model or as the engine's folder option, leaves nothing to build.
-    first_start = "" if onnx_folder or options.get("folder") else ENGINES[engine].first_start
+    first_start = "" if onnx_folder or options.get("folder") else engine_object.first_start
     status(f"loading {model} on the {engine} engine ({device})"
            + (f"; with caches still empty, the engine {first_start}" if first_start else ""))
-    pipe = sdaccel.load(model, engine=engine, dtype=args.dtype, device=device, arch=args.arch, seed=args.seed,
-                        **options)
+    pipe = sdaccel.load(model, engine=engine_object, dtype=args.dtype, device=device, arch=args.arch, seed=args.seed)
     if pipe.components.synthetic:
         print(f"note: {model} has random weights: the image is noise by construction (use it to measure speed)")
     runs = []

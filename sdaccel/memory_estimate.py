@@ -57,11 +57,13 @@ def free_bytes(device: torch.device) -> int | None:
 
 
 def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
-        if n < 1024 or unit == "PB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n:.0f} B"
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KB", "MB", "GB", "TB"):
         n /= 1024
-    return f"{n:.1f} PB"
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} PB"
 
 
 def check_fits(spec, height: int, width: int, batch: int, dtype: torch.dtype, guidance: bool,

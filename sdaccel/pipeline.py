@@ -63,23 +63,28 @@ MAX_SEED = 2**63 - 2  # torch's generators take 64-bit seeds; the ancestral samp
 def validate_request(steps, height, width, batch_size: int = 1, guidance: float | None = 0.0, seed: int = 0,
                      strength: float | None = None) -> None:
     """Raise UsageError for settings no engine can run; cheap, so the CLI calls it before loading a model."""
-    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or not 1 <= steps <= MAX_STEPS:
+    if not _is_integer(steps) or not 1 <= steps <= MAX_STEPS:
         raise UsageError(f"steps must be an integer from 1 to {MAX_STEPS}, got {steps!r}")
     for name, size in (("height", height), ("width", width)):
-        if size is not None and (isinstance(size, bool) or not isinstance(size, numbers.Integral) or not 8 <= size <= MAX_SIDE
-                                 or size % 8):
+        if size is not None and (not _is_integer(size) or not 8 <= size <= MAX_SIDE or size % 8):
             raise UsageError(f"{name} must be a multiple of 8 from 8 to {MAX_SIDE}, got {size!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+    if not _is_integer(batch_size) or batch_size < 1:
         raise UsageError(f"batch size must be an integer >= 1, got {batch_size!r}")
     if guidance is not None:
-        if isinstance(guidance, bool) or not isinstance(guidance, numbers.Real) or not math.isfinite(guidance) \
-                or guidance < 0:
+        if not _is_number(guidance) or not math.isfinite(guidance) or guidance < 0:
             raise UsageError(f"guidance must be a finite number >= 0, got {guidance!r}")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed <= MAX_SEED:
+    if not _is_integer(seed) or not 0 <= seed <= MAX_SEED:
         raise UsageError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}")
-    if strength is not None and (isinstance(strength, bool) or not isinstance(strength, numbers.Real)
-                                 or not 0 < strength <= 1):
+    if strength is not None and (not _is_number(strength) or not 0 < strength <= 1):
         raise UsageError(f"strength must be a number in (0, 1], got {strength!r}")
+
+
+def _is_integer(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)  # True is an int to Python
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def latent_shape(spec, height: int, width: int, batch: int = 1) -> tuple[int, int, int, int]:
@@ -285,9 +290,8 @@ class Pipeline:
                              f"pipeline folder does not run it yet; load the torch model instead")
         weight = next(vae.parameters())
         generator = torch.Generator("cpu").manual_seed(seed)
-        with torch.inference_mode():
-            posterior = vae.encode(image.to(weight.device, weight.dtype)).latent_dist
-            encoded = posterior.sample(generator=generator).to(self.device, torch.float32)
+        posterior = vae.encode(image.to(weight.device, weight.dtype)).latent_dist  # under generate's inference_mode
+        encoded = posterior.sample(generator=generator).to(self.device, torch.float32)
         encoded = encoded * self.spec.vae_scaling_factor
         encoded = encoded.expand(n, -1, -1, -1) if len(encoded) == 1 else encoded
         noise = torch.randn(encoded.shape, generator=generator, dtype=torch.float32).to(self.device)

@@ -169,7 +169,7 @@ def prepare_note(engine: str, options: dict) -> str | None:
     kind = engine_kind(engine)
     if kind == "onnxruntime" and options.get("folder"):
         return None  # a folder built beforehand: nothing to build
-    first_start = getattr(ENGINES[kind], "first_start", "") if kind in ENGINES else ""
+    first_start = ENGINES[kind].first_start if kind in ENGINES else ""
     return (f"preparing: with caches still empty, the engine {first_start}; the cold start line follows when it is "
             f"done") if first_start else None
 
@@ -214,7 +214,7 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
                                         **options))
         synchronize(device)
         load_s = time.perf_counter() - start
-        first_call = getattr(pipe.engine, "first_call", "")
+        first_call = pipe.engine.first_call
         if first_call:  # compiling or building kernels: minutes of silence otherwise
             log(f"[{engine}] first image: the engine {first_call}; the cold start line follows when it is done")
         first = run_once(pipe, cfg, first_batch, seed=0, probe=probe)

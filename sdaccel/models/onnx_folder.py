@@ -86,6 +86,18 @@ def _optional_json(path: Path) -> dict[str, Any] | None:
     return _read_json(path) if path.is_file() else None
 
 
+def folder_target(folder: str | Path) -> tuple[str | None, str | None]:
+    """(provider, precision) an sdaccel-optimized folder's manifest records; None for what it does not say (no
+    manifest, or one the onnxruntime engine will report as unreadable when it opens the folder)."""
+    try:
+        manifest = _optional_json(Path(folder) / "manifest.json") or {}
+    except ModelLoadError:
+        return None, None
+    provider, precision = manifest.get("provider"), manifest.get("precision")
+    return (provider if isinstance(provider, str) else None,
+            precision if precision in ("fp32", "fp16", "bf16") else None)
+
+
 def _graph_inputs(path: Path) -> dict[str, list]:
     """name -> dims (ints, or names for dynamic ones) of a graph's inputs, without reading its weights."""
     import onnx
