@@ -20,7 +20,7 @@ __all__ = ["__version__", "accelerate", "load", "refresh_weights", "Pipeline", "
 
 
 def load(model: str = "synthetic:sd15", engine=None, dtype=None, device=None, *, arch: str | None = None,
-         seed: int = 0, **engine_options):
+         seed: int = 0, refiner: str | None = None, refiner_start: float = 0.8, **engine_options):
     """Load `model` and prepare it on `engine` (a name, with its options as keyword arguments or `config=`, or an
     engine object). Returns the Pipeline inside the output guard (quality.GuardedPipeline): callable like a diffusers
     pipeline, each call's output checked once and repaired in fp32 if it came out non-finite.
@@ -31,6 +31,9 @@ def load(model: str = "synthetic:sd15", engine=None, dtype=None, device=None, *,
     engine runs as it is, without torch weights.
     engine: default "eager", or "onnxruntime" for an ONNX pipeline folder (the only engine that runs one).
     dtype: default the device's own; for an ONNX pipeline folder, the precision it was built for.
+    refiner: an SDXL refiner (same forms as `model`) for an SDXL base: returns a refiner.BaseAndRefiner, whose
+    calls run the base for the first `refiner_start` of the schedule and the refiner for the rest; both models
+    stay loaded, each on its own engine of the same kind and options.
     """
     from .device import resolve_device, resolve_dtype
     from .models import is_onnx_pipeline_folder, load_components
@@ -44,7 +47,17 @@ def load(model: str = "synthetic:sd15", engine=None, dtype=None, device=None, *,
     dt = resolve_dtype(dtype, dev)
     # Load weights in the target dtype straight onto the device: no fp32 copy of SDXL on the host.
     components = load_components(model, arch=arch, seed=seed, device=dev, dtype=dt)
-    return GuardedPipeline(Pipeline(components, engine=engine, dtype=dt, device=dev, **engine_options))
+    pipe = GuardedPipeline(Pipeline(components, engine=engine, dtype=dt, device=dev, **engine_options))
+    if refiner is None:
+        return pipe
+    from .engines import Engine
+    from .refiner import BaseAndRefiner
+
+    if isinstance(engine, Engine):  # an engine object serves one model: the refiner gets its twin
+        engine = type(engine)(engine.config)
+    second = load_components(refiner, seed=seed, device=dev, dtype=dt)
+    return BaseAndRefiner(pipe, GuardedPipeline(Pipeline(second, engine=engine, dtype=dt, device=dev,
+                                                         **engine_options)), refiner_start)
 
 
 def _onnx_folder_defaults(folder, engine, dtype, device):

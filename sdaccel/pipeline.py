@@ -1,5 +1,6 @@
-"""Text to image (and image to image) for every family: encode -> denoise -> decode, calling only the engine's
-stages; an init image enters through the VAE encoder, noised to the step its strength names.
+"""One pipeline for every family and workload: encode -> denoise -> decode, calling only the engine's stages.
+Text to image, image to image, inpainting and the SDXL refiner's handoff differ only in where the loop enters and
+leaves the schedule and what it starts from (image_start.py); the settings are checked in request.py.
 
 The loop never waits for the GPU: the scheduler gets host-side timesteps (computed once), the UNet a device tensor,
 through the stages' per-image steps (Stages.unet_steps: an engine may compute what every step shares once), guidance
@@ -13,8 +14,6 @@ non-finite result through the engine.
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -23,16 +22,22 @@ import torch
 from .device import dtype_name, resolve_device, resolve_dtype
 from .engines import Engine, get_engine
 from .errors import UsageError
-from .images import image_batch
+from .image_start import ImageEncoder, Start, Window, initial_noise, latent_shape, paste_unmasked, \
+    schedule_window, starting_point
 from .memory_estimate import check_fits
 from .models.components import Components
-from .presets import get_preset
+from .request import AESTHETIC_SCORE, MAX_SEED, MAX_SIDE, MAX_STEPS, NEGATIVE_AESTHETIC_SCORE, Request, \
+    resolve_request, validate_request
 from .schedulers import canonical, make_scheduler
 from .timing import StageTimer, StageTimings
 
+__all__ = ["Pipeline", "GenerationResult", "Conditioning", "initial_noise", "latent_shape", "validate_request",
+           "MAX_SEED", "MAX_SIDE", "MAX_STEPS"]
+
 StepCallback = Callable[[int, float, torch.Tensor], None]  # (step index, timestep, latents after the step)
-# (final latents, decoded-finite flag or None, uint8 image or None) -> flags on the device, without a sync
-OutputChecks = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor]
+# (final latents, decoded-finite flag or None, uint8 image or None, encoded-finite flag or None) -> flags on the
+# device, without a sync
+OutputChecks = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None], torch.Tensor]
 
 
 @dataclass
@@ -45,6 +50,7 @@ class GenerationResult:
     decoded_finite: torch.Tensor | None = None  # device-side "decoder output had no NaN/Inf" flag
     checks: torch.Tensor | None = None  # Pipeline.output_checks' flags, queued on the device behind the decode
     guard: Any = None  # the output guard's verdict (quality.guard.GuardReport) when the call was guarded
+    encoded_finite: torch.Tensor | None = None  # device-side "VAE encoder output finite" flag; None: no image
 
 
 @dataclass
@@ -54,58 +60,12 @@ class Conditioning:
     time_ids: torch.Tensor | None = None  # SDXL size/crop conditioning
 
 
-# Bounds every entry point checks (CLI, Python API, bench, compare) through validate_request.
-MAX_STEPS = 1000  # the schedulers' training schedule has 1000 timesteps: more steps than that cannot be spaced
-MAX_SIDE = 16384  # pixels; far beyond any SD model's training size (memory is checked separately, per machine)
-MAX_SEED = 2**63 - 2  # torch's generators take 64-bit seeds; the ancestral samplers' generator uses seed + 1
-
-
-def validate_request(steps, height, width, batch_size: int = 1, guidance: float | None = 0.0, seed: int = 0,
-                     strength: float | None = None) -> None:
-    """Raise UsageError for settings no engine can run; cheap, so the CLI calls it before loading a model."""
-    if not _is_integer(steps) or not 1 <= steps <= MAX_STEPS:
-        raise UsageError(f"steps must be an integer from 1 to {MAX_STEPS}, got {steps!r}")
-    for name, size in (("height", height), ("width", width)):
-        if size is not None and (not _is_integer(size) or not 8 <= size <= MAX_SIDE or size % 8):
-            raise UsageError(f"{name} must be a multiple of 8 from 8 to {MAX_SIDE}, got {size!r}")
-    if not _is_integer(batch_size) or batch_size < 1:
-        raise UsageError(f"batch size must be an integer >= 1, got {batch_size!r}")
-    if guidance is not None:
-        if not _is_number(guidance) or not math.isfinite(guidance) or guidance < 0:
-            raise UsageError(f"guidance must be a finite number >= 0, got {guidance!r}")
-    if not _is_integer(seed) or not 0 <= seed <= MAX_SEED:
-        raise UsageError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}")
-    if strength is not None and (not _is_number(strength) or not 0 < strength <= 1):
-        raise UsageError(f"strength must be a number in (0, 1], got {strength!r}")
-
-
-def _is_integer(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)  # True is an int to Python
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def latent_shape(spec, height: int, width: int, batch: int = 1) -> tuple[int, int, int, int]:
-    return (batch, spec.latent_channels, height // spec.vae_scale, width // spec.vae_scale)
-
-
-def initial_noise(spec, height: int, width: int, seed: int, batch: int = 1) -> torch.Tensor:
-    """The starting latents for `seed`: drawn on the CPU, so the same seed gives the same start on every device."""
-    return torch.randn(latent_shape(spec, height, width, batch), generator=torch.Generator("cpu").manual_seed(seed),
-                       dtype=torch.float32)
-
-
-def _as_list(value: str | list[str] | None, n: int, what: str) -> list[str]:
-    if value is None:
-        return [""] * n
-    if isinstance(value, str):
-        return [value] * n
-    value = list(value)
-    if len(value) != n:
-        raise UsageError(f"{what}: got {len(value)} entries for {n} prompts")
-    return value
+def _check_latents(latents: torch.Tensor | None, spec, request: Request) -> None:
+    if latents is None:
+        return
+    shape = latent_shape(spec, request.height, request.width, request.n)
+    if tuple(latents.shape) != shape:
+        raise UsageError(f"latents must have shape {shape}, got {tuple(latents.shape)}")
 
 
 class Pipeline:
@@ -144,9 +104,10 @@ class Pipeline:
         return self._schedulers[key]
 
     @torch.inference_mode()
-    def encode_prompt(self, prompts: list[str], negatives: list[str], guidance: bool,
-                      height: int, width: int) -> Conditioning:
-        """One batched pass per text encoder over [negatives..., prompts...]."""
+    def encode_prompt(self, prompts: list[str], negatives: list[str], guidance: bool, height: int, width: int,
+                      aesthetic_scores: tuple[float, float] | None = None) -> Conditioning:
+        """One batched pass per text encoder over [negatives..., prompts...]. aesthetic_scores: (positive,
+        negative), for a model conditioned on them (the SDXL refiner); else the defaults."""
         spec = self.spec
         texts = negatives + prompts if guidance else prompts
         hiddens, pooled = [], None
@@ -158,13 +119,18 @@ class Pipeline:
         if not spec.is_xl:
             return Conditioning(context)
         n = len(prompts)
-        if guidance and all(not neg for neg in negatives):
+        if guidance and spec.zeros_for_empty_negative and all(not neg for neg in negatives):
             # SDXL base was trained to take zeros, not the embedding of "", as the unconditional input.
             context = torch.cat([torch.zeros_like(context[:n]), context[n:]])
             pooled = torch.cat([torch.zeros_like(pooled[:n]), pooled[n:]])
-        # (original size, crop top-left, target size): no crop, native size.
-        time_ids = torch.tensor([height, width, 0, 0, height, width], dtype=torch.float32, device=self.device)
-        return Conditioning(context, pooled, time_ids.expand(context.shape[0], 6))
+        # (original size, crop top-left, then the target size, or the refiner's aesthetic score): no crop.
+        if spec.aesthetic_score:
+            good, bad = aesthetic_scores or (AESTHETIC_SCORE, NEGATIVE_AESTHETIC_SCORE)
+            rows = [[height, width, 0, 0, bad]] * (n if guidance else 0) + [[height, width, 0, 0, good]] * n
+        else:
+            rows = [[height, width, 0, 0, height, width]] * context.shape[0]
+        time_ids = torch.tensor(rows, dtype=torch.float32).to(self.device, non_blocking=True)
+        return Conditioning(context, pooled, time_ids)
 
     # ------------------------------------------------------------------------------------------------ the call
 
@@ -180,145 +146,103 @@ class Pipeline:
                  width: int | None = None, batch_size: int = 1, seed: int = 0, scheduler: str | None = None,
                  output: str = "pil", callback: StepCallback | None = None, progress: bool = False,
                  latents: torch.Tensor | None = None, timestep_spacing: str | None = None,
-                 prediction_type: str | None = None, preset: str | None = None, image=None,
-                 strength: float | None = None) -> GenerationResult:
-        """Text to image; with `image` (PIL image(s) or a tensor, sizes multiples of 8), image to image: the image
-        through the VAE encoder, noised to the step `strength` of the way (0 < strength <= 1, default 0.8) and
-        denoised from there, as diffusers' img2img pipelines do (steps * strength UNet steps)."""
+                 prediction_type: str | None = None, preset: str | None = None, image=None, mask=None,
+                 mask_blur: float = 0, strength: float | None = None, keep_unmasked: bool = False,
+                 denoising_start: float | None = None, denoising_end: float | None = None,
+                 aesthetic_score: float | None = None,
+                 negative_aesthetic_score: float | None = None) -> GenerationResult:
+        """Text to image, and with `image` (PIL image(s) or a tensor, sides multiples of 8):
+        - image to image: the image through the VAE encoder, noised to the step `strength` of the way
+          (0 < strength <= 1, default 0.8), denoised from there (steps * strength UNet steps);
+        - with `mask` (white: repaint), inpainting: a 9-channel inpainting model takes the mask and the masked
+          image's latents; a plain model has the unmasked region put back after every step. strength defaults to 1
+          (the masked region from pure noise); mask_blur softens the mask's edge (pixels); keep_unmasked pastes
+          the init image's pixels back outside the mask after decoding.
+        denoising_end (0..1) stops the schedule early (a base model handing over, output="latent");
+        denoising_start continues given `latents` (or an image) from that point (the SDXL refiner): see
+        refiner.BaseAndRefiner. All as diffusers' pipelines for these workloads compute them."""
         spec = self.spec
-        if preset is not None:  # the preset fills what the call leaves unset
-            given = dict(scheduler=scheduler, steps=steps, guidance=guidance, timestep_spacing=timestep_spacing,
-                         prediction_type=prediction_type)
-            chosen = {k: given[k] if given[k] is not None else v for k, v in get_preset(preset).settings().items()}
-            scheduler, steps, guidance = chosen["scheduler"], chosen["steps"], chosen["guidance"]
-            timestep_spacing, prediction_type = chosen["timestep_spacing"], chosen["prediction_type"]
-        steps = spec.steps if steps is None else steps
-        guidance = spec.guidance if guidance is None else guidance
-        init_image = None
-        if image is not None:
-            init_image = image_batch(image)
-            for name, given, size in (("height", height, init_image.shape[2]), ("width", width, init_image.shape[3])):
-                if given is not None and given != size:
-                    raise UsageError(f"{name} {given} differs from the image's {size}: leave it unset with an image")
-            height, width = init_image.shape[2], init_image.shape[3]
-            strength = 0.8 if strength is None else strength
-        elif strength is not None:
-            raise UsageError("strength needs an image (image to image)")
-        height = spec.height if height is None else height
-        width = spec.width if width is None else width
-        validate_request(steps, height, width, batch_size, guidance, seed, strength)
-        guidance = float(guidance)
-        if output not in ("pil", "tensor", "latent"):
-            raise UsageError(f"output must be pil, tensor or latent, got {output!r}")
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        if not prompts:
-            raise UsageError("no prompt given")
-        prompts = [p for p in prompts for _ in range(batch_size)]
-        negatives = _as_list(negative_prompt, len(prompts) // batch_size, "negative prompts")
-        negatives = [n for n in negatives for _ in range(batch_size)]
-        cfg = guidance > 1.0  # guidance <= 1 is the conditional prediction alone: skip the uncond half
-        check_fits(spec, height, width, len(prompts), self.dtype, cfg, self.device)
-        sched_name = canonical(scheduler or spec.default_scheduler)
-        sched = self.scheduler(sched_name, timestep_spacing, prediction_type)
-
-        timer = StageTimer(self.device)
-        n = len(prompts)
-        if init_image is not None:
-            if len(init_image) not in (1, n):
-                raise UsageError(f"image: {len(init_image)} images for {n} outputs (give one, or one per output)")
-            if latents is not None:
-                raise UsageError("latents and image exclude each other (the image's latents are the start)")
-        if latents is None and init_image is None:
-            latents = initial_noise(spec, height, width, seed, n)
-        elif latents is not None:
-            shape = latent_shape(spec, height, width, n)
-            if tuple(latents.shape) != shape:
-                raise UsageError(f"latents must have shape {shape}, got {tuple(latents.shape)}")
-        if latents is not None:
-            latents = latents.to(self.device, torch.float32)
+        request = resolve_request(
+            spec, prompt, negative_prompt, steps=steps, guidance=guidance, height=height, width=width,
+            batch_size=batch_size, seed=seed, scheduler=scheduler, output=output, latents=latents,
+            timestep_spacing=timestep_spacing, prediction_type=prediction_type, preset=preset, image=image,
+            mask=mask, mask_blur=mask_blur, strength=strength, keep_unmasked=keep_unmasked,
+            denoising_start=denoising_start, denoising_end=denoising_end, aesthetic_score=aesthetic_score,
+            negative_aesthetic_score=negative_aesthetic_score)
+        _check_latents(latents, spec, request)
+        n, cfg = request.n, request.cfg
+        check_fits(spec, request.height, request.width, n, self.dtype, cfg, self.device)
+        sched_name = canonical(request.scheduler or spec.default_scheduler)
+        sched = self.scheduler(sched_name, request.timestep_spacing, request.prediction_type)
         step_gen = torch.Generator(self.device).manual_seed(seed + 1)  # ancestral samplers' per-step noise
 
+        timer = StageTimer(self.device)
         with timer.stage("text"):
-            cond = self.encode_prompt(prompts, negatives, cfg, height, width)
-        sched.set_timesteps(steps)  # on the host: the scheduler's arithmetic never waits for the GPU
-        start = 0
-        if init_image is not None:
-            start = self._img2img_start(sched, steps, strength)
+            cond = self.encode_prompt(request.prompts, request.negatives, cfg, request.height, request.width,
+                                      (request.aesthetic_score, request.negative_aesthetic_score))
+        sched.set_timesteps(request.steps)  # on the host: the scheduler's arithmetic never waits for the GPU
+        window = schedule_window(sched, request)
+        encoder = ImageEncoder(self.stages.encode, spec.vae_scaling_factor, self.device, self.engine.name)
+        if request.image is not None:
             with timer.stage("encode"):
-                latents = self._noised_image_latents(sched, init_image, n, start, seed)
+                start = starting_point(spec, sched, request, window, encoder, self.device)
         else:
-            latents = latents * sched.init_noise_sigma
+            start = starting_point(spec, sched, request, window, encoder, self.device)
+        evaluations = window.stop - window.first
+        # Steps as asked for, in the window's share: PNDM evaluates the UNet 51 times for 50 steps.
+        steps_run = max(1, round(request.steps * evaluations / len(sched.timesteps)))
         with timer.stage("denoise"):
-            latents = self._denoise(sched, latents, cond, guidance, cfg, step_gen, callback, progress,
-                                    steps - start, start)
+            latents = self._denoise(sched, start, window, cond, request.guidance, cfg, step_gen, callback,
+                                    progress, steps_run)
         with timer.stage("decode"):
             image = decoded_finite = None
-            if output != "latent":
+            if request.output != "latent":
                 decoded = self.stages.decode(latents / spec.vae_scaling_factor)
                 decoded_finite = torch.isfinite(decoded).all()  # read later, with the image: no sync here
+                if request.keep_unmasked:
+                    decoded = paste_unmasked(decoded, request)
                 image = ((decoded / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
+        encoded_finite = torch.stack(encoder.finite).all() if encoder.finite else None
         # Queued before the call's one sync, the checks run back to back behind the decode (a few us).
-        checks = None if self.output_checks is None else self.output_checks(latents, decoded_finite, image)
-        timings = timer.result(steps=steps - start, unet_calls=len(sched.timesteps) - start * sched.order)
-
-        params = dict(prompt=prompts[0], negative_prompt=negatives[0], steps=steps, guidance=guidance,
-                      height=height, width=width, seed=seed, scheduler=sched_name, batch_size=n,
-                      model=self.components.source, engine=self.engine.name, dtype=dtype_name(self.dtype),
-                      timestep_spacing=sched.config.timestep_spacing, prediction_type=sched.config.prediction_type,
-                      preset=preset, strength=strength if init_image is not None else None)
-        images = _to_pil(image) if output == "pil" else []
+        checks = None if self.output_checks is None else self.output_checks(latents, decoded_finite, image,
+                                                                            encoded_finite)
+        timings = timer.result(steps=steps_run, unet_calls=evaluations)
+        params = dict(request.params(), scheduler=sched_name, model=self.components.source, engine=self.engine.name,
+                      dtype=dtype_name(self.dtype), timestep_spacing=sched.config.timestep_spacing,
+                      prediction_type=sched.config.prediction_type)
+        if spec.aesthetic_score:
+            params.update(aesthetic_score=request.aesthetic_score,
+                          negative_aesthetic_score=request.negative_aesthetic_score)
+        images = _to_pil(image) if request.output == "pil" else []
         return GenerationResult(images=images, image_tensor=image, latents=latents, timings=timings, params=params,
-                                decoded_finite=decoded_finite, checks=checks)
+                                decoded_finite=decoded_finite, checks=checks, encoded_finite=encoded_finite)
 
-    def _img2img_start(self, sched, steps: int, strength: float) -> int:
-        """The first of the `steps` the image enters at (diffusers' get_timesteps): steps * strength steps remain."""
-        kept = min(int(steps * strength), steps)
-        if kept < 1:
-            raise UsageError(f"strength {strength} of {steps} steps leaves no step to run: raise one of them")
-        start = steps - kept
-        if hasattr(sched, "set_begin_index"):
-            sched.set_begin_index(start * sched.order)
-        return start
-
-    def _noised_image_latents(self, sched, image: torch.Tensor, n: int, start: int, seed: int) -> torch.Tensor:
-        """The image's latents (a sample of the VAE encoder's distribution), scaled, noised to the start timestep.
-        Both draws come from one CPU generator seeded with `seed`, so a seed gives the same start on every device
-        (and, on the CPU, diffusers' img2img pipeline's with generator=torch.Generator().manual_seed(seed))."""
-        vae = self.components.vae
-        if vae is None:
-            raise UsageError(f"image to image needs the VAE encoder: the {self.engine.name} engine over an ONNX "
-                             f"pipeline folder does not run it yet; load the torch model instead")
-        weight = next(vae.parameters())
-        generator = torch.Generator("cpu").manual_seed(seed)
-        posterior = vae.encode(image.to(weight.device, weight.dtype)).latent_dist  # under generate's inference_mode
-        encoded = posterior.sample(generator=generator).to(self.device, torch.float32)
-        encoded = encoded * self.spec.vae_scaling_factor
-        encoded = encoded.expand(n, -1, -1, -1) if len(encoded) == 1 else encoded
-        noise = torch.randn(encoded.shape, generator=generator, dtype=torch.float32).to(self.device)
-        first = sched.timesteps[start * sched.order:][:1].repeat(n)
-        return sched.add_noise(encoded, noise, first)
-
-    def _denoise(self, sched, latents, cond: Conditioning, guidance: float, cfg: bool, step_gen: torch.Generator,
-                 callback: StepCallback | None, progress: bool, steps: int | None = None,
-                 start: int = 0) -> torch.Tensor:
+    def _denoise(self, sched, start: Start, window: Window, cond: Conditioning, guidance: float, cfg: bool,
+                 step_gen: torch.Generator, callback: StepCallback | None, progress: bool, steps: int) -> torch.Tensor:
         # Host copies of the timesteps for the scheduler's arithmetic, device copies for the UNet: no per-step sync.
-        # `start`: img2img enters the schedule at that step (its timesteps before it are skipped).
-        timesteps = sched.timesteps[start * sched.order:]
+        timesteps = sched.timesteps[window.first:window.stop]
         timesteps_host = timesteps.tolist()
         timesteps_dev = timesteps.to(self.device, non_blocking=True)
         evaluations = len(timesteps_host)
-        steps = evaluations if steps is None else steps
         unet = self.stages.unet_steps(timesteps_dev, cond.context, cond.text_embeds, cond.time_ids)
+        doubled = cfg and not self.stages.unet_takes_cfg_once
+        extra = start.unet_extra  # an inpainting UNet's mask and masked-image latents, the same at every step
+        if extra is not None and doubled:
+            extra = torch.cat([extra, extra])
+        latents = start.latents
         bar = _progress_bar(steps, evaluations, type(sched).__name__) if progress else None
         for i in range(evaluations):
             t = timesteps_host[i]
-            model_in = torch.cat([latents, latents]) if cfg and not self.stages.unet_takes_cfg_once else latents
-            model_in = sched.scale_model_input(model_in, t)
+            model_in = sched.scale_model_input(torch.cat([latents, latents]) if doubled else latents, t)
+            if extra is not None:
+                model_in = torch.cat([model_in, extra], dim=1)
             pred = unet(i, model_in)
             if cfg:
                 uncond, text = pred.chunk(2)
                 pred = torch.lerp(uncond, text, guidance)  # uncond + guidance * (text - uncond): one kernel, not 3
             latents = sched.step(pred, t, latents, return_dict=False, **_step_kwargs(sched, step_gen))[0]
+            if start.blend is not None:
+                latents = start.blend(i, latents)
             if callback is not None:
                 callback(i, t, latents)
             if bar is not None:  # counted in steps: PNDM evaluates the UNet steps + 1 times

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-STAGES = ("text", "encode", "denoise", "decode")  # encode: img2img's init image through the VAE encoder
+# encode: an init image through the VAE encoder (img2img, inpainting); refine: the SDXL refiner's denoising loop
+STAGES = ("text", "encode", "denoise", "refine", "decode")
 
 
 @dataclass
@@ -23,6 +24,7 @@ class StageTimings:
     denoise: float = 0.0
     decode: float = 0.0
     encode: float = 0.0  # 0 without an init image
+    refine: float = 0.0  # 0 without a refiner (refiner.BaseAndRefiner): then `denoise` is the base model's loop
     total: float = 0.0
     steps: int = 0
     # UNet evaluations in the denoising loop: the scheduler's timesteps, not always `steps` (diffusers' PNDM, SD1.x's
@@ -36,17 +38,20 @@ class StageTimings:
 
     @property
     def unet_calls_per_s(self) -> float:
-        """UNet evaluations a second of the denoise stage (what diffusers' progress bar counts as it/s)."""
-        return self.evaluations / self.denoise if self.denoise > 0 else 0.0
+        """UNet evaluations a second of the denoising loops (what diffusers' progress bar counts as it/s)."""
+        loops = self.denoise + self.refine
+        return self.evaluations / loops if loops > 0 else 0.0
 
     def line(self) -> str:
         encode = f"encode {self.encode * 1e3:.1f} ms | " if self.encode else ""
-        return (f"text {self.text * 1e3:.1f} ms | {encode}denoise {self.denoise * 1e3:.1f} ms "
+        refine = f" | refine {self.refine * 1e3:.1f} ms" if self.refine else ""
+        return (f"text {self.text * 1e3:.1f} ms | {encode}denoise {self.denoise * 1e3:.1f} ms{refine} "
                 f"({self.unet_calls_per_s:.1f} it/s) | decode {self.decode * 1e3:.1f} ms | total {self.total:.3f} s")
 
     def as_dict(self) -> dict[str, float]:
-        return {"text_s": self.text, "encode_s": self.encode, "denoise_s": self.denoise, "decode_s": self.decode, "total_s": self.total,
-                "steps": self.steps, "unet_calls": self.evaluations, "unet_it_s": self.unet_calls_per_s}
+        return {"text_s": self.text, "encode_s": self.encode, "denoise_s": self.denoise, "refine_s": self.refine,
+                "decode_s": self.decode, "total_s": self.total, "steps": self.steps, "unet_calls": self.evaluations,
+                "unet_it_s": self.unet_calls_per_s}
 
 
 @dataclass

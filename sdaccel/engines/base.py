@@ -1,7 +1,7 @@
 """The one small interface every engine implements.
 
 An engine receives a model's modules (Components) and returns Stages: plain callables for the text encoder(s), the
-UNet and the VAE decoder, ready for a dtype and device. The pipeline only ever calls Stages, so a new engine (fused
+UNet, the VAE decoder and encoder, ready for a dtype and device. The pipeline only ever calls Stages, so a new engine (fused
 kernels, ONNX Runtime, ...) plugs in without the pipeline changing.
 """
 
@@ -23,6 +23,8 @@ UNetStage = Callable[..., torch.Tensor]
 # One image's denoising loop: (step index, latents) -> model output, as UNetStage's for that step's timestep.
 UNetStep = Callable[[int, torch.Tensor], torch.Tensor]
 DecodeStage = Callable[[torch.Tensor], torch.Tensor]  # scaled latents (fp32) -> image in [-1, 1] (fp32)
+# image in [-1, 1] (fp32) -> the VAE latent distribution's moments (mean, log variance), fp32
+EncodeStage = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -31,6 +33,8 @@ class Stages:
     unet: UNetStage
     decode: DecodeStage
     info: dict[str, Any] = field(default_factory=dict)  # what the engine did, for reports (modes, fallbacks)
+    # The VAE encoder, for an init image (img2img, inpainting); None: this engine cannot encode images.
+    encode: EncodeStage | None = None
     # True: with classifier-free guidance the UNet stage takes the latents once, B samples beside the 2B context
     # (uncond first), and returns the 2B predictions, computing what the two halves share once (the fast engine's
     # shared CFG prefix). False: the pipeline passes the latents twice, torch.cat([latents, latents]).

@@ -1,4 +1,4 @@
-"""torch.compile over the UNet and VAE-decoder calls (text encoders stay eager: ~1% of the time).
+"""torch.compile over the UNet and VAE (decoder, encoder) calls (text encoders stay eager: ~1% of the time).
 
 Modes are Inductor's: "default", "reduce-overhead" (CUDA graphs: the mode that pays on a launch-bound UNet),
 "max-autotune" / "max-autotune-no-cudagraphs" (minutes of autotuning). Compiling costs ~1 minute per new shape on an
@@ -30,8 +30,8 @@ class CompileConfig(EngineConfig):
 
 class CompileEngine(Engine):
     name = "compile"
-    description = "torch.compile (Inductor) of UNet and VAE decoder; mode reduce-overhead on GPU uses CUDA graphs"
-    first_call = ("compiles the UNet and VAE decoder with torch.compile: tens of seconds to minutes, once per shape "
+    description = "torch.compile (Inductor) of UNet and VAE; mode reduce-overhead on GPU uses CUDA graphs"
+    first_call = ("compiles the UNet and VAE with torch.compile: tens of seconds to minutes, once per shape "
                   "(Inductor keeps the result on disk for the next process)")
 
     Config = CompileConfig
@@ -58,6 +58,7 @@ class CompileEngine(Engine):
         eager = cast_stages(components, dtype)
         unet = torch.compile(eager.unet, mode=mode, fullgraph=self.config.fullgraph, dynamic=False)
         decode = torch.compile(eager.decode, mode=mode, fullgraph=self.config.fullgraph, dynamic=False)
+        encode = torch.compile(eager.encode, mode=mode, fullgraph=self.config.fullgraph, dynamic=False)
         graphs = "cudagraphs" in mode or mode == "reduce-overhead"
 
         def unet_call(*args, **kwargs):
@@ -66,12 +67,14 @@ class CompileEngine(Engine):
                 torch.compiler.cudagraph_mark_step_begin()
             return unet(*args, **kwargs)
 
-        def decode_call(latents):
-            if graphs:
-                torch.compiler.cudagraph_mark_step_begin()
-            # Clone: a CUDA-graph output buffer is overwritten by the next replay.
-            out = decode(latents)
-            return out.clone() if graphs else out
+        def vae_call(stage):
+            def call(x):
+                if graphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                out = stage(x)
+                return out.clone() if graphs else out  # a CUDA-graph output is overwritten by the next replay
 
-        return Stages(text_encoders=eager.text_encoders, unet=unet_call, decode=decode_call,
-                      info=dict(eager.info, mode=mode))
+            return call
+
+        return Stages(text_encoders=eager.text_encoders, unet=unet_call, decode=vae_call(decode),
+                      encode=vae_call(encode), info=dict(eager.info, mode=mode))

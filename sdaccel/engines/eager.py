@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.components import Components, text_encoder_fn, unet_fn, vae_decode_fn
+from ..models.components import Components, text_encoder_fn, unet_fn, vae_decode_fn, vae_encode_fn
 from .base import Engine, Stages
 from .options import EngineConfig, option
 
@@ -53,9 +53,15 @@ def cast_stages(components: Components, dtype: torch.dtype, vae_dtype: torch.dty
     def decode(latents):
         return decode_raw(latents.to(vae_dtype)).float()
 
+    encode_raw = vae_encode_fn(components.vae)
+
+    def encode(image):
+        return encode_raw(image.to(vae_dtype)).float()
+
     encoders = [text_encoder_fn(enc, te.penultimate)
                 for enc, te in zip(components.text_encoders, components.spec.text_encoders)]
-    return Stages(text_encoders=encoders, unet=unet, decode=decode, info={"vae_dtype": str(vae_dtype)})
+    return Stages(text_encoders=encoders, unet=unet, decode=decode, encode=encode,
+                  info={"vae_dtype": str(vae_dtype)})
 
 
 @dataclass(frozen=True)

@@ -71,3 +71,14 @@ def vae_decode_fn(vae: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
         return vae.decoder(z)
 
     return decode
+
+
+def vae_encode_fn(vae: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Image in [-1, 1] -> the moments (mean, log variance: 2 x latent channels) of the VAE's latent distribution.
+    The encoder alone: the pipeline draws the sample, from its own generator."""
+
+    def encode(image: torch.Tensor) -> torch.Tensor:
+        moments = vae.encoder(image)
+        return vae.quant_conv(moments) if vae.quant_conv is not None else moments
+
+    return encode

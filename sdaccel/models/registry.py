@@ -67,6 +67,16 @@ _SDXL_UNET = dict(
     use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=256,
     projection_class_embeddings_input_dim=2816, norm_num_groups=32,
 )
+# The SDXL refiner: wider and four levels deep, conditioned on OpenCLIP-bigG alone (1280) and on 5 time ids
+# (original size, crop, aesthetic score): 1280 + 5 * 256 = 2560 added-embedding inputs.
+_SDXL_REFINER_UNET = dict(
+    _SDXL_UNET, block_out_channels=(384, 768, 1536, 1536),
+    down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"),
+    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+    transformer_layers_per_block=4, attention_head_dim=(6, 12, 24, 24), cross_attention_dim=1280,
+    projection_class_embeddings_input_dim=2560,
+)
+INPAINT_CHANNELS = 9  # an inpainting UNet's input: latents (4), mask (1), latents of the masked image (4)
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,16 @@ class ModelSpec:
     description: str = ""
     tiny: bool = False
     aliases: tuple[str, ...] = field(default=())
+    # SDXL conditioning: the refiner's time ids end in an aesthetic score instead of the target size, and it takes
+    # the embedding of "" (not zeros) as the unconditional input, as its published pipeline config says.
+    aesthetic_score: bool = False
+    zeros_for_empty_negative: bool = True
+    needs_image: bool = False  # a refiner: it refines an image (or a base model's latents), it does not start one
+
+    @property
+    def is_inpaint(self) -> bool:
+        """A UNet that takes the mask and the masked image's latents beside the latents (9 input channels)."""
+        return int(self.unet.get("in_channels", 4)) == INPAINT_CHANNELS
 
     @property
     def is_xl(self) -> bool:
@@ -107,7 +127,7 @@ class ModelSpec:
 
     @property
     def latent_channels(self) -> int:
-        return int(self.unet.get("in_channels", 4))
+        return int(self.vae.get("latent_channels", 4))
 
     @property
     def vae_scale(self) -> int:
@@ -158,6 +178,15 @@ _SPECS: tuple[ModelSpec, ...] = (
         vae_force_upcast=True, height=1024, width=1024, steps=30, guidance=5.0, default_scheduler="euler",
         aliases=("sdxl-base", "xl", "sdxl1.0"), description="Stable Diffusion XL base 1.0: CLIP-L + OpenCLIP-bigG, 1024x1024",
     ),
+    ModelSpec(
+        name="sdxl-refiner", family="sdxl", unet=_SDXL_REFINER_UNET, vae=dict(_SD_VAE, sample_size=1024),
+        text_encoders=(
+            TextEncoderSpec(_OPENCLIP_BIGG, with_projection=True, penultimate=True, pad_with_eos=False),),
+        scheduler=dict(_SD_SCHEDULER, prediction_type="epsilon"), vae_scaling_factor=0.13025,
+        vae_force_upcast=True, height=1024, width=1024, steps=50, guidance=5.0, default_scheduler="euler",
+        aesthetic_score=True, zeros_for_empty_negative=False, needs_image=True, aliases=("refiner", "sdxl-refiner-1.0"),
+        description="Stable Diffusion XL refiner 1.0 (image to image, aesthetic score): OpenCLIP-bigG, 1024x1024",
+    ),
     # Tiny variants: same families and code paths, widths small enough for CPU tests in seconds.
     ModelSpec(
         name="sd15-tiny", family="sd1", unet=_TINY_UNET, vae=_TINY_VAE,
@@ -191,6 +220,46 @@ _SPECS: tuple[ModelSpec, ...] = (
         vae_force_upcast=True, height=64, width=64, steps=4, guidance=5.0, default_scheduler="euler", tiny=True,
         description="tiny SDXL-shaped model (two encoders, pooled + time ids) for tests and CPU",
     ),
+    ModelSpec(
+        name="sdxl-refiner-tiny", family="sdxl",
+        unet=dict(
+            _TINY_UNET, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), transformer_layers_per_block=2,
+            cross_attention_dim=48, use_linear_projection=True, addition_embed_type="text_time",
+            addition_time_embed_dim=8, projection_class_embeddings_input_dim=48 + 5 * 8,
+        ),
+        vae=_TINY_VAE,
+        text_encoders=(TextEncoderSpec(_tiny_text(hidden_size=48, projection_dim=48), with_projection=True,
+                                       penultimate=True, pad_with_eos=False),),
+        scheduler=dict(_SD_SCHEDULER, prediction_type="epsilon"), vae_scaling_factor=0.13025,
+        vae_force_upcast=True, height=64, width=64, steps=4, guidance=5.0, default_scheduler="euler", tiny=True,
+        aesthetic_score=True, zeros_for_empty_negative=False, needs_image=True,
+        description="tiny SDXL-refiner-shaped model (one encoder, aesthetic score) for tests and CPU",
+    ),
+)
+
+
+def _inpainting(spec: ModelSpec, name: str, aliases: tuple[str, ...], description: str,
+                unet: dict[str, Any] | None = None, **changes: Any) -> ModelSpec:
+    """The inpainting fine-tune of `spec`: the same model with a 9-channel UNet input (inpaint/mask conditioning)."""
+    return replace(spec, name=name, unet=dict(spec.unet, in_channels=INPAINT_CHANNELS, **(unet or {})),
+                   aliases=aliases, description=description, **changes)
+
+
+_BY_NAME = {s.name: s for s in _SPECS}
+_SPECS += (
+    _inpainting(_BY_NAME["sd15"], "sd15-inpaint", ("sd1.5-inpaint", "sd-inpainting"),
+                "Stable Diffusion 1.5 inpainting (9-channel UNet): CLIP-L, 512x512"),
+    # stabilityai/stable-diffusion-2-inpainting: the 512 base UNet (epsilon), attention not upcast.
+    _inpainting(_BY_NAME["sd21-base"], "sd2-inpaint", ("sd21-inpaint", "sd2.1-inpaint"),
+                "Stable Diffusion 2 inpainting (9-channel UNet, epsilon): OpenCLIP-H, 512x512"),
+    _inpainting(_BY_NAME["sdxl"], "sdxl-inpaint", ("sdxl-inpainting", "xl-inpaint"),
+                "Stable Diffusion XL 1.0 inpainting 0.1 (9-channel UNet): CLIP-L + OpenCLIP-bigG, 1024x1024"),
+    _inpainting(_BY_NAME["sd15-tiny"], "sd15-inpaint-tiny", (), "tiny SD1.x inpainting model for tests and CPU"),
+    _inpainting(_BY_NAME["sd21-tiny"], "sd2-inpaint-tiny", (), "tiny SD2.x inpainting model for tests and CPU",
+                unet=dict(upcast_attention=False), scheduler=dict(_SD_SCHEDULER, prediction_type="epsilon"),
+                upcast_attention=False),
+    _inpainting(_BY_NAME["sdxl-tiny"], "sdxl-inpaint-tiny", (), "tiny SDXL inpainting model for tests and CPU"),
 )
 
 

@@ -4,6 +4,7 @@ Checked ONCE per generation, after the denoising loop and the decode, never insi
 on the device (`output_checks`, which the pipeline queues behind its decode) and fetched together in one small
 device->host copy (`read_checks`; `inspect_output` does both). A hit names the component
 that failed, and the remedy is specific to it:
+  encoder non-finite  -> the VAE encoder overflowed (img2img, inpainting): encode in fp32 from then on, run again
   latents non-finite  -> the UNet overflowed (SD2.1-style fp16 attention): re-run the denoising with fp32 attention
   decoded non-finite  -> the VAE overflowed (SDXL-style fp16 decoder): decode the same latents again in fp32
 Each remedy warns (PrecisionFallbackWarning); with strict=True it is an error (NonFiniteOutputError) instead.
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import OutputCheckError
-from .remedies import fp32_decode, to_uint8
+from .remedies import fp32_decode, fp32_encoder, to_uint8
 
 # A uint8 image is "flat" when every channel's standard deviation over its pixels is below this...
 FLAT_STD = 1.0
@@ -54,10 +55,14 @@ class GuardReport:
     image_finite: bool | None  # None: nothing was decoded (output="latent")
     image_issues: list[str] = field(default_factory=list)  # "image 0: flat colour (channel std < 1.0)", ...
     remedies: list[str] = field(default_factory=list)  # what was recomputed in fp32, in order
+    encoded_finite: bool | None = None  # None: no image was encoded
 
     @property
     def failed_component(self) -> str | None:
-        """'unet' (latents non-finite), 'vae' (latents fine, decoded image non-finite) or None."""
+        """'vae_encoder' (an init image's latents non-finite), 'unet' (latents non-finite), 'vae' (latents fine,
+        decoded image non-finite) or None."""
+        if self.encoded_finite is False:
+            return "vae_encoder"
         if not self.latents_finite:
             return "unet"
         if self.image_finite is False:
@@ -103,43 +108,53 @@ def check_image(image_uint8: torch.Tensor) -> list[str]:
 
 
 def output_checks(latents: torch.Tensor, decoded_finite: torch.Tensor | bool | None = None,
-                  image_uint8: torch.Tensor | None = None) -> torch.Tensor:
+                  image_uint8: torch.Tensor | None = None,
+                  encoded_finite: torch.Tensor | bool | None = None) -> torch.Tensor:
     """Every check's flags and statistics as one small float tensor on the latents' device, without a sync:
-    [latents finite, (decoded finite,) (max channel std, max value) per image]. The pipeline queues this right after
+    [latents finite, (decoded finite,) (max channel std, max value) per image, (encoded finite)]. The pipeline queues this right after
     its decode, so the GPU runs these ~10 small kernels back to back before the call's one sync; queued after that
     sync, each waited on its own launch (about 1 ms at batch 1 on an H200).
     latents: final latents. decoded_finite: torch.isfinite(decoded).all() as a device tensor (or a bool), None
     when nothing was decoded; it must be taken on the float VAE output, since uint8 conversion hides NaN.
-    image_uint8: the (B, 3, H, W) uint8 image, or None."""
+    image_uint8: the (B, 3, H, W) uint8 image, or None. encoded_finite: the VAE encoder's output was finite (a
+    device tensor or a bool), None when no image was encoded."""
     parts = [torch.isfinite(latents).all().float().reshape(1)]
     if decoded_finite is not None:
         parts.append(torch.as_tensor(decoded_finite, device=latents.device).float().reshape(1))
     if image_uint8 is not None:
         parts.append(image_statistics(image_uint8).to(latents.device).flatten())
+    if encoded_finite is not None:
+        parts.append(torch.as_tensor(encoded_finite, device=latents.device).float().reshape(1))
     return torch.cat(parts)
 
 
-def read_checks(checks: torch.Tensor, decoded: bool) -> GuardReport:
-    """The verdict from output_checks' tensor (one device->host copy); decoded: it holds the decoded-finite flag."""
+def read_checks(checks: torch.Tensor, decoded: bool, encoded: bool = False) -> GuardReport:
+    """The verdict from output_checks' tensor (one device->host copy); decoded / encoded: it holds the
+    decoded-finite / encoded-finite flag."""
     values = checks.tolist()  # the one sync
+    encoded_ok = values.pop() == 1.0 if encoded else None
     latents_ok = values[0] == 1.0
     image_ok = values[1] == 1.0 if decoded else None
     stats = values[1 + decoded:]
     issues = describe_image_issues([stats[i:i + 2] for i in range(0, len(stats), 2)])
-    return GuardReport(latents_finite=latents_ok, image_finite=image_ok, image_issues=issues)
+    return GuardReport(latents_finite=latents_ok, image_finite=image_ok, image_issues=issues,
+                       encoded_finite=encoded_ok)
 
 
 def inspect_output(latents: torch.Tensor, decoded_finite: torch.Tensor | bool | None = None,
-                   image_uint8: torch.Tensor | None = None) -> GuardReport:
+                   image_uint8: torch.Tensor | None = None,
+                   encoded_finite: torch.Tensor | bool | None = None) -> GuardReport:
     """Every check at once, with ONE device->host copy: output_checks, then read_checks."""
-    return read_checks(output_checks(latents, decoded_finite, image_uint8), decoded_finite is not None)
+    return read_checks(output_checks(latents, decoded_finite, image_uint8, encoded_finite),
+                       decoded_finite is not None, encoded_finite is not None)
 
 
 def _inspect_result(result) -> GuardReport:
     """The checks the pipeline queued with the result (GenerationResult.checks), else computed now."""
+    encoded = getattr(result, "encoded_finite", None)
     if result.checks is not None:
-        return read_checks(result.checks, result.decoded_finite is not None)
-    return inspect_output(result.latents, result.decoded_finite, result.image_tensor)
+        return read_checks(result.checks, result.decoded_finite is not None, encoded is not None)
+    return inspect_output(result.latents, result.decoded_finite, result.image_tensor, encoded)
 
 
 # ----------------------------------------------------------------------------------------------- the guarded call
@@ -157,7 +172,8 @@ def _replace_image(result, image: torch.Tensor) -> None:
 def run_guarded(pipe, *args, strict: bool = False, generate=None, **kwargs):
     """pipe(*args, **kwargs), checked once at the end and repaired when it came out non-finite.
 
-    Steps: generate -> inspect (one sync) -> if the latents are non-finite, switch the UNet to fp32 attention
+    Steps: generate -> inspect (one sync) -> if an init image's latents are non-finite, encode in fp32 from now on
+    (remedies.fp32_encoder) and generate again -> if the latents are non-finite, switch the UNet to fp32 attention
     (pipe.engine.upcast_attention, then drop_graphs) and generate again from the same seed -> if the decoded image
     is non-finite, decode the same latents with an fp32 VAE (fp32_decode) -> flag a black/flat image. Returns the GenerationResult with
     `result.guard` (a GuardReport) set. strict=True: raise NonFiniteOutputError / DegenerateImageError instead
@@ -170,6 +186,21 @@ def run_guarded(pipe, *args, strict: bool = False, generate=None, **kwargs):
     report = _inspect_result(result)
     remedies: list[str] = []
     where = f"{pipe.engine.name} {result.params.get('dtype', '')}".strip()
+
+    if report.failed_component == "vae_encoder":
+        if strict:
+            raise NonFiniteOutputError(f"non-finite latents from the VAE encoder ({where}); strict mode: no fp32 "
+                                       "fallback")
+        if not fp32_encoder(pipe):
+            raise NonFiniteOutputError(f"non-finite latents from the VAE encoder ({where}), and there is no torch "
+                                       "VAE to encode with in fp32")
+        warnings.warn(f"non-finite latents from the VAE encoder ({where}): encoding in fp32 (kept for later calls) "
+                      "and generating again", PrecisionFallbackWarning, stacklevel=2)
+        remedies.append("vae_fp32_encode")
+        result = generate(*args, **kwargs)
+        report = _inspect_result(result)
+        if report.failed_component == "vae_encoder":
+            raise NonFiniteOutputError(f"VAE encoder output still non-finite in fp32 ({where})")
 
     if report.failed_component == "unet":
         if strict:

@@ -25,6 +25,7 @@ from ...kernels.recording import supported as recording_supported
 from ...models.components import Components
 from ..base import Engine, Stages, restore_weight_storages, weight_storages
 from ..eager import cast_stages, place_modules
+from ..fp32_encoder import Fp32Encoder, encoder_stage
 from .cfg_prefix import PREFIX_NEVER_SHARED, cfg_prefix_refusal
 from .compile_workers import default_workers
 from .config import FastConfig
@@ -62,6 +63,7 @@ class FastEngine(Engine):
         self.notes: list[str] = []  # what the engine decided and said (`sdaccel bench` prints them)
         self.graphs: list[GraphedCallable] = []  # every stage's captured graphs (drop_graphs forgets them)
         self._weights: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        self._fp32_encoder: Fp32Encoder | None = None  # for a VAE whose decoder runs rescaled (fp16)
 
     @classmethod
     def unavailable_reason(cls, device: torch.device) -> str | None:
@@ -88,7 +90,10 @@ class FastEngine(Engine):
         """Weights replaced after prepare (e.g. `param.data = merged` by a LoRA fuse) are copied back into the
         storage the captured CUDA graphs read, and packed QKV/KV weights are rebuilt in place: no recapture."""
         copied = restore_weight_storages(self._weights)
-        return {"copied": copied, **self._rebuild_fused(components)}
+        counts = {"copied": copied, **self._rebuild_fused(components)}
+        if self._fp32_encoder is not None:
+            counts["fp32_encoder"] = self._fp32_encoder.refresh()
+        return counts
 
     @staticmethod
     def _rebuild_fused(components: Components) -> dict[str, int]:
@@ -183,12 +188,16 @@ class FastEngine(Engine):
                                   fold_biases=c.fold_biases, fp8=fp8)
             for key, value in fuse_modules(components.vae.decoder, self.picks).items():
                 counts[f"vae_{key}"] = value
+            if not rescale_vae:  # else the encoder runs from an fp32 copy (engines/fp32_encoder.py), unfused
+                for key, value in fuse_modules(components.vae.encoder, self.picks).items():
+                    counts[f"vae_encoder_{key}"] = value
             self.fusion_counts = counts
         vae_scale = 1.0
         if rescale_vae:
             try:
                 rescale_decoder(components.vae.decoder, STREAM_SCALE)
                 vae_scale = STREAM_SCALE
+                self._fp32_encoder = Fp32Encoder(components.vae)
             except UsageError as exc:
                 if c.vae_dtype == "auto":  # what diffusers does for this VAE
                     vae_dtype = torch.float32
@@ -198,7 +207,9 @@ class FastEngine(Engine):
             self.picks.eviction.track(components.unet.parameters())
         # The tensors the stages (and graphs captured from them) read: refresh_weights copies new values into them.
         self._weights = weight_storages(components)
-        stages = self._wrapped_stages(components, cast_stages(components, dtype, vae_dtype), dtype, graphed)
+        cast = cast_stages(components, dtype, vae_dtype)
+        encode = encoder_stage(components.vae, next(components.vae.parameters()).dtype, self._fp32_encoder)
+        stages = self._wrapped_stages(components, dataclasses.replace(cast, encode=encode), dtype, graphed)
         stages.info.update(vae_stream_scale=vae_scale)
         return stages
 
@@ -219,6 +230,7 @@ class FastEngine(Engine):
             no_plan = plan_refusal(components.unet) if c.fused else "needs the fused blocks"
         encoders = [builds.first_calls(f"text_encoder{i}", encode) for i, encode in enumerate(stages.text_encoders)]
         stages = Stages(encoders, builds.first_calls("unet", stages.unet), builds.first_calls("decode", stages.decode),
+                        encode=builds.first_calls("encode", stages.encode),
                         info=dict(stages.info, fusions=self.fusion_counts, parallel_compile=builds.reports,
                                   notes=self.notes, cfg_prefix="shared" if cfg_once else f"not shared: {refusal}",
                                   loop_plan="on" if no_plan is None else f"off: {no_plan}"),
@@ -247,13 +259,15 @@ class FastEngine(Engine):
             self.graphs.append(made)
             return made
 
-        unet, decode = graph(stages.unet), graph(stages.decode)
+        unet, decode, encode = graph(stages.unet), graph(stages.decode), graph(stages.encode)
         planner = plan_with(graph)
         encoders = []
-        for encode in stages.text_encoders:
-            graphed_encode = graph(encode, on_capture=None)
+        for text_encode in stages.text_encoders:
+            graphed_encode = graph(text_encode, on_capture=None)
             # Text embeddings are read at every step, after other graphs have replayed: hand out copies.
             encoders.append(lambda ids, g=graphed_encode: tuple(t.clone() for t in g(ids)))
-        shown = {"unet": unet, "decode": decode, **({"unet_loop": planner.call} if planner else {})}
-        return dataclasses.replace(stages, text_encoders=encoders, unet=unet, decode=decode, plan_loop=planner,
+        shown = {"unet": unet, "decode": decode, "encode": encode,
+                 **({"unet_loop": planner.call} if planner else {})}
+        return dataclasses.replace(stages, text_encoders=encoders, unet=unet, decode=decode, encode=encode,
+                                   plan_loop=planner,
                                    info=dict(stages.info, graphs=shown))

@@ -1,0 +1,153 @@
+"""Where a call enters and leaves the schedule, and the latents it starts from, per workload:
+
+- text to image: the seed's noise, from the first timestep;
+- image to image: the image through the VAE encoder, noised to the step `strength` names;
+- inpainting: the same, plus the mask; a 9-channel inpainting UNet takes the mask and the masked image's latents
+  beside the latents at every step, a plain UNet gets the known region put back (re-noised) after every step;
+- the SDXL refiner: the base model's latents at `denoising_start`, continued without new noise.
+
+Each as the diffusers pipeline for that workload computes it, drawing from one CPU generator seeded with the seed in
+the same order, so on the CPU a seed gives diffusers' latents, and the same start on every device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .engines.base import EncodeStage
+from .errors import UsageError
+from .request import Request
+
+# After step i (an index into the window), the latents with the known region put back: plain-UNet inpainting.
+Blend = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Window:
+    """The scheduler timesteps a call evaluates: sched.timesteps[first:stop]."""
+
+    first: int
+    stop: int
+
+
+def schedule_window(sched, request: Request) -> Window:
+    """The part of the `request.steps`-step schedule (already set on `sched`) this call runs, as diffusers'
+    get_timesteps and denoising_start / denoising_end pick it. Sets the scheduler's begin index where diffusers does."""
+    timesteps = sched.timesteps.tolist()
+    trained = sched.config.num_train_timesteps
+    first = 0
+    if request.denoising_start is not None:  # the refiner: the timesteps below the cut
+        cutoff = int(round(trained - request.denoising_start * trained))
+        kept = sum(1 for t in timesteps if t < cutoff)
+        if sched.order == 2 and kept % 2 == 0:
+            kept += 1  # a second-order scheduler must not start between its two evaluations of a step
+        first = len(timesteps) - min(kept, len(timesteps))
+    elif request.image is not None:  # img2img, inpainting: steps * strength steps remain
+        kept = min(int(request.steps * request.strength), request.steps)
+        if kept < 1:
+            raise UsageError(f"strength {request.strength} of {request.steps} steps leaves no step to run: raise "
+                             "one of them")
+        first = (request.steps - kept) * sched.order
+        if hasattr(sched, "set_begin_index"):
+            sched.set_begin_index(first)
+    stop = len(timesteps)
+    if request.denoising_end is not None:  # a base model handing over to a refiner: the timesteps above the cut
+        cutoff = int(round(trained - request.denoising_end * trained))
+        stop = first + sum(1 for t in timesteps[first:] if t >= cutoff)
+    if stop <= first:
+        raise UsageError(f"denoising_start {request.denoising_start} / denoising_end {request.denoising_end} leave no "
+                         f"step of {request.steps} to run: raise steps or widen the window")
+    return Window(first, stop)
+
+
+@dataclass
+class Start:
+    """What the denoising loop starts from."""
+
+    latents: torch.Tensor  # fp32, on the device, already scaled for the scheduler
+    unet_extra: torch.Tensor | None = None  # 9-channel UNet: mask and masked-image latents, after the latents
+    blend: Blend | None = None  # plain-UNet inpainting
+
+
+def latent_shape(spec, height: int, width: int, batch: int = 1) -> tuple[int, int, int, int]:
+    return (batch, spec.latent_channels, height // spec.vae_scale, width // spec.vae_scale)
+
+
+def initial_noise(spec, height: int, width: int, seed: int, batch: int = 1) -> torch.Tensor:
+    """The starting latents for `seed`: drawn on the CPU, so the same seed gives the same start on every device."""
+    return torch.randn(latent_shape(spec, height, width, batch), generator=torch.Generator("cpu").manual_seed(seed),
+                       dtype=torch.float32)
+
+
+class ImageEncoder:
+    """Images through the engine's VAE encoder to scaled latents, sampled from the encoder's distribution."""
+
+    def __init__(self, encode: EncodeStage | None, scaling_factor: float, device: torch.device, engine_name: str):
+        self.encode, self.scaling_factor, self.device = encode, scaling_factor, device
+        self.engine_name = engine_name
+        self.finite: list[torch.Tensor] = []  # device-side "moments finite" flags of this call, for the guard
+
+    def __call__(self, image: torch.Tensor, generator: torch.Generator, n: int) -> torch.Tensor:
+        from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+
+        if self.encode is None:
+            raise UsageError(f"this needs the VAE encoder, which the {self.engine_name} engine does not run for this "
+                             "model: load the torch model instead")
+        moments = self.encode(image.to(self.device, torch.float32))
+        self.finite.append(torch.isfinite(moments).all())
+        latents = DiagonalGaussianDistribution(moments).sample(generator=generator) * self.scaling_factor
+        return latents.expand(n, -1, -1, -1) if len(latents) == 1 else latents
+
+
+def starting_point(spec, sched, request: Request, window: Window, encoder: ImageEncoder,
+                   device: torch.device) -> Start:
+    """The loop's starting latents (and an inpainting UNet's extra inputs or a plain UNet's blend) for `request`."""
+    n, generator = request.n, torch.Generator("cpu").manual_seed(request.seed)
+    timesteps = sched.timesteps[window.first:window.stop]
+    if request.denoising_start is not None:  # the refiner continues the given state: no new noise
+        latents = request.latents if request.latents is not None else encoder(request.image, generator, n)
+        return Start(latents.to(device, torch.float32))
+    if request.image is None:
+        noise = request.latents if request.latents is not None else initial_noise(
+            spec, request.height, request.width, request.seed, n)
+        return Start(noise.to(device, torch.float32) * sched.init_noise_sigma)
+    first_t = timesteps[:1].repeat(n)
+    if request.mask is None:  # img2img
+        encoded = encoder(request.image, generator, n)
+        noise = torch.randn(encoded.shape, generator=generator, dtype=torch.float32).to(device)
+        return Start(sched.add_noise(encoded, noise, first_t))
+
+    # Inpainting. The model sees the mask binarized at 0.5 (diffusers' mask processor), at latent resolution.
+    mask = (request.mask >= 0.5).float()
+    masked_image = request.image * (mask < 0.5)
+    from_noise = request.strength == 1.0  # diffusers: the masked region starts from pure noise
+    image_latents = None
+    if not spec.is_inpaint or not from_noise:
+        image_latents = encoder(request.image, generator, n)
+    noise = torch.randn(latent_shape(spec, request.height, request.width, n), generator=generator,
+                        dtype=torch.float32).to(device)
+    latents = noise * sched.init_noise_sigma if from_noise else sched.add_noise(image_latents, noise, first_t)
+    latent_mask = F.interpolate(mask, size=(request.height // spec.vae_scale, request.width // spec.vae_scale))
+    latent_mask = latent_mask.to(device).expand(n, -1, -1, -1)
+    if spec.is_inpaint:
+        masked_latents = encoder(masked_image, generator, n)
+        return Start(latents, unet_extra=torch.cat([latent_mask, masked_latents], dim=1))
+
+    def blend(i: int, latents: torch.Tensor) -> torch.Tensor:
+        known = image_latents
+        if i < len(timesteps) - 1:  # re-noised to the next step's level
+            known = sched.add_noise(image_latents, noise, timesteps[i + 1:i + 2])
+        return torch.lerp(known, latents, latent_mask)  # (1 - mask) * known + mask * latents
+
+    return Start(latents, blend=blend)
+
+
+def paste_unmasked(decoded: torch.Tensor, request: Request) -> torch.Tensor:
+    """The decoded image (in [-1, 1]) with the init image's pixels kept where the mask is black, blended across the
+    mask's soft (blurred) edge: what keep_unmasked asks for, since a VAE round trip alters the pixels it keeps."""
+    mask = request.mask.to(decoded.device, decoded.dtype)
+    return torch.lerp(request.image.to(decoded.device, decoded.dtype), decoded, mask)

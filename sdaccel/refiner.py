@@ -1,0 +1,68 @@
+"""SDXL base + refiner ("ensemble of expert denoisers"): the base model denoises the first `refiner_start` of the
+schedule and hands its latents over, not decoded; the refiner denoises the rest and decodes. Both models stay
+loaded, each on its own engine object of the same kind, so a call swaps nothing.
+
+As diffusers' StableDiffusionXLPipeline(denoising_end=f, output_type="latent") followed by
+StableDiffusionXLImg2ImgPipeline(image=latents, denoising_start=f): the same schedule of `steps`, cut at f.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import UsageError
+from .request import validate_fraction
+from .timing import StageTimings
+
+REFINER_START = 0.8  # the handoff diffusers' documentation uses for SDXL base + refiner
+
+
+class BaseAndRefiner:
+    """Two pipelines (each a Pipeline, or the output guard around one, as sdaccel.load returns them) run as one:
+    `pair(prompt, ...)` returns the refiner's GenerationResult, with the base's stages in its timings
+    (`denoise` is the base's loop, `refine` the refiner's, `text` both models' text encoding)."""
+
+    def __init__(self, base, refiner, refiner_start: float = REFINER_START):
+        for role, pipe, wanted in (("base", base, False), ("refiner", refiner, True)):
+            if not pipe.spec.is_xl or pipe.spec.needs_image != wanted:
+                kind = "an SDXL refiner" if wanted else "an SDXL base model (text to image)"
+                raise UsageError(f"{role}: {pipe.spec.name} is not {kind}")
+        if base.spec.vae_scaling_factor != refiner.spec.vae_scaling_factor or \
+                base.spec.latent_channels != refiner.spec.latent_channels:
+            raise UsageError(f"{base.spec.name} and {refiner.spec.name} do not share a latent space")
+        validate_fraction("refiner_start", refiner_start)
+        self.base, self.refiner, self.refiner_start = base, refiner, refiner_start
+
+    @property
+    def spec(self):
+        return self.base.spec
+
+    def __call__(self, prompt, negative_prompt=None, *, refiner_start: float | None = None, output: str = "pil",
+                 aesthetic_score: float | None = None, negative_aesthetic_score: float | None = None,
+                 callback=None, progress: bool = False, **settings: Any):
+        """Settings as Pipeline.generate's (steps, guidance, seed, scheduler, size, batch, preset, ...), shared by
+        both models; the refiner's aesthetic scores apply to it alone. No init image or mask: a text-to-image call."""
+        for name in ("image", "mask", "latents", "denoising_start", "denoising_end", "strength"):
+            if settings.get(name) is not None:
+                raise UsageError(f"{name}: not taken by a base + refiner call (the handoff sets where each starts)")
+        start = self.refiner_start if refiner_start is None else refiner_start
+        validate_fraction("refiner_start", start)
+        first = self.base(prompt, negative_prompt, denoising_end=start, output="latent", progress=progress,
+                          callback=callback, **settings)
+        settings.pop("height", None), settings.pop("width", None)  # the latents carry the size
+        h, w = first.params["height"], first.params["width"]
+        second = self.refiner(prompt, negative_prompt, latents=first.latents, denoising_start=start, output=output,
+                              height=h, width=w, aesthetic_score=aesthetic_score, progress=progress,
+                              negative_aesthetic_score=negative_aesthetic_score, **settings)
+        second.timings = _combined(first.timings, second.timings)
+        second.params.update(model=f"{first.params['model']} + {second.params['model']}", refiner_start=start,
+                             workload="refiner", denoising_start=None)
+        return second
+
+    generate = __call__
+
+
+def _combined(base: StageTimings, refiner: StageTimings) -> StageTimings:
+    return StageTimings(text=base.text + refiner.text, denoise=base.denoise, refine=refiner.denoise,
+                        decode=refiner.decode, total=base.total + refiner.total,
+                        steps=base.steps + refiner.steps, unet_calls=base.evaluations + refiner.evaluations)

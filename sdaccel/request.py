@@ -1,0 +1,211 @@
+"""One generation's settings, checked and resolved before any work: defaults from the model, a preset's recipe,
+the init image and mask of image-to-image and inpainting, and the window of the schedule a call denoises.
+
+Every entry point goes through here (the CLI, `sdaccel bench`, `compare`, the Python API), so a bad setting is one
+UsageError naming it, raised before a model loads (validate_request) or before any GPU work (resolve_request).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import UsageError
+from .images import image_batch, mask_batch
+from .presets import get_preset
+
+MAX_STEPS = 1000  # the schedulers' training schedule has 1000 timesteps: more steps than that cannot be spaced
+MAX_SIDE = 16384  # pixels; far beyond any SD model's training size (memory is checked separately, per machine)
+MAX_SEED = 2**63 - 2  # torch's generators take 64-bit seeds; the ancestral samplers' generator uses seed + 1
+IMG2IMG_STRENGTH = 0.8  # diffusers' img2img default
+INPAINT_STRENGTH = 1.0  # diffusers' inpainting default: the masked region starts from pure noise
+AESTHETIC_SCORE, NEGATIVE_AESTHETIC_SCORE = 6.0, 2.5  # the SDXL refiner's published defaults
+
+
+def validate_request(steps, height, width, batch_size: int = 1, guidance: float | None = 0.0, seed: int = 0,
+                     strength: float | None = None) -> None:
+    """Raise UsageError for settings no engine can run; cheap, so the CLI calls it before loading a model."""
+    if not _is_integer(steps) or not 1 <= steps <= MAX_STEPS:
+        raise UsageError(f"steps must be an integer from 1 to {MAX_STEPS}, got {steps!r}")
+    for name, size in (("height", height), ("width", width)):
+        if size is not None and (not _is_integer(size) or not 8 <= size <= MAX_SIDE or size % 8):
+            raise UsageError(f"{name} must be a multiple of 8 from 8 to {MAX_SIDE}, got {size!r}")
+    if not _is_integer(batch_size) or batch_size < 1:
+        raise UsageError(f"batch size must be an integer >= 1, got {batch_size!r}")
+    if guidance is not None:
+        if not _is_number(guidance) or not math.isfinite(guidance) or guidance < 0:
+            raise UsageError(f"guidance must be a finite number >= 0, got {guidance!r}")
+    if not _is_integer(seed) or not 0 <= seed <= MAX_SEED:
+        raise UsageError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}")
+    if strength is not None and (not _is_number(strength) or not 0 < strength <= 1):
+        raise UsageError(f"strength must be a number in (0, 1], got {strength!r}")
+
+
+def validate_fraction(name: str, value) -> None:
+    """denoising_start / denoising_end / refiner_start: a fraction of the schedule strictly inside (0, 1)."""
+    if value is not None and (not _is_number(value) or not 0 < value < 1):
+        raise UsageError(f"{name} must be a number in (0, 1), got {value!r}")
+
+
+def _is_integer(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)  # True is an int to Python
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+@dataclass
+class Request:
+    """A call's settings, resolved: every field has its final value. `prompts`/`negatives` hold one entry per
+    output image (prompts x batch_size)."""
+
+    prompts: list[str]
+    negatives: list[str]
+    steps: int
+    guidance: float
+    height: int
+    width: int
+    seed: int
+    scheduler: str | None  # None: the model's default
+    timestep_spacing: str | None
+    prediction_type: str | None
+    preset: str | None
+    output: str
+    latents: torch.Tensor | None  # given starting latents: noise (txt2img), or the state at denoising_start
+    image: torch.Tensor | None  # (1 or n, 3, H, W) in [-1, 1], on the CPU
+    mask: torch.Tensor | None  # (1 or n, 1, H, W) in [0, 1] (white: repaint), blurred, not binarized, on the CPU
+    strength: float | None
+    keep_unmasked: bool
+    denoising_start: float | None
+    denoising_end: float | None
+    aesthetic_score: float
+    negative_aesthetic_score: float
+
+    @property
+    def n(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def cfg(self) -> bool:
+        """Classifier-free guidance: guidance <= 1 is the conditional prediction alone (no uncond half)."""
+        return self.guidance > 1.0
+
+    @property
+    def workload(self) -> str:
+        if self.mask is not None:
+            return "inpaint"
+        if self.denoising_start is not None:
+            return "refine"
+        return "img2img" if self.image is not None else "txt2img"
+
+    def params(self) -> dict[str, Any]:
+        """What the output records (PNG parameters, benchmark rows) beyond the pipeline's own fields."""
+        return dict(prompt=self.prompts[0], negative_prompt=self.negatives[0], steps=self.steps,
+                    guidance=self.guidance, height=self.height, width=self.width, seed=self.seed,
+                    batch_size=self.n, preset=self.preset, workload=self.workload,
+                    strength=self.strength if self.workload in ("img2img", "inpaint") else None,
+                    denoising_start=self.denoising_start, denoising_end=self.denoising_end,
+                    keep_unmasked=self.keep_unmasked if self.mask is not None else None)
+
+
+def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=None, height=None, width=None,
+                    batch_size: int = 1, seed: int = 0, scheduler=None, output: str = "pil", latents=None,
+                    timestep_spacing=None, prediction_type=None, preset=None, image=None, mask=None,
+                    mask_blur: float = 0, strength=None, keep_unmasked: bool = False, denoising_start=None,
+                    denoising_end=None, aesthetic_score=None, negative_aesthetic_score=None) -> Request:
+    """Check and complete one call's settings for a model `spec` (Pipeline.generate's arguments)."""
+    if preset is not None:  # the preset fills what the call leaves unset
+        given = dict(scheduler=scheduler, steps=steps, guidance=guidance, timestep_spacing=timestep_spacing,
+                     prediction_type=prediction_type)
+        chosen = {k: given[k] if given[k] is not None else v for k, v in get_preset(preset).settings().items()}
+        scheduler, steps, guidance = chosen["scheduler"], chosen["steps"], chosen["guidance"]
+        timestep_spacing, prediction_type = chosen["timestep_spacing"], chosen["prediction_type"]
+    steps = spec.steps if steps is None else steps
+    guidance = spec.guidance if guidance is None else guidance
+    validate_fraction("denoising_start", denoising_start)
+    validate_fraction("denoising_end", denoising_end)
+    if denoising_start is not None and denoising_end is not None and denoising_start >= denoising_end:
+        raise UsageError(f"denoising_start {denoising_start} must be below denoising_end {denoising_end}")
+
+    init_image = init_mask = None
+    if image is not None:
+        if latents is not None:
+            raise UsageError("latents and image exclude each other (the image's latents are the start)")
+        init_image = image_batch(image)
+        for name, given, size in (("height", height, init_image.shape[2]), ("width", width, init_image.shape[3])):
+            if given is not None and given != size:
+                raise UsageError(f"{name} {given} differs from the image's {size}: leave it unset with an image")
+        height, width = init_image.shape[2], init_image.shape[3]
+    if mask is not None:
+        if init_image is None:
+            raise UsageError("mask needs an image (inpainting repaints the image where the mask is white)")
+        if denoising_start is not None:
+            raise UsageError("inpainting from a given denoising_start is not supported: use strength")
+        init_mask = mask_batch(mask, mask_blur)
+        if init_mask.shape[2:] != init_image.shape[2:]:
+            raise UsageError(f"mask: {init_mask.shape[3]}x{init_mask.shape[2]} differs from the image's "
+                             f"{init_image.shape[3]}x{init_image.shape[2]}")
+    elif mask_blur:
+        raise UsageError("mask_blur needs a mask")
+    elif keep_unmasked:
+        raise UsageError("keep_unmasked needs a mask")
+    if spec.is_inpaint and init_mask is None:
+        raise UsageError(f"{spec.name} is an inpainting model: give an image and a mask (--image, --mask)")
+    if spec.needs_image and init_image is None and not (latents is not None and denoising_start is not None):
+        raise UsageError(f"{spec.name} refines an image: give one (--image), or run it as a base model's refiner "
+                         "(--refiner)")
+
+    if denoising_start is not None:
+        if init_image is None and latents is None:
+            raise UsageError("denoising_start needs the state to continue from: an image or latents")
+        if strength is not None:
+            raise UsageError("strength and denoising_start exclude each other (the start is denoising_start)")
+    elif init_image is not None:
+        strength = (INPAINT_STRENGTH if init_mask is not None else IMG2IMG_STRENGTH) if strength is None else strength
+    elif strength is not None:
+        raise UsageError("strength needs an image (image to image)")
+
+    height = spec.height if height is None else height
+    width = spec.width if width is None else width
+    validate_request(steps, height, width, batch_size, guidance, seed, strength)
+    if output not in ("pil", "tensor", "latent"):
+        raise UsageError(f"output must be pil, tensor or latent, got {output!r}")
+    prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+    if not prompts:
+        raise UsageError("no prompt given")
+    negatives = _as_list(negative_prompt, len(prompts), "negative prompts")
+    prompts = [p for p in prompts for _ in range(batch_size)]
+    negatives = [n for n in negatives for _ in range(batch_size)]
+    for name, given in (("image", init_image), ("mask", init_mask)):
+        if given is not None and len(given) not in (1, len(prompts)):
+            raise UsageError(f"{name}: {len(given)} {name}s for {len(prompts)} outputs (give one, or one per output)")
+    scores = []
+    for name, value, default in (("aesthetic_score", aesthetic_score, AESTHETIC_SCORE),
+                                 ("negative_aesthetic_score", negative_aesthetic_score, NEGATIVE_AESTHETIC_SCORE)):
+        if value is not None and not spec.aesthetic_score:
+            raise UsageError(f"{name}: {spec.name} is not conditioned on an aesthetic score (the SDXL refiner is)")
+        if value is not None and (not _is_number(value) or not math.isfinite(value)):
+            raise UsageError(f"{name} must be a finite number, got {value!r}")
+        scores.append(float(default if value is None else value))
+    return Request(prompts=prompts, negatives=negatives, steps=steps, guidance=float(guidance), height=height,
+                   width=width, seed=seed, scheduler=scheduler, timestep_spacing=timestep_spacing,
+                   prediction_type=prediction_type, preset=preset, output=output, latents=latents, image=init_image,
+                   mask=init_mask, strength=strength, keep_unmasked=bool(keep_unmasked),
+                   denoising_start=denoising_start, denoising_end=denoising_end, aesthetic_score=scores[0],
+                   negative_aesthetic_score=scores[1])
+
+
+def _as_list(value: str | list[str] | None, n: int, what: str) -> list[str]:
+    if value is None:
+        return [""] * n
+    if isinstance(value, str):
+        return [value] * n
+    value = list(value)
+    if len(value) != n:
+        raise UsageError(f"{what}: got {len(value)} entries for {n} prompts")
+    return value
