@@ -11,7 +11,6 @@ import json
 import sys
 import warnings
 from contextlib import contextmanager
-from pathlib import Path
 
 from .errors import OutputCheckError, SdaccelError, first_line
 
@@ -64,60 +63,13 @@ def engine_options(engine: str, args) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .presets import PRESETS
-    from .schedulers import PREDICTION_TYPES, SCHEDULERS, TIMESTEP_SPACINGS
-
     parser = _Parser(prog="sdaccel", description="Fast, honestly measured Stable Diffusion inference.",
                      epilog=EXIT_CODES)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    gen = sub.add_parser("generate", help="text to image, PNGs with their parameters embedded",
-                         description="Generate images from a prompt and write them as PNGs whose 'parameters' "
-                                     "text holds every setting (the format image tools read).", epilog=EXIT_CODES)
-    gen.add_argument("prompt", help="what to draw")
-    _add_model_args(gen)
-    gen.add_argument("--engine", metavar="|".join(ENGINE_NAMES),
-                     help="what runs the model (default: eager; onnxruntime for an ONNX pipeline folder); "
-                          "`sdaccel engines` describes them, `sdaccel info` says which run here")
-    gen.add_argument("--steps", type=int, help="denoising steps, 1 to 1000 (default: the model's own, 50 for SD)")
-    gen.add_argument("--height", type=int, help="pixels, a multiple of 8 (default: the model's own, e.g. 512, "
-                                                "1024 for SDXL)")
-    gen.add_argument("--width", type=int, help="pixels, a multiple of 8 (default: the model's own)")
-    gen.add_argument("--batch", type=int, default=1,
-                     help="images per call (default: 1); a batch that cannot fit in memory is refused up front")
-    gen.add_argument("--seed", type=int, default=0, help="initial noise seed, >= 0 (default: 0)")
-    gen.add_argument("--scheduler", metavar="NAME",
-                     help=f"sampler: {', '.join(SCHEDULERS)}; UI spellings are accepted ('Euler a', 'DPM++ 2M "
-                          f"Karras'); default: the model's own (pndm for SD)")
-    gen.add_argument("--preset", metavar="NAME",
-                     help=f"a few-step model's published settings: {', '.join(PRESETS)}; explicit --steps, "
-                          f"--guidance, --scheduler, --timestep-spacing win over it (`sdaccel presets` says what "
-                          f"each sets)")
-    gen.add_argument("--timestep-spacing", choices=TIMESTEP_SPACINGS,
-                     help="how the steps spread over the training schedule (default: the model's own, leading for "
-                          "SD); few-step models want trailing")
-    gen.add_argument("--prediction-type", choices=PREDICTION_TYPES,
-                     help="what the UNet predicts, for a model whose folder does not say (default: the model's own)")
-    gen.add_argument("--image", metavar="FILE",
-                     help="image to image: start from this picture (its size, a multiple of 8, sets the output's)")
-    gen.add_argument("--strength", type=float,
-                     help="with --image: how far to move from it, in (0, 1] (default: 0.8; 1 ignores it); "
-                          "steps x strength steps run")
-    gen.add_argument("--negative", default="", help="negative prompt (default: none)")
-    gen.add_argument("--guidance", type=float,
-                     help="classifier-free guidance scale, finite and >= 0; <= 1 runs the UNet once per step "
-                          "(default: the model's own, 7.5 for SD)")
-    gen.add_argument("--out", default="sdaccel-out", help="output folder, created if absent (default: ./sdaccel-out)")
-    gen.add_argument("--overwrite", action="store_true",
-                     help="replace images of an earlier run with the same names (default: new names, never "
-                          "overwriting)")
-    gen.add_argument("--repeat", type=int, default=1,
-                     help="generate N times and print each run's timings (the first includes warm-up/compile)")
-    gen.add_argument("--no-progress", action="store_true", help="no progress bar")
-    gen.add_argument("--strict", action="store_true",
-                     help=f"fail (exit code {EXIT_OUTPUT_CHECK}) on NaN/Inf or a black/flat image instead of "
-                          f"repairing it in fp32 with a warning")
-    gen.set_defaults(func=cmd_generate)
+    from .generate_cli import register as register_generate
+
+    register_generate(sub)
 
     info = sub.add_parser("info", help="torch, CUDA, GPU and the engines usable here")
     info.add_argument("--json", action="store_true")
@@ -162,159 +114,6 @@ def _extra_commands():
 
 
 # ---------------------------------------------------------------------------------------------------- commands
-
-
-def png_parameters(params: dict, index: int) -> str:
-    """The 'parameters' text chunk in the format image tools (A1111, ComfyUI importers) read."""
-    lines = [params["prompt"]]
-    if params.get("negative_prompt"):
-        lines.append(f"Negative prompt: {params['negative_prompt']}")
-    lines.append(
-        f"Steps: {params['steps']}, Sampler: {params['scheduler']}, CFG scale: {params['guidance']}, "
-        f"Seed: {params['seed']}, Size: {params['width']}x{params['height']}, Model: {params['model']}, "
-        f"Batch index: {index}, Engine: {params['engine']}, Dtype: {params['dtype']}, "
-        f"Timestep spacing: {params['timestep_spacing']}, Prediction type: {params['prediction_type']}, "
-        + (f"Preset: {params['preset']}, " if params.get("preset") else "")
-        + (f"Denoising strength: {params['strength']}, " if params.get("strength") is not None else "")
-        + "Generator: sdaccel"
-    )
-    return "\n".join(lines)
-
-
-def image_names(out_dir: Path, stem: str, seed: int, count: int, attempt: int) -> list[Path]:
-    """The names of one call's images: `{stem}-{seed}-{i:02d}.png`, and for a later run whose names are taken,
-    the same with `-{attempt}` (2, 3, ...)."""
-    suffix = "" if attempt == 1 else f"-{attempt}"
-    return [out_dir / f"{stem}-{seed}-{i:02d}{suffix}.png" for i in range(count)]
-
-
-def save_images(result, out_dir: Path, stem: str = "image", overwrite: bool = False) -> list[Path]:
-    """Write the images as PNGs with their parameters, each complete under a temporary name before it gets its own.
-    Without `overwrite` no existing file is replaced: a taken name moves the whole call to the next free names, and
-    the final step is a hard link, which fails rather than replace a file another run wrote meanwhile."""
-    import glob
-    import os
-
-    from PIL.PngImagePlugin import PngInfo
-
-    from .atomic import atomic_path, fsync_file, remove_stale_temps, temp_path
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out_dir, f".{glob.escape(stem)}-*.part")  # what killed runs left
-    seed, count = result.params["seed"], len(result.images)
-    attempt = 1
-    while not overwrite and any(p.exists() for p in image_names(out_dir, stem, seed, count, attempt)):
-        attempt += 1
-    written = []
-    for i, image in enumerate(result.images):
-        meta = PngInfo()
-        meta.add_text("parameters", png_parameters(result.params, i))
-        path = image_names(out_dir, stem, seed, count, attempt)[i]
-        if overwrite:
-            with atomic_path(path) as tmp:  # never a half-written PNG under the final name
-                image.save(tmp, format="PNG", pnginfo=meta)
-            written.append(path)
-            continue
-        tmp = temp_path(path, "part")
-        try:
-            image.save(tmp, format="PNG", pnginfo=meta)
-            fsync_file(tmp)
-            while True:
-                try:
-                    os.link(tmp, path)
-                    break
-                except FileExistsError:
-                    attempt += 1
-                    path = image_names(out_dir, stem, seed, count, attempt)[i]
-                except OSError:  # a file system without hard links: the check above, then a rename
-                    os.replace(tmp, path)
-                    break
-        except OSError as exc:
-            if exc.filename is None:  # a full disk names no file: name the image being written
-                exc.filename = os.fspath(path)
-            raise
-        finally:
-            if tmp.exists():
-                tmp.unlink()
-        written.append(path)
-    return written
-
-
-def cmd_generate(args) -> int:
-    import sdaccel
-    from .device import resolve_device
-    from .engines import get_engine
-    from .models import is_onnx_pipeline_folder
-    from .models.registry import default_model
-    from .output_paths import prepare_output_folder
-    from .pipeline import validate_request
-    from .images import image_batch
-    from .presets import get_preset
-    from .schedulers import canonical
-
-    # Everything checkable without a model is checked before loading one, the output folder included.
-    validate_request(1 if args.steps is None else args.steps, args.height, args.width, args.batch, args.guidance,
-                     args.seed, args.strength)
-    if args.strength is not None and not args.image:
-        raise SdaccelError("--strength needs --image (image to image)")
-    if args.repeat < 1:
-        raise SdaccelError(f"--repeat must be >= 1, got {args.repeat}")
-    if args.scheduler:
-        canonical(args.scheduler)
-    if args.preset:
-        get_preset(args.preset)
-    init_image = read_image(args.image) if args.image else None
-    if init_image is not None:
-        image_batch(init_image, "--image")  # size and range checked before the model loads
-    out_dir = prepare_output_folder(args.out)
-    device = resolve_device(args.device)
-    model = args.model or default_model(device.type)
-    onnx_folder = is_onnx_pipeline_folder(model)
-    engine = args.engine or ("onnxruntime" if onnx_folder else "eager")
-    options = engine_options(engine, args)
-    engine_object = get_engine(engine, device, **options)  # options checked before the model loads
-    # An ONNX folder, given as the model or as the engine's folder option, leaves nothing to build.
-    first_start = "" if onnx_folder or options.get("folder") else engine_object.first_start
-    status(f"loading {model} on the {engine} engine ({device})"
-           + (f"; with caches still empty, the engine {first_start}" if first_start else ""))
-    pipe = sdaccel.load(model, engine=engine_object, dtype=args.dtype, device=device, arch=args.arch, seed=args.seed)
-    if pipe.components.synthetic:
-        print(f"note: {model} has random weights: the image is noise by construction (use it to measure speed)")
-    runs = []
-    for i in range(args.repeat):
-        if i == 0 and pipe.engine.first_call:
-            status(f"the first call on the {engine} engine {pipe.engine.first_call}")
-        result = pipe(args.prompt, args.negative, steps=args.steps, guidance=args.guidance, height=args.height,
-                      width=args.width, batch_size=args.batch, seed=args.seed, scheduler=args.scheduler,
-                      timestep_spacing=args.timestep_spacing, prediction_type=args.prediction_type,
-                      preset=args.preset, image=init_image, strength=args.strength,
-                      progress=not args.no_progress, strict=args.strict)
-        runs.append(result.timings)
-    paths = save_images(result, out_dir, overwrite=args.overwrite)
-    params = result.params
-    evaluations = runs[-1].evaluations
-    print(f"model {model} | engine {pipe.engine.name} | {params['dtype']} | device {device} | "
-          f"{params['width']}x{params['height']} x{params['batch_size']} | {params['steps']} steps "
-          f"{params['scheduler']}" + (f" ({evaluations} UNet evaluations)" if evaluations != params["steps"] else ""))
-    for i, timings in enumerate(runs):
-        label = "timings" if len(runs) == 1 else f"run {i + 1}{' (cold)' if i == 0 else ''}"
-        print(f"{label}: {timings.line()}")
-    for path in paths:
-        print(f"wrote {path}")
-    return 0
-
-
-def read_image(path: str):
-    """The picture at `path`, loaded now (a missing or unreadable file is a one-line error before any work)."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as image:
-            return image.convert("RGB")
-    except FileNotFoundError:
-        raise SdaccelError(f"--image {path}: no such file") from None
-    except (UnidentifiedImageError, OSError) as exc:
-        raise SdaccelError(f"--image {path}: not an image PIL can read ({exc.__class__.__name__})") from None
 
 
 def status(message: str) -> None:

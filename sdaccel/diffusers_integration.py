@@ -1,12 +1,14 @@
 """`sdaccel.accelerate(pipe)`: one line to run a user's diffusers pipeline on an sdaccel engine.
 
-The pipeline object stays theirs (scheduler, callbacks, prompt handling); only `pipe.unet.forward` and
-`pipe.vae.decode` are replaced by the engine's stages. Calls the engine can't serve (ControlNet residuals,
-cross-attention kwargs such as a LoRA scale) go to the original forward, so behaviour never silently changes.
+The pipeline object stays theirs (scheduler, callbacks, prompt handling); only `pipe.unet.forward`,
+`pipe.vae.decode` and `pipe.vae.encode` are replaced by the engine's stages. Calls the engine can't serve (ControlNet
+residuals, cross-attention kwargs such as a LoRA scale, a tiled encode) go to the original methods, so behaviour
+never silently changes.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -16,29 +18,74 @@ from .engines import get_engine
 from .errors import UsageError
 from .models.components import Components
 from .models.loading import _spec_from_modules, detect_arch
-from .models.registry import get_spec
+from .models.registry import INPAINT_CHANNELS, get_spec, list_specs
+
+log = logging.getLogger(__name__)
 
 _PASSTHROUGH_KWARGS = ("cross_attention_kwargs", "down_block_additional_residuals", "mid_block_additional_residual",
                        "down_intrablock_additional_residuals", "encoder_attention_mask", "attention_mask",
                        "class_labels", "timestep_cond")
+_SERVED = ("StableDiffusion(XL)Pipeline, StableDiffusion(XL)Img2ImgPipeline and StableDiffusion(XL)InpaintPipeline "
+           "(the SDXL refiner included)")
+
+
+def _arch(unet_config: dict[str, Any], sched_cfg: dict[str, Any], n_encoders: int) -> str:
+    """detect_arch's answer when it fits the UNet's input channels and the pipeline's text encoders; otherwise the
+    registry entry of the same family that does (an inpainting UNet, the SDXL refiner's single encoder), the one
+    with the same widths first. The modules' own configs override the entry's (`_spec_from_modules`)."""
+    name = detect_arch(unet_config, sched_cfg)
+    spec = get_spec(name)
+    inpaint = int(unet_config.get("in_channels", 4)) == INPAINT_CHANNELS
+    if spec.is_inpaint == inpaint and len(spec.text_encoders) == n_encoders:
+        return name
+    widths = tuple(unet_config.get("block_out_channels", ()))
+    fits = [s for s in list_specs() if s.family == spec.family and s.is_inpaint == inpaint
+            and len(s.text_encoders) == n_encoders]
+    fits.sort(key=lambda s: (tuple(s.unet["block_out_channels"]) != widths, s.tiny != spec.tiny))
+    return fits[0].name if fits else name
 
 
 def components_from_pipeline(pipe) -> Components:
-    missing = [name for name in ("unet", "vae", "text_encoder") if getattr(pipe, name, None) is None]
+    """The pipeline's own modules as Components, with the registry entry that describes them."""
+    missing = [name for name in ("unet", "vae") if getattr(pipe, name, None) is None]
+    encoders = [enc for enc in (getattr(pipe, "text_encoder", None), getattr(pipe, "text_encoder_2", None))
+                if enc is not None]
+    if not encoders:
+        missing.append("text_encoder")
     if missing:
-        raise UsageError(f"{type(pipe).__name__} lacks {', '.join(missing)}: sdaccel accelerates "
-                         "StableDiffusionPipeline and StableDiffusionXLPipeline")
-    encoders = [pipe.text_encoder] + ([pipe.text_encoder_2] if getattr(pipe, "text_encoder_2", None) else [])
+        raise UsageError(f"{type(pipe).__name__} lacks {', '.join(missing)}: sdaccel accelerates {_SERVED}")
     sched_cfg = dict(pipe.scheduler.config) if getattr(pipe, "scheduler", None) is not None else {}
-    base = get_spec(detect_arch(dict(pipe.unet.config), sched_cfg))
+    base = get_spec(_arch(dict(pipe.unet.config), sched_cfg, len(encoders)))
     spec = _spec_from_modules(base, pipe.unet, pipe.vae, encoders, sched_cfg)
     return Components(spec=spec, unet=pipe.unet, vae=pipe.vae, text_encoders=encoders, tokenizers=[],
                       source=type(pipe).__name__)
 
 
+def _pin_dtype(module: torch.nn.Module) -> None:
+    """Make `module.to(dtype)` keep the module's dtype (a device or memory-format move still goes through).
+
+    diffusers' SDXL pipelines cast a force_upcast VAE to fp32 around each encode and decode and back afterwards
+    (`self.vae.to(dtype)`). The engine already runs that VAE in the precision it chose for it, and a cast would swap
+    the weights its stages hold (fused copies, tensors captured in CUDA graphs) for new ones."""
+    original_to = module.to
+
+    def to(*args: Any, **kwargs: Any):
+        device, dtype, non_blocking, memory_format = torch._C._nn._parse_to(*args, **kwargs)
+        if dtype is not None and dtype != module.dtype:
+            log.debug("%s stays %s under sdaccel (a cast to %s is ignored)", type(module).__name__, module.dtype,
+                      dtype)
+        moves = {k: v for k, v in (("device", device), ("memory_format", memory_format)) if v is not None}
+        if not moves:
+            return module
+        return original_to(non_blocking=non_blocking, **moves)
+
+    module.to = to
+
+
 def accelerate(pipe, engine="eager", dtype=None, **engine_options: Any):
     """Patch `pipe` in place and return it. dtype defaults to the UNet's current dtype."""
-    from diffusers.models.autoencoders.vae import DecoderOutput
+    from diffusers.models.autoencoders.vae import DecoderOutput, DiagonalGaussianDistribution
+    from diffusers.models.modeling_outputs import AutoencoderKLOutput
     from diffusers.models.unets.unet_2d_condition import UNet2DConditionOutput
 
     if getattr(pipe, "_sdaccel_engine", None) is not None:
@@ -48,13 +95,12 @@ def accelerate(pipe, engine="eager", dtype=None, **engine_options: Any):
     dt = resolve_dtype(dtype or pipe.unet.dtype, device)
     eng = get_engine(engine, device, **engine_options)
     if getattr(eng.config, "vae_dtype", None) == "auto" and components.spec.vae_force_upcast:
-        # diffusers' SDXL pipeline casts a force_upcast VAE it finds in fp16 to fp32 around every decode: under it
-        # the fast engine's scaled fp16 decode (engines/fast/vae_scaling.py) would be cast back and forth at each
-        # call. "auto" here means what that pipeline wants: fp32.
+        # diffusers' SDXL pipelines run a force_upcast VAE in fp32 (encode and decode): "auto" here means what
+        # those pipelines want, fp32, rather than the fast engine's scaled fp16 decode (engines/fast/vae_scaling.py).
         eng = type(eng)(eng.config.replace(vae_dtype="fp32"))
     stages = eng.prepare(components, dt, device)
     unet, vae = pipe.unet, pipe.vae
-    original_forward, original_decode = unet.forward, vae.decode
+    original_forward, original_decode, original_encode = unet.forward, vae.decode, vae.encode
 
     def forward(sample, timestep, encoder_hidden_states, *args, added_cond_kwargs=None, return_dict=True, **kwargs):
         if args or any(kwargs.get(k) is not None for k in _PASSTHROUGH_KWARGS):
@@ -72,11 +118,25 @@ def accelerate(pipe, engine="eager", dtype=None, **engine_options: Any):
         out = stages.decode(z).to(z.dtype)
         return DecoderOutput(sample=out) if return_dict else (out,)
 
+    def encode(x, return_dict=True):
+        tiled = getattr(vae, "use_tiling", False) and max(x.shape[-2:]) > vae.tile_sample_min_size
+        if stages.encode is None or tiled:
+            # The VAE keeps the engine's dtype (_pin_dtype): the original encode takes its input in that dtype.
+            moments = original_encode(x.to(vae.dtype), return_dict=False)[0].parameters
+        else:
+            moments = stages.encode(x)
+        # In the input's dtype, as the original's (diffusers feeds the VAE its own dtype): the pipeline then draws
+        # the latent sample from these moments, with its own generator, in that dtype.
+        dist = DiagonalGaussianDistribution(moments.to(x.dtype))
+        return AutoencoderKLOutput(latent_dist=dist) if return_dict else (dist,)
+
     unet.forward = forward
     vae.decode = decode
+    vae.encode = encode
+    _pin_dtype(vae)
     pipe._sdaccel_engine = eng
     pipe._sdaccel_components = components
-    pipe._sdaccel_originals = (original_forward, original_decode)
+    pipe._sdaccel_originals = (original_forward, original_decode, original_encode)
     return pipe
 
 

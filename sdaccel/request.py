@@ -79,6 +79,7 @@ class Request:
     latents: torch.Tensor | None  # given starting latents: noise (txt2img), or the state at denoising_start
     image: torch.Tensor | None  # (1 or n, 3, H, W) in [-1, 1], on the CPU
     mask: torch.Tensor | None  # (1 or n, 1, H, W) in [0, 1] (white: repaint), blurred, not binarized, on the CPU
+    mask_blur: float
     strength: float | None
     keep_unmasked: bool
     denoising_start: float | None
@@ -110,7 +111,8 @@ class Request:
                     batch_size=self.n, preset=self.preset, workload=self.workload,
                     strength=self.strength if self.workload in ("img2img", "inpaint") else None,
                     denoising_start=self.denoising_start, denoising_end=self.denoising_end,
-                    keep_unmasked=self.keep_unmasked if self.mask is not None else None)
+                    keep_unmasked=self.keep_unmasked if self.mask is not None else None,
+                    mask_blur=self.mask_blur if self.mask is not None else None)
 
 
 def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=None, height=None, width=None,
@@ -195,7 +197,7 @@ def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=
     return Request(prompts=prompts, negatives=negatives, steps=steps, guidance=float(guidance), height=height,
                    width=width, seed=seed, scheduler=scheduler, timestep_spacing=timestep_spacing,
                    prediction_type=prediction_type, preset=preset, output=output, latents=latents, image=init_image,
-                   mask=init_mask, strength=strength, keep_unmasked=bool(keep_unmasked),
+                   mask=init_mask, mask_blur=mask_blur, strength=strength, keep_unmasked=bool(keep_unmasked),
                    denoising_start=denoising_start, denoising_end=denoising_end, aesthetic_score=scores[0],
                    negative_aesthetic_score=scores[1])
 

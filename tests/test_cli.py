@@ -166,3 +166,41 @@ def test_generate_from_an_image(tmp_path):
                           (["--image", str(source), "--strength", "2"], "strength must be a number in (0, 1]")):
         proc = run("generate", "a fox", "--model", "synthetic:sd15-tiny", *args, "--out", str(tmp_path / "out"))
         assert proc.returncode == 2 and message in proc.stderr and "loading" not in proc.stderr, proc.stderr
+
+
+def test_generate_inpainting_and_its_input_checks(tmp_path):
+    source, mask, small = tmp_path / "in.png", tmp_path / "mask.png", tmp_path / "small.png"
+    Image.new("RGB", (64, 64), (90, 120, 200)).save(source)
+    white = Image.new("L", (64, 64), 0)
+    white.paste(255, (16, 16, 48, 48))
+    white.save(mask)
+    Image.new("L", (32, 32), 0).save(small)
+    proc = run("generate", "a door", "--model", "synthetic:sd15-inpaint-tiny", "--image", str(source), "--mask",
+               str(mask), "--mask-blur", "2", "--keep-unmasked", "--steps", "2", "--no-progress", "--out",
+               str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    made = Image.open(tmp_path / "out" / "image-0-00.png")
+    params = made.text["parameters"]
+    assert "Workload: inpaint" in params and "Mask blur: 2.0" in params and "Denoising strength: 1.0" in params
+    assert made.getpixel((0, 0)) == (90, 120, 200)  # kept outside the mask
+    for args, message in (
+            (["--image", str(source), "--mask", str(small)], "--mask: 32x32 differs from the image's 64x64"),
+            (["--mask", str(mask)], "--mask needs --image"),
+            (["--image", str(source), "--mask-blur", "2"], "--mask-blur needs --mask"),
+            (["--image", str(source), "--mask", str(source).replace("in.png", "rgb.png")], "no such file"),
+            (["--refiner", "synthetic:sdxl-refiner-tiny", "--refiner-start", "1.5"], "--refiner-start must be"),
+            (["--refiner", "synthetic:sdxl-refiner-tiny", "--image", str(source)], "--refiner finishes a text-to")):
+        proc = run("generate", "a door", "--model", "synthetic:sd15-tiny", *args, "--out", str(tmp_path / "out"))
+        assert proc.returncode == 2 and message in proc.stderr and "loading" not in proc.stderr, proc.stderr
+    proc = run("generate", "a door", "--model", "synthetic:sd15-inpaint-tiny", "--steps", "2", "--out",
+               str(tmp_path / "out"))
+    assert proc.returncode == 2 and "is an inpainting model: give an image and a mask" in proc.stderr
+
+
+def test_generate_sdxl_with_a_refiner(tmp_path):
+    proc = run("generate", "a boat", "--model", "synthetic:sdxl-tiny", "--refiner", "synthetic:sdxl-refiner-tiny",
+               "--refiner-start", "0.75", "--steps", "4", "--no-progress", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    assert "synthetic:sdxl-tiny + synthetic:sdxl-refiner-tiny" in proc.stdout and "refine " in proc.stdout
+    params = Image.open(tmp_path / "out" / "image-0-00.png").text["parameters"]
+    assert "Workload: refiner" in params and "Refiner start: 0.75" in params and "Aesthetic score: 6.0" in params

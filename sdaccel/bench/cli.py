@@ -6,6 +6,8 @@ import argparse
 
 
 def register(subparsers) -> None:
+    from .workloads import WORKLOADS  # torch-free: --help imports no torch
+
     p = subparsers.add_parser(
         "bench", help="benchmark engines side by side (each in a fresh process): table, CSV, JSON, plots",
         description="Benchmark every engine available here (or --engines) on the same model and settings. "
@@ -22,7 +24,24 @@ def register(subparsers) -> None:
     p.add_argument("--batch-sizes", help="comma-separated, e.g. 1,4,8 (default: 1)")
     p.add_argument("--runs", type=int, help="timed runs per batch size (default: 10 on a GPU, 3 on a CPU)")
     p.add_argument("--warmup", type=int, help="untimed runs per batch size after its first (default: 3 GPU, 2 CPU)")
-    p.add_argument("--scheduler", help="default: the model's own")
+    p.add_argument("--scheduler", help="default: the preset's, else the model's own")
+    p.add_argument("--guidance", type=float, help="classifier-free guidance scale (default: the preset's, else the "
+                                                  "model's own; <= 1 runs one UNet batch a step)")
+    p.add_argument("--preset", metavar="NAME",
+                   help="a few-step model's published settings (steps, guidance, scheduler, timestep spacing; "
+                        "--steps, --guidance, --scheduler win over it); `sdaccel presets` lists them")
+    p.add_argument("--workload", choices=WORKLOADS, default="txt2img",
+                   help="what each timed call does: txt2img; img2img (a fixed synthetic init image); inpaint (that "
+                        "image and a centred square mask; default model synthetic:sd15-inpaint, -tiny on a CPU); "
+                        "refiner (SDXL base + refiner; default synthetic:sdxl and synthetic:sdxl-refiner, -tiny on a "
+                        "CPU) (default: txt2img)")
+    p.add_argument("--strength", type=float, help="img2img/inpaint: how far the init image is noised, in (0, 1] "
+                                                  "(default: 0.75 img2img, 1.0 inpaint)")
+    p.add_argument("--refiner", metavar="MODEL", help="--workload refiner: the refiner model (default: "
+                                                      "synthetic:sdxl-refiner on a GPU, synthetic:sdxl-refiner-tiny "
+                                                      "on a CPU)")
+    p.add_argument("--refiner-start", type=float, help="--workload refiner: the fraction of the schedule where the "
+                                                       "refiner takes over, in (0, 1) (default: 0.8)")
     p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], help="default: fp16 on GPU, fp32 on CPU")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--baseline", default="eager", help="engine the speed-up column is relative to (default: eager)")
@@ -58,7 +77,10 @@ def config_from_args(args: argparse.Namespace):
         baseline=args.baseline.strip().lower(), out=args.out, throughput=args.throughput,
         quality=args.quality, restart=args.restart, compile_mode=args.compile_mode,
         clock_monitor=getattr(args, "clock_monitor", True),
-        engine_opts=parse_engine_opts(getattr(args, "engine_opt", None) or [], "--engine-opt"))
+        engine_opts=parse_engine_opts(getattr(args, "engine_opt", None) or [], "--engine-opt"),
+        guidance=getattr(args, "guidance", None), preset=getattr(args, "preset", None),
+        workload=getattr(args, "workload", "txt2img"), strength=getattr(args, "strength", None),
+        refiner=getattr(args, "refiner", None), refiner_start=getattr(args, "refiner_start", None))
 
 
 EXIT_TERMINATED = 128 + 15  # the shell's code for a process ended by SIGTERM

@@ -2,6 +2,9 @@
 
 Left as None, a setting is filled in by `resolved()`, which also records in `notes` what it picked and why, so the
 output can say it: a CPU-only machine gets a tiny model and few steps, not a 50-step SD1.5 run it would take hours on.
+
+The workload (what each timed call does, workloads.py) picks the default model too: an inpainting model for inpaint,
+SDXL and its refiner for refiner.
 """
 
 from __future__ import annotations
@@ -13,12 +16,14 @@ from typing import Any
 from ..engines.options import check_engine_label, engine_kind, parse_engine_opts
 from ..errors import UsageError
 from ..models.registry import default_model
+from .workloads import DEFAULT_REFINER_START, DEFAULT_STRENGTH, REFINER_MODELS, WORKLOAD_MODELS, WORKLOADS
 
 DEFAULT_PROMPT = "an astronaut riding a horse on mars"
 
 # (model, steps, batch sizes, timed runs, warm-up runs); height/width default to the model's own size.
 GPU_DEFAULTS = dict(model=default_model("cuda"), steps=50, batch_sizes=(1,), runs=10, warmup=3)
 CPU_DEFAULTS = dict(model=default_model("cpu"), steps=4, batch_sizes=(1,), runs=3, warmup=2)
+
 
 
 def parse_int_list(text: str, what: str) -> tuple[int, ...]:
@@ -65,6 +70,12 @@ class BenchConfig:
     # accepted as a list of "ENGINE.KEY=VALUE" strings
     engine_opts: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
     prompt: str = DEFAULT_PROMPT
+    guidance: float | None = None  # None: the preset's, else the model's default
+    preset: str | None = None  # presets.PRESETS name: fills steps, guidance, scheduler, timestep spacing
+    workload: str = "txt2img"  # one of WORKLOADS
+    strength: float | None = None  # img2img / inpaint; None: DEFAULT_STRENGTH
+    refiner: str | None = None  # workload refiner: the refiner model; None: REFINER_MODELS
+    refiner_start: float | None = None  # workload refiner: the handoff fraction; None: DEFAULT_REFINER_START
     simulate_oom_at_batch: int | None = None  # test hook: batches >= this raise a simulated CUDA OOM in the worker
     notes: tuple[str, ...] = field(default=(), compare=False)  # what resolved() picked, and why
 
@@ -93,7 +104,8 @@ class BenchConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < minimum):
                 raise UsageError(f"{name} must be an integer >= {minimum}, got {value!r}")
-        validate_request(1 if self.steps is None else self.steps, self.height, self.width)
+        validate_request(1 if self.steps is None else self.steps, self.height, self.width, guidance=self.guidance)
+        self._check_workload()
         if self.scheduler:
             from ..schedulers import canonical
 
@@ -106,6 +118,28 @@ class BenchConfig:
         object.__setattr__(self, "engine_opts", self._checked_engine_opts(self.engine_opts))
         if self.simulate_oom_at_batch is not None and self.simulate_oom_at_batch < 1:
             raise UsageError("simulate_oom_at_batch must be >= 1")
+
+    def _check_workload(self) -> None:
+        """The workload and its own settings (each only with the workload that uses it), and the preset."""
+        from ..presets import get_preset
+        from ..request import validate_fraction, validate_request
+
+        workload = str(self.workload).strip().lower()
+        if workload not in WORKLOADS:
+            raise UsageError(f"unknown workload {self.workload!r}; use one of {', '.join(WORKLOADS)}")
+        object.__setattr__(self, "workload", workload)
+        if self.strength is not None:
+            if workload not in DEFAULT_STRENGTH:
+                raise UsageError(f"--strength needs --workload img2img or inpaint (this is {workload})")
+            validate_request(1, None, None, strength=self.strength)
+        if self.refiner is not None and workload != "refiner":
+            raise UsageError(f"--refiner needs --workload refiner (this is {workload})")
+        if self.refiner_start is not None:
+            if workload != "refiner":
+                raise UsageError(f"--refiner-start needs --workload refiner (this is {workload})")
+            validate_fraction("refiner-start", self.refiner_start)
+        if self.preset is not None:
+            object.__setattr__(self, "preset", get_preset(self.preset).name)
 
     def _checked_engine_opts(self, given) -> dict[str, dict[str, Any]]:
         """Engine options as {label: {key: value}}, every engine and option checked against the engine's Config
@@ -128,9 +162,16 @@ class BenchConfig:
 
         device = resolve_device(self.device)
         on_gpu = device.type == "cuda"
-        defaults = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
+        defaults = dict(GPU_DEFAULTS if on_gpu else CPU_DEFAULTS)
+        if self.workload in WORKLOAD_MODELS:
+            defaults["model"] = WORKLOAD_MODELS[self.workload][0 if on_gpu else 1]
+        if self.workload == "refiner":
+            defaults["refiner"] = REFINER_MODELS[0 if on_gpu else 1]
+        if self.preset is not None:
+            del defaults["steps"]  # the preset's, filled below
         picked = {k: v for k, v in defaults.items() if getattr(self, k) is None}
         notes = []
+        workload = self._workload_defaults()
         if picked:
             why = "a CUDA GPU is visible" if on_gpu else "no CUDA GPU is visible: CPU defaults, a tiny model"
             settings = ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, tuple) else v}"
@@ -154,8 +195,55 @@ class BenchConfig:
         for engine in self.engine_opts:
             if engine not in engines:
                 notes.append(f"options for engine {engine!r} are given but it is not in this run: unused")
-        return dataclasses.replace(self, **picked, engines=engines, device=str(device), dtype=dtype,
+        notes += workload.pop("notes")
+        return dataclasses.replace(self, **picked, **workload, engines=engines, device=str(device), dtype=dtype,
                                    notes=tuple(self.notes) + tuple(notes))
+
+    def _workload_defaults(self) -> dict[str, Any]:
+        """strength, refiner_start and the preset's steps when left unset, and notes saying what the run does."""
+        from ..presets import get_preset
+
+        fields: dict[str, Any] = {}
+        notes = []
+        if self.workload in DEFAULT_STRENGTH and self.strength is None:
+            fields["strength"] = DEFAULT_STRENGTH[self.workload]
+        if self.workload == "refiner" and self.refiner_start is None:
+            fields["refiner_start"] = DEFAULT_REFINER_START
+        if self.workload == "img2img":
+            notes.append("workload img2img: a fixed synthetic init image (gradient and smooth noise) at the run's "
+                         "size, through the VAE encoder each call (the encode column)")
+        elif self.workload == "inpaint":
+            notes.append("workload inpaint: a fixed synthetic init image and a centred square mask over half of "
+                         "each side, through the VAE encoder each call (the encode column)")
+        elif self.workload == "refiner":
+            notes.append("workload refiner: the base model denoises up to refiner_start, the refiner the rest "
+                         "(the refine column); both models loaded, cold start covers both")
+        if self.preset is not None:
+            preset = get_preset(self.preset)
+            if self.steps is None:
+                fields["steps"] = preset.steps
+            settings = ", ".join(f"{k}={v}" for k, v in preset.settings().items() if v is not None)
+            notes.append(f"preset {preset.name}: {settings} (options given explicitly win)")
+        return dict(fields, notes=notes)
+
+    def workload_fields(self) -> dict[str, Any]:
+        """What a result row records of the workload (schema columns)."""
+        return dict(workload=self.workload, strength=self.strength, refiner=self.refiner,
+                    refiner_start=self.refiner_start, preset=self.preset)
+
+    def workload_title(self) -> str:
+        """The workload in a few words, for the table's title: "img2img (strength 0.75)", "refiner ... from 0.8"."""
+        text = self.workload
+        if self.strength is not None:
+            text += f" (strength {self.strength:g})"
+        if self.workload == "refiner":
+            text += f" (refiner {self.refiner} from {self.refiner_start:g})" if self.refiner_start is not None \
+                else f" (refiner {self.refiner})"
+        if self.preset is not None:
+            text += f", preset {self.preset}"
+        if self.guidance is not None:
+            text += f", guidance {self.guidance:g}"
+        return text
 
     def engine_options(self, engine: str) -> dict[str, Any]:
         """The keyword arguments `engine` (a label) is built with in this run: --compile-mode, then --engine-opt

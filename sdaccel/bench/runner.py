@@ -33,8 +33,8 @@ from .lifeline import WorkerProcess
 from .memory import SOURCE_DESCRIPTIONS
 from .plots import write_plots
 from ..atomic import remove_stale_temps, temp_path, write_text
-from .report import CLOCK_NOTE, CSV_NAME, GUARD_NOTE, add_speedups, append_csv, check_csv_header, \
-    markdown_table, shows_guard, write_json
+from .report import CLOCK_NOTE, CSV_NAME, GUARD_NOTE, STAGE_NOTE, add_speedups, append_csv, check_csv_header, \
+    markdown_table, shown_stages, shows_guard, write_json
 from .schema import new_row
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # so the worker imports this very sdaccel
@@ -42,7 +42,7 @@ PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # so the worker impor
 
 def failure_result(cfg: BenchConfig, engine: str, status: str, error: str) -> dict:
     row = new_row(engine=engine, status=status, error=error, model=cfg.model, dtype=cfg.dtype, device=cfg.device,
-                  steps=cfg.steps, height=cfg.height, width=cfg.width,
+                  steps=cfg.steps, height=cfg.height, width=cfg.width, **cfg.workload_fields(),
                   mode="throughput" if cfg.throughput else "latency",
                   engine_options=json.dumps(cfg.engine_options(engine), sort_keys=True),
                   timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
@@ -169,10 +169,12 @@ def run_bench(config: BenchConfig, *, isolate: bool = True, log: Callable[[str],
     env = environment(next((r["gpu_name"] for r in rows if r["gpu_name"]), None))
 
     first = next((r for r in rows if r["status"] == "ok"), rows[0])
-    title = (f"{cfg.model}, {first['width'] or '?'}x{first['height'] or '?'}, {cfg.steps} steps, {cfg.dtype}, "
-             f"{env['gpu_name'] or 'CPU'}")
+    title = (f"{cfg.model}, {cfg.workload_title()}, {first['width'] or '?'}x{first['height'] or '?'}, "
+             f"{cfg.steps} steps, {cfg.dtype}, {env['gpu_name'] or 'CPU'}")
     memory_note = SOURCE_DESCRIPTIONS.get(first["memory_source"], first["memory_source"])
     report = f"{title}\n\n{markdown_table(rows, cfg.baseline)}\n\nmemory: {memory_note}\n"
+    if shown_stages(rows):
+        report += f"{STAGE_NOTE}\n"
     if shows_guard(rows):
         report += f"{GUARD_NOTE}\n"
     if any(r.get("gpu_sm_mhz_median") is not None for r in rows):

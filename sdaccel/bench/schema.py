@@ -15,7 +15,10 @@ COLUMNS: tuple[str, ...] = (
     # flat colour (guard_verdict.py); empty when nothing was measured
     "guard",
     # what was run
-    "model", "arch", "dtype", "device", "gpu_name", "height", "width", "steps", "scheduler", "guidance",
+    "model", "arch", "dtype", "device", "gpu_name", "height", "width", "steps", "scheduler", "guidance", "preset",
+    # what each call does: txt2img, img2img, inpaint (strength: of the init image's noising) or refiner (the SDXL
+    # refiner model taking over at refiner_start of the schedule)
+    "workload", "strength", "refiner", "refiner_start",
     "batch_size", "mode",
     # cold start: load + engine prepare + first image at `cold_start_batch`, in a fresh process
     "cold_start_s", "cold_load_s", "cold_first_image_s", "cold_start_batch",
@@ -28,9 +31,12 @@ COLUMNS: tuple[str, ...] = (
     "first_run_device_MB", "second_run_device_MB",
     # timed runs (end-to-end wall clock, synchronised) and per-stage medians (CUDA events on a GPU)
     "runs", "latency_mean_s", "latency_median_s", "latency_p90_s", "latency_min_s", "latency_max_s",
-    # unet_calls: the UNet evaluations of one image's loop (the scheduler's timesteps: PNDM's 50 steps make 51);
-    # unet_it_s: those a second of the denoise stage's median
-    "text_median_s", "denoise_median_s", "decode_median_s", "unet_calls", "unet_it_s", "images_per_min",
+    # encode: the init image through the VAE encoder (img2img, inpaint; 0 otherwise); denoise: the (base) model's
+    # loop; refine: the refiner's loop (0 without one).
+    # unet_calls: the UNet evaluations of one image's loops, base and refiner (the scheduler's timesteps: PNDM's 50
+    # steps make 51; img2img's strength runs a share of them); unet_it_s: those a second of denoise + refine medians
+    "text_median_s", "encode_median_s", "denoise_median_s", "refine_median_s", "decode_median_s", "unet_calls",
+    "unet_it_s", "images_per_min",
     # the GPU during the timed runs (gpu_clocks.py): its SM clock (median, lowest, the most it can reach), power,
     # temperature and what held its clock down ("" for nothing)
     "gpu_sm_mhz_median", "gpu_sm_mhz_min", "gpu_sm_mhz_max", "gpu_power_w_max", "gpu_temperature_c_max",
@@ -51,8 +57,9 @@ INT_COLUMNS = frozenset({"height", "width", "steps", "batch_size", "cold_start_b
 FLOAT_COLUMNS = frozenset(
     name for name in COLUMNS
     if name.endswith(("_s", "_MB")) and name not in {"warmup_s"}
-) | {"guidance", "unet_it_s", "images_per_min", "speedup_vs_baseline", "psnr_vs_fp32_db", "gpu_sm_mhz_median",
-     "gpu_sm_mhz_min", "gpu_sm_mhz_max", "gpu_power_w_max", "gpu_temperature_c_max"}
+) | {"guidance", "strength", "refiner_start", "unet_it_s", "images_per_min", "speedup_vs_baseline",
+     "psnr_vs_fp32_db", "gpu_sm_mhz_median", "gpu_sm_mhz_min", "gpu_sm_mhz_max", "gpu_power_w_max",
+     "gpu_temperature_c_max"}
 LIST_COLUMNS = frozenset({"warmup_s"})  # JSON lists; JSON-encoded text in the CSV
 
 

@@ -6,6 +6,9 @@ REQUEST holds {"config": BenchConfig.to_dict(), "engine": name}; RESULT receives
 "rows", "throughput", "engine_info"} (engine_info: what the engine reported doing, Stages.info, JSON-safe). Failures
 of the engine are results (status/error in its rows), not crashes: the parent goes on with the next engine either way.
 Progress goes to stderr. The worker dies with the process that started it (lifeline.hold_to_parent).
+
+The workload refiner loads two pipelines (refiner.BaseAndRefiner), each on its own engine object of the same kind
+and options: load, cold start and every timed call cover both; engine facts are the base's, its notes both's.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from typing import Any
 import torch
 
 from ..engines.options import engine_kind
+from ..refiner import BaseAndRefiner
+from ..timing import STAGES
 from .config import BenchConfig
 from .gpu_clocks import ClockMonitor
 from .guard_verdict import row_verdict, run_verdict, with_attention_kept
@@ -31,6 +36,7 @@ from .memory import MemoryProbe, is_out_of_memory, release_memory, simulated_out
 from .report import json_safe
 from .schema import new_row
 from .stats import summarize
+from .workloads import workload_kwargs
 
 THROUGHPUT_MIN_GAIN = 0.03  # stop raising the batch when images/minute improves by less than this
 THROUGHPUT_MAX_BATCH = 1024
@@ -61,13 +67,36 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def parts(pipe) -> tuple:
+    """The pipelines one call runs: the pipeline itself, or a base and its refiner."""
+    return (pipe.base, pipe.refiner) if isinstance(pipe, BaseAndRefiner) else (pipe,)
+
+
+def lead(pipe):
+    """The pipeline whose engine, device and stages stand for the call: the base model's for base + refiner."""
+    return parts(pipe)[0]
+
+
 def engine_info(pipe) -> dict:
-    """What the engine reported doing (Stages.info), with what it chose while running under "picks"."""
+    """What the engine reported doing (Stages.info), with what it chose while running under "picks". Base +
+    refiner: the base's, the refiner's under "refiner" and its notes also in "notes" (marked "refiner: ")."""
+    base, *rest = parts(pipe)
+    info = _one_engine_info(base)
+    if rest:
+        refiner = _one_engine_info(rest[0])
+        notes = info_notes(info) + [f"refiner: {note}" for note in info_notes(refiner)]
+        if notes:
+            info["notes"] = notes
+        info["refiner"] = refiner
+    return json_safe(info)
+
+
+def _one_engine_info(pipe) -> dict:
     info = dict(getattr(pipe.stages, "info", {}) or {})
     picks = pipe.engine.report()
     if picks:
         info["picks"] = picks
-    return json_safe(info)
+    return info
 
 
 def info_notes(info: dict) -> list[str]:
@@ -80,12 +109,13 @@ def run_once(pipe, cfg: BenchConfig, batch: int, seed: int, probe: MemoryProbe) 
 
     if cfg.simulate_oom_at_batch is not None and batch >= cfg.simulate_oom_at_batch:
         raise simulated_out_of_memory(batch, cfg.simulate_oom_at_batch)
+    extra = workload_kwargs(pipe.spec, cfg)
     probe.start_run()
     start = time.perf_counter()
     # output="tensor": the uint8 image stays on the device; PIL conversion is not part of what is measured.
     result = pipe(cfg.prompt, steps=cfg.steps, height=cfg.height, width=cfg.width, batch_size=batch, seed=seed,
-                  scheduler=cfg.scheduler, output="tensor")
-    synchronize(pipe.device)
+                  scheduler=cfg.scheduler, output="tensor", **extra)
+    synchronize(lead(pipe).device)
     wall = time.perf_counter() - start
     peak, device_mb = probe.end_run()
     return Run(wall, result.timings, peak, device_mb, result.params, getattr(result, "guard", None))
@@ -95,23 +125,22 @@ def measure_batch(pipe, cfg: BenchConfig, batch: int, probe: MemoryProbe, first:
     """Row fields for one batch size. `first`: this size's first run already done (the cold-start image)."""
     first = first or run_once(pipe, cfg, batch, seed=0, probe=probe)
     warmups = [run_once(pipe, cfg, batch, seed=i + 1, probe=probe) for i in range(cfg.warmup)]
-    with ClockMonitor(pipe.device, enabled=cfg.clock_monitor) as clocks:
+    with ClockMonitor(lead(pipe).device, enabled=cfg.clock_monitor) as clocks:
         timed = [run_once(pipe, cfg, batch, seed=i, probe=probe) for i in range(cfg.runs)]
     second = (warmups + timed)[0]
     guard = row_verdict(run.guard for run in [first, *warmups, *timed])  # a GuardVerdict: text at the engine's end
     latency = summarize([r.wall_s for r in timed])
-    unet_calls = timed[0].timings.evaluations  # the scheduler's timesteps (PNDM: steps + 1)
-    stages = {name: summarize([getattr(r.timings, name) for r in timed]) for name in ("text", "denoise", "decode")}
+    unet_calls = timed[0].timings.evaluations  # the scheduler's timesteps (PNDM: steps + 1), base and refiner
+    stages = {name: summarize([getattr(r.timings, name) for r in timed]) for name in STAGES}
+    loops = summarize([r.timings.denoise + r.timings.refine for r in timed])["median"]  # every UNet evaluation
     return dict(
         first_run_s=first.wall_s, warmup_s=[r.wall_s for r in warmups],
         first_run_memory_MB=first.peak_mb, second_run_memory_MB=second.peak_mb,
         first_run_device_MB=first.device_mb, second_run_device_MB=second.device_mb,
         runs=len(timed), latency_mean_s=latency["mean"], latency_median_s=latency["median"],
         latency_p90_s=latency["p90"], latency_min_s=latency["min"], latency_max_s=latency["max"],
-        text_median_s=stages["text"]["median"], denoise_median_s=stages["denoise"]["median"],
-        decode_median_s=stages["decode"]["median"],
-        unet_calls=unet_calls,
-        unet_it_s=unet_calls / stages["denoise"]["median"] if stages["denoise"]["median"] > 0 else None,
+        **{f"{name}_median_s": stages[name]["median"] for name in STAGES},
+        unet_calls=unet_calls, unet_it_s=unet_calls / loops if loops > 0 else None,
         images_per_min=batch * 60 / latency["median"], stage_stats=stages, guard=guard, **clocks.fields(),
     )
 
@@ -195,7 +224,7 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
     device = torch.device(cfg.device)
     probe = MemoryProbe(device)  # device-wide baseline before anything is loaded
     base = dict(engine=engine, model=cfg.model, dtype=cfg.dtype, device=str(device), gpu_name=gpu_name(device),
-                steps=cfg.steps, height=cfg.height, width=cfg.width,
+                steps=cfg.steps, height=cfg.height, width=cfg.width, **cfg.workload_fields(),
                 mode="throughput" if cfg.throughput else "latency", memory_source=probe.source,
                 baseline_device_MB=probe.baseline_device_mb,
                 engine_options=json.dumps(cfg.engine_options(engine), sort_keys=True))
@@ -203,20 +232,28 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
     failure = None
     try:
         options = cfg.engine_options(engine)
-        log(f"[{engine}] loading {cfg.model} ({cfg.dtype}, {device})"
+        refiner = cfg.refiner if cfg.workload == "refiner" else None
+        log(f"[{engine}] loading {cfg.model}" + (f" and the refiner {refiner}" if refiner else "")
+            + f" ({cfg.dtype}, {device})"
             + (f", engine options {json.dumps(options, sort_keys=True)}" if options else ""))
         start = time.perf_counter()
-        components = load_components(cfg.model, arch=cfg.arch, device=device, dtype=resolve_dtype(cfg.dtype, device))
+        dtype = resolve_dtype(cfg.dtype, device)
+        components = load_components(cfg.model, arch=cfg.arch, device=device, dtype=dtype)
         note = prepare_note(engine, options)
         if note:
             log(f"[{engine}] {note}")
         pipe = GuardedPipeline(Pipeline(components, engine=engine_kind(engine), dtype=cfg.dtype, device=device,
                                         **options))
+        if refiner:  # as sdaccel.load(refiner=...) builds it: a second engine object of the same kind and options
+            second = load_components(refiner, device=device, dtype=dtype)
+            pipe = BaseAndRefiner(pipe, GuardedPipeline(Pipeline(second, engine=engine_kind(engine), dtype=cfg.dtype,
+                                                                 device=device, **options)), cfg.refiner_start)
         synchronize(device)
         load_s = time.perf_counter() - start
-        first_call = pipe.engine.first_call
+        first_call = lead(pipe).engine.first_call
         if first_call:  # compiling or building kernels: minutes of silence otherwise
-            log(f"[{engine}] first image: the engine {first_call}; the cold start line follows when it is done")
+            log(f"[{engine}] first image: the engine {first_call}" + (" (for each model)" if refiner else "")
+                + "; the cold start line follows when it is done")
         first = run_once(pipe, cfg, first_batch, seed=0, probe=probe)
     except Exception as exc:  # noqa: BLE001 - recorded in the row; the parent continues with the next engine
         from ..errors import EngineUnavailableError
@@ -235,7 +272,7 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
     params = first.params
     # What was asked for (--engine-opt), overlaid by what the engine says it used (resolved defaults, the provider
     # it picked, ...): every requested option is in the row even when the engine's options() leaves it out.
-    used = {**json_safe(cfg.engine_options(engine)), **json_safe(pipe.engine.options())}
+    used = {**json_safe(cfg.engine_options(engine)), **json_safe(lead(pipe).engine.options())}
     base.update(arch=pipe.spec.name, height=params["height"], width=params["width"], scheduler=params["scheduler"],
                 guidance=params["guidance"], engine_options=json.dumps(used, sort_keys=True),
                 cold_start_s=load_s + first.wall_s, cold_load_s=load_s, cold_first_image_s=first.wall_s,
@@ -262,26 +299,35 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
             row["psnr_vs_fp32_db"] = quality
         log(f"[{engine}] PSNR against eager fp32: {quality:.2f} dB")
     info = engine_info(pipe)  # after the runs: engines record what happened on first use (graphs, fallbacks)
-    for note in info_notes(info)[len(logged):]:
-        log(f"[{engine}] note: {note}")
+    for note in info_notes(info):
+        if note not in logged:
+            log(f"[{engine}] note: {note}")
     return dict(engine=engine, status="ok" if ok else rows[-1]["status"], error=None if ok else rows[-1]["error"],
                 rows=rows, throughput=summary, engine_info=info)
 
 
 def psnr_after_timing(pipe, cfg: BenchConfig, batch: int) -> float:
-    """The engine's image and eager fp32's from the same weights and initial noise, compared by PSNR.
+    """The engine's image and eager fp32's from the same weights, call (workload inputs included) and seed, so the
+    same initial noise (drawn on the CPU from the seed), compared by PSNR.
 
-    Runs after every timed measurement of this engine, so the fp32 reference's memory never shows in its rows."""
-    from ..quality.bench_column import PROMPT, reference_image
+    Runs after every timed measurement of this engine, so the fp32 reference's memory never shows in its rows; the
+    reference is loaded only once the candidate's image is taken, and released before returning."""
+    import sdaccel
+
+    from ..quality.bench_column import PROMPT
     from ..quality.metrics import psnr
-    from ..pipeline import initial_noise
 
-    params = dict(steps=cfg.steps, height=pipe.spec.height if cfg.height is None else cfg.height,
-                  width=pipe.spec.width if cfg.width is None else cfg.width, scheduler=cfg.scheduler)
-    noise = initial_noise(pipe.spec, params["height"], params["width"], 0)
-    candidate = pipe(PROMPT, seed=0, output="tensor", latents=noise, **params).image_tensor.cpu()
-    release_memory(pipe.device)
-    return psnr(candidate, reference_image(cfg.model, pipe.device, noise, seed=0, arch=cfg.arch, **params))
+    device = lead(pipe).device
+    call = dict(steps=cfg.steps, height=cfg.height, width=cfg.width, scheduler=cfg.scheduler, seed=0,
+                output="tensor", **workload_kwargs(pipe.spec, cfg))
+    candidate = pipe(PROMPT, **call).image_tensor.cpu()
+    release_memory(device)
+    refiner = dict(refiner=cfg.refiner, refiner_start=cfg.refiner_start) if cfg.workload == "refiner" else {}
+    reference = sdaccel.load(cfg.model, engine="eager", dtype="fp32", device=device, arch=cfg.arch, **refiner)
+    expected = reference(PROMPT, **call).image_tensor.cpu()
+    del reference
+    release_memory(device)
+    return psnr(candidate, expected)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,8 +17,8 @@ import torch
 
 from ..errors import ModelLoadError, UsageError, first_line
 from .components import Components
-from .onnx_folder import is_onnx_pipeline_folder, load_onnx_pipeline_folder
-from .registry import ModelSpec, get_spec, list_specs, with_overrides
+from .onnx_folder import is_onnx_pipeline_folder, load_onnx_pipeline_folder, text_encoder_names, tokenizer_names
+from .registry import INPAINT_CHANNELS, ModelSpec, get_spec, list_specs, with_overrides
 from .tokenizer import HashTokenizer, HFTokenizerAdapter
 
 log = logging.getLogger(__name__)
@@ -83,16 +83,39 @@ def build_synthetic(spec: ModelSpec, *, seed: int = 0, device: str | torch.devic
 # ---------------------------------------------------------------------------------------------- diffusers folder
 
 
+def is_refiner(spec: ModelSpec) -> bool:
+    """An SDXL refiner layout: one text encoder (OpenCLIP bigG), kept where the base model keeps its second."""
+    return spec.is_xl and len(spec.text_encoders) == 1
+
+
+def _is_refiner_unet(unet_config: dict[str, Any]) -> bool:
+    """Whether an SDXL UNet config is a refiner's: its added embedding takes the pooled text embedding (as wide as
+    the context, one encoder) and 5 time ids (the aesthetic score in place of the base's 2 target-size ids)."""
+    cross, added = unet_config.get("cross_attention_dim"), unet_config.get("projection_class_embeddings_input_dim")
+    time_dim = unet_config.get("addition_time_embed_dim")
+    if all(isinstance(v, int) for v in (cross, added, time_dim)):
+        return added == cross + 5 * time_dim
+    return cross == 1280 or added == 2560  # a partial config: the published refiner's widths
+
+
 def detect_arch(unet_config: dict[str, Any], scheduler_config: dict[str, Any] | None = None) -> str:
-    """Architecture name from a UNet config (and the scheduler's prediction type for SD2 768 vs base)."""
+    """Architecture name from a UNet config: the family from its conditioning, inpainting from 9 input channels,
+    the SDXL refiner from its added embedding, SD2 768 vs base from the scheduler's prediction type."""
     vpred = (scheduler_config or {}).get("prediction_type") == "v_prediction"
+    refiner = False
     if unet_config.get("addition_embed_type") == "text_time":
-        family = "sdxl"
+        family, refiner = "sdxl", _is_refiner_unet(unet_config)
     elif unet_config.get("use_linear_projection") or unet_config.get("cross_attention_dim") == 1024:
         family = "sd2"
     else:
         family = "sd1"
-    same = [s for s in list_specs() if s.family == family]
+    in_channels = int(unet_config.get("in_channels", 4))
+    same = [s for s in list_specs() if s.family == family and is_refiner(s) == refiner
+            and int(s.unet.get("in_channels", 4)) == in_channels]
+    if not same:
+        raise ModelLoadError(f"a {'SDXL refiner' if refiner else family} UNet taking {in_channels} input channels "
+                             f"matches no architecture sdaccel knows (4: text to image, {INPAINT_CHANNELS}: "
+                             "inpainting)")
     widths = tuple(unet_config.get("block_out_channels", ()))
     # Prefer the entry with the same widths (a tiny model stays tiny) and prediction type (SD2 768 vs base).
     same.sort(key=lambda s: (tuple(s.unet["block_out_channels"]) != widths,
@@ -155,23 +178,24 @@ def load_diffusers_folder(folder: Path, *, arch: str | None = None, device: str 
     index_path = folder / "model_index.json"
     if not index_path.is_file():
         raise ModelLoadError(f"{folder}: not a diffusers model folder (no model_index.json)")
-    index = _read_json(index_path)
+    _read_json(index_path)  # readable, or a one-line error now rather than from a component later
     unet_cfg = _read_json(folder / "unet" / "config.json")
     sched_path = folder / "scheduler" / "scheduler_config.json"
     sched_cfg = _read_json(sched_path) if sched_path.is_file() else {}
-    base = get_spec(arch or detect_arch(unet_cfg, sched_cfg))
-    xl = "text_encoder_2" in index or base.is_xl
+    try:
+        base = get_spec(arch or detect_arch(unet_cfg, sched_cfg))
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{folder / 'unet'}: {exc}") from None
 
     unet = _load_part(UNet2DConditionModel, folder, "unet", "UNet", dtype)
     vae = _load_part(AutoencoderKL, folder, "vae", "VAE", dtype)
-    te_specs = base.text_encoders
     encoders, tokenizers = [], []
-    for i, te in enumerate(te_specs):
-        suffix = "" if i == 0 else f"_{i + 1}"
-        cls = CLIPTextModelWithProjection if (xl and i == 1) else CLIPTextModel
-        enc = _load_part(cls, folder, f"text_encoder{suffix}", "text encoder", dtype)
+    # An SDXL refiner folder has text_encoder_2/ and tokenizer_2/ only (its model_index names no text_encoder).
+    for te, enc_sub, tok_sub in zip(base.text_encoders, text_encoder_names(base), tokenizer_names(base)):
+        cls = CLIPTextModelWithProjection if te.with_projection else CLIPTextModel
+        enc = _load_part(cls, folder, enc_sub, "text encoder", dtype)
         encoders.append(enc)
-        tokenizers.append(folder_tokenizer(folder, f"tokenizer{suffix}", te.pad_with_eos, enc.config.vocab_size))
+        tokenizers.append(folder_tokenizer(folder, tok_sub, te.pad_with_eos, enc.config.vocab_size))
 
     spec = _spec_from_modules(base, unet, vae, encoders, sched_cfg)
     comps = Components(spec=spec, unet=unet, vae=vae, text_encoders=encoders, tokenizers=tokenizers,
@@ -276,13 +300,11 @@ def load_single_file(path: Path, *, arch: str | None = None, device: str | torch
         unet.load_state_dict(convert_ldm_unet_checkpoint(checkpoint, dict(unet.config)), assign=True)
         vae.load_state_dict(convert_ldm_vae_checkpoint(checkpoint, dict(vae.config)), assign=True)
         encoders = []
-        for i, (te, enc) in enumerate(zip(spec.text_encoders, encoders_empty)):
-            if spec.family == "sd1" or (spec.is_xl and i == 0):
-                prefix = "conditioner.embedders.0.transformer." if spec.is_xl else "cond_stage_model.transformer."
-                sd = convert_ldm_clip_checkpoint(checkpoint, remove_prefix=prefix)
-            else:
-                prefix = "conditioner.embedders.1.model." if spec.is_xl else "cond_stage_model.model."
+        for i, (enc, (open_clip, prefix)) in enumerate(zip(encoders_empty, _checkpoint_towers(spec))):
+            if open_clip:
                 sd = convert_open_clip_checkpoint(enc, checkpoint, prefix=prefix)
+            else:
+                sd = convert_ldm_clip_checkpoint(checkpoint, remove_prefix=prefix)
             own = enc.state_dict()
             if not any(k in own for k in sd):  # newer transformers drop the `text_model.` level
                 sd = {k.removeprefix("text_model."): v for k, v in sd.items()}
@@ -303,27 +325,54 @@ def load_single_file(path: Path, *, arch: str | None = None, device: str | torch
     return comps
 
 
+def _checkpoint_towers(spec: ModelSpec) -> list[tuple[bool, str]]:
+    """(OpenCLIP layout?, key prefix) of each of the spec's text encoders in an LDM/SGM single file."""
+    if spec.family == "sd1":
+        return [(False, "cond_stage_model.transformer.")]
+    if spec.family == "sd2":
+        return [(True, "cond_stage_model.model.")]
+    if is_refiner(spec):  # SGM's refiner config: OpenCLIP bigG is its only (first) embedder
+        return [(True, "conditioner.embedders.0.model.")]
+    return [(False, "conditioner.embedders.0.transformer."), (True, "conditioner.embedders.1.model.")]
+
+
 def _spec_for_checkpoint(path: Path, checkpoint: dict[str, torch.Tensor]) -> ModelSpec:
-    """Family from the text-encoder layout, then the registry entry whose UNet widths match the weights.
+    """Family from the text-encoder layout, then the registry entry whose UNet input (4 channels: text to image,
+    9: inpainting) and width match the weights.
 
     SD2 768 (v-prediction) and 512 base share their weights' shapes: the 768 entry is chosen, as diffusers does;
     pass arch="sd21-base" for the other."""
-    if any(k.startswith(("conditioner.embedders.1.", "model.diffusion_model.label_emb.")) for k in checkpoint):
+    def has(*prefixes: str) -> bool:
+        return any(k.startswith(prefixes) for k in checkpoint)
+
+    refiner = False
+    if has("conditioner.embedders.1."):
         family = "sdxl"
-    elif any(k.startswith("cond_stage_model.model.") for k in checkpoint):
+    elif has("conditioner.embedders.0.model."):
+        family, refiner = "sdxl", True
+    elif has("model.diffusion_model.label_emb."):
+        family = "sdxl"
+    elif has("cond_stage_model.model."):
         family = "sd2"
-    elif any(k.startswith("cond_stage_model.transformer.") for k in checkpoint):
+    elif has("cond_stage_model.transformer."):
         family = "sd1"
     else:
-        raise ModelLoadError(f"{path}: no text encoder weights in a layout sdaccel knows (SD1.x, SD2.x, SDXL base)")
-    conv_in = checkpoint["model.diffusion_model.input_blocks.0.0.weight"].shape
-    if conv_in[1] != 4:
-        raise ModelLoadError(f"{path}: UNet takes {conv_in[1]} input channels (an inpainting or other variant); "
-                             "sdaccel runs text-to-image models with 4")
+        raise ModelLoadError(f"{path}: no text encoder weights in a layout sdaccel knows "
+                             "(SD1.x, SD2.x, SDXL base or refiner)")
+    conv_in = checkpoint.get("model.diffusion_model.input_blocks.0.0.weight")
+    if conv_in is None or conv_in.ndim != 4:
+        raise ModelLoadError(f"{path}: no UNet input convolution (model.diffusion_model.input_blocks.0.0.weight)")
+    width, in_channels = conv_in.shape[:2]
+    if in_channels not in {int(s.unet.get("in_channels", 4)) for s in list_specs()}:
+        raise ModelLoadError(f"{path}: UNet takes {in_channels} input channels; sdaccel runs text-to-image (4) and "
+                             f"inpainting ({INPAINT_CHANNELS}) UNets")
     for spec in list_specs():
-        if spec.family == family and spec.unet["block_out_channels"][0] == conv_in[0]:
+        if (spec.family == family and is_refiner(spec) == refiner and spec.unet["block_out_channels"][0] == width
+                and int(spec.unet.get("in_channels", 4)) == in_channels):
             return spec
-    raise ModelLoadError(f"{path}: a {family} UNet {conv_in[0]} channels wide matches no architecture sdaccel knows")
+    kind = "SDXL refiner" if refiner else family
+    raise ModelLoadError(f"{path}: a {kind} UNet {width} channels wide taking {in_channels} input channels matches "
+                         "no architecture sdaccel knows")
 
 
 def _cached_tokenizer(te, index: int, spec: ModelSpec):

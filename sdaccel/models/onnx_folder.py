@@ -1,7 +1,7 @@
 """ONNX pipeline folders, the layout diffusers' ONNX pipelines and Optimum's ORT pipelines read:
 
     model_index.json                      what each sub-folder holds (class names)
-    text_encoder/model.onnx [config.json] (text_encoder_2/ for SDXL)
+    text_encoder/model.onnx [config.json] (text_encoder_2/ for SDXL; an SDXL refiner has text_encoder_2/ only)
     unet/model.onnx [weights.pb] [config.json]
     vae_decoder/model.onnx [config.json]   (vae_encoder/ too: diffusers' ONNX pipeline requires one)
     tokenizer/ (tokenizer_2/), scheduler/scheduler_config.json
@@ -9,10 +9,10 @@
 `sdaccel optimize` writes such folders (plus its manifest.json); diffusers' converter script
 (convert_stable_diffusion_checkpoint_to_onnx.py) and Optimum's exporter write them too. A model loaded from one has
 no torch modules: its weights are the graphs, which the onnxruntime engine runs (Components.onnx_folder). The architecture comes from the components' config.json
-files when the folder has them (sdaccel's and Optimum's do), else from the UNet graph's inputs and the scheduler's
-prediction type (diffusers' converter writes no configs).
+files when the folder has them (sdaccel's and Optimum's do), else from the UNet graph's inputs, its conv_in weight's
+shape and the scheduler's prediction type (diffusers' converter writes no configs).
 
-No sdaccel.onnx here: this module only reads JSON, tokenizers and (for folders without configs) graph inputs.
+No sdaccel.onnx here: this module only reads JSON, tokenizers and (for folders without configs) graph inputs and shapes.
 """
 
 from __future__ import annotations
@@ -63,13 +63,20 @@ def is_onnx_pipeline_folder(path: str | Path) -> bool:
     return (folder / MODEL_INDEX).is_file() and (folder / "unet" / ONNX_MODEL_NAME).is_file()
 
 
+def _folder_suffixes(spec: ModelSpec) -> list[str]:
+    """"", "_2", ...: an SDXL refiner's one encoder (OpenCLIP bigG) is the base model's second, and diffusers' and
+    Optimum's refiner folders keep it in text_encoder_2/ and tokenizer_2/ with no text_encoder/."""
+    first = 1 if spec.is_xl and len(spec.text_encoders) == 1 else 0
+    return ["" if i == 0 else f"_{i + 1}" for i in range(first, first + len(spec.text_encoders))]
+
+
 def text_encoder_names(spec: ModelSpec) -> list[str]:
     """text_encoder, text_encoder_2, ...: the sub-folders of the spec's text encoders, in order."""
-    return ["text_encoder" if i == 0 else f"text_encoder_{i + 1}" for i in range(len(spec.text_encoders))]
+    return [f"text_encoder{suffix}" for suffix in _folder_suffixes(spec)]
 
 
 def tokenizer_names(spec: ModelSpec) -> list[str]:
-    return ["tokenizer" if i == 0 else f"tokenizer_{i + 1}" for i in range(len(spec.text_encoders))]
+    return [f"tokenizer{suffix}" for suffix in _folder_suffixes(spec)]
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -98,36 +105,44 @@ def folder_target(folder: str | Path) -> tuple[str | None, str | None]:
             precision if precision in ("fp32", "fp16", "bf16") else None)
 
 
-def _graph_inputs(path: Path) -> dict[str, list]:
-    """name -> dims (ints, or names for dynamic ones) of a graph's inputs, without reading its weights."""
+def _unet_graph(path: Path) -> tuple[dict[str, list], tuple[int, int] | None]:
+    """The UNet graph's inputs (name -> dims: ints, or names for dynamic ones) and its conv_in weight's (output,
+    input) channels (None when that weight is not a plain initializer), without reading its weights."""
     import onnx
 
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - any parse failure is a damaged file, said in one line
         raise ModelLoadError(f"{path}: not a readable ONNX model ({exc.__class__.__name__})") from None
-    return {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    inputs = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    shapes = {t.name: list(t.dims) for t in model.graph.initializer}  # dims are recorded even for external data
+    conv_in = next((shapes.get(node.input[1]) for node in model.graph.node if node.op_type == "Conv"), None)
+    return inputs, (int(conv_in[0]), int(conv_in[1])) if conv_in and len(conv_in) == 4 else None
 
 
 def _spec_from_graphs(folder: Path, scheduler: dict[str, Any]) -> ModelSpec:
-    """The registry architecture whose UNet takes what this folder's UNet graph takes (latent channels, context
-    width, SDXL's pooled/time inputs), told apart by the scheduler's prediction type where widths tie (SD2 768 vs
-    base)."""
-    inputs = _graph_inputs(folder / "unet" / ONNX_MODEL_NAME)
+    """The registry architecture whose UNet takes what this folder's UNet graph takes (input channels: 9 for
+    inpainting, context width, SDXL's pooled/time inputs), told apart by conv_in's width (tiny or not) and the
+    scheduler's prediction type where those tie (SD2 768 vs base)."""
+    inputs, conv_in = _unet_graph(folder / "unet" / ONNX_MODEL_NAME)
     sample, context = inputs.get("sample"), inputs.get("encoder_hidden_states")
     if not sample or not context or len(sample) != 4 or len(context) != 3 or not isinstance(context[2], int):
         raise ModelLoadError(f"{folder / 'unet' / ONNX_MODEL_NAME}: expected inputs sample (4-d) and "
                              f"encoder_hidden_states (3-d, fixed width) as diffusers exports them; has "
                              f"{', '.join(inputs)}")
     xl = "text_embeds" in inputs
-    channels = sample[1] if isinstance(sample[1], int) else None  # diffusers' converter leaves it dynamic
+    # diffusers' converter leaves the sample's channels dynamic: the first convolution's weight (conv_in) says.
+    channels = sample[1] if isinstance(sample[1], int) else conv_in[1] if conv_in else None
+    width = conv_in[0] if conv_in else None
     candidates = [s for s in list_specs() if s.is_xl == xl and s.unet["cross_attention_dim"] == context[2]
-                  and channels in (None, s.latent_channels)]
+                  and channels in (None, int(s.unet.get("in_channels", 4)))]
     if not candidates:
         raise ModelLoadError(f"{folder}: no unet/config.json, and a UNet taking {context[2]}-wide context "
-                             f"{'(SDXL) ' if xl else ''}matches no architecture sdaccel knows")
+                             f"{'(SDXL) ' if xl else ''}and {channels or 'any number of'} input channels matches no "
+                             "architecture sdaccel knows")
     vpred = scheduler.get("prediction_type") == "v_prediction"
-    candidates.sort(key=lambda s: ((s.scheduler["prediction_type"] == "v_prediction") != vpred, s.name == "sd21-base"))
+    candidates.sort(key=lambda s: (width not in (None, s.unet["block_out_channels"][0]), s.is_inpaint,
+                                   (s.scheduler["prediction_type"] == "v_prediction") != vpred, s.name == "sd21-base"))
     return candidates[0]
 
 
@@ -143,7 +158,10 @@ def folder_spec(folder: str | Path, arch: str | None = None) -> ModelSpec:
     if unet is None:
         base = get_spec(arch) if arch else _spec_from_graphs(folder, scheduler)
         return spec_from_configs(base, None, None, [None] * len(base.text_encoders), scheduler)
-    base = get_spec(arch or detect_arch(unet, scheduler))
+    try:
+        base = get_spec(arch or detect_arch(unet, scheduler))
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{folder / 'unet' / CONFIG_NAME}: {exc}") from None
     vae = _optional_json(folder / "vae_decoder" / CONFIG_NAME)
     encoders = [_optional_json(folder / name / CONFIG_NAME) for name in text_encoder_names(base)]
     return spec_from_configs(base, unet, vae, encoders, scheduler)

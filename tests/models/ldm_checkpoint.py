@@ -13,6 +13,8 @@ sd15    model.diffusion_model.*, first_stage_model.*  cond_stage_model.transform
 sd21    same                                          cond_stage_model.model.*   (OpenCLIP names, see below)
 sdxl    same, + label_emb.0.0 / label_emb.0.2         conditioner.embedders.0.transformer.text_model.*  (CLIP-L)
         (= add_embedding.linear_1 / linear_2)         conditioner.embedders.1.model.*   (OpenCLIP bigG)
+sdxl-refiner  same as sdxl                            conditioner.embedders.0.model.*   (OpenCLIP bigG, the only one)
+Inpainting checkpoints are the same layouts with a 9-channel input_blocks.0.0 (conv_in): pass a 9-channel UNet.
 OpenCLIP names: token_embedding.weight, positional_embedding, transformer.resblocks.N.{ln_1, attn.in_proj_weight /
 in_proj_bias (= cat(q, k, v) on dim 0), attn.out_proj, ln_2, mlp.c_fc, mlp.c_proj}, ln_final, text_projection
 ([width, embed_dim] = Linear.weight.T). sd21 also gets a random [width, width] text_projection (real SD2 files carry
@@ -142,6 +144,8 @@ from typing import Any
 import torch
 
 FAMILIES = ("sd15", "sd21", "sdxl")
+# SGM's refiner layout; not in FAMILIES because ldm_config_dir.py writes no refiner config folder.
+REFINER = "sdxl-refiner"
 
 # Keys that drive diffusers' detection (details in the module docstring):
 #   SD2.x  <- model.diffusion_model.input_blocks.2.1.transformer_blocks.0.attn2.to_k.weight with shape[-1] == 1024
@@ -158,7 +162,8 @@ FAMILIES = ("sd15", "sd21", "sdxl")
 UNET_PREFIX = "model.diffusion_model."
 VAE_PREFIX = "first_stage_model."
 CLIP_L_PREFIX = {"sd15": "cond_stage_model.transformer.", "sdxl": "conditioner.embedders.0.transformer."}
-OPEN_CLIP_PREFIX = {"sd21": "cond_stage_model.model.", "sdxl": "conditioner.embedders.1.model."}
+OPEN_CLIP_PREFIX = {"sd21": "cond_stage_model.model.", "sdxl": "conditioner.embedders.1.model.",
+                    REFINER: "conditioner.embedders.0.model."}
 # diffusers' SD2 text encoder keeps 23 of OpenCLIP-H's 24 resblocks; convert_open_clip_checkpoint drops exactly
 # `cond_stage_model.model.transformer.resblocks.23.*` (and `cond_stage_model.model.text_projection`), see
 # SD_2_TEXT_ENCODER_KEYS_TO_IGNORE. Nothing else is dropped: an extra layer at any other index is passed through.
@@ -446,6 +451,8 @@ def ldm_state_dict(
         text_encoder_2 = bigG CLIPTextModelWithProjection -> `conditioner.embedders.1.model.*` (OpenCLIP layout,
         text_projection = text_projection.weight.T). Keep the two towers' hidden sizes DIFFERENT: diffusers picks
         the tower for a CLIP model by `position_embedding` width, so equal widths load CLIP-L into text_encoder_2.
+    family "sdxl-refiner": text_encoder = bigG CLIPTextModelWithProjection (the refiner's only tower) ->
+        `conditioner.embedders.0.model.*` (OpenCLIP layout, as SGM's refiner config names its first embedder).
     UNet -> `model.diffusion_model.*` (SDXL's add_embedding -> `label_emb.0.0` / `label_emb.0.2`);
     VAE -> `first_stage_model.*` (mid-block attention as 1x1 convs).
 
@@ -454,8 +461,8 @@ def ldm_state_dict(
     `denoiser.sigmas`; CLIP-L: `...text_model.embeddings.position_ids` (int64); OpenCLIP: `logit_scale`).
     Every returned tensor is a contiguous clone: nothing is shared with the modules or between keys.
     """
-    if family not in FAMILIES:
-        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    if family not in (*FAMILIES, REFINER):
+        raise ValueError(f"family must be one of {(*FAMILIES, REFINER)}, got {family!r}")
     if (family == "sdxl") != (text_encoder_2 is not None):
         raise ValueError("text_encoder_2 is required for family 'sdxl' and only allowed there")
 
@@ -474,6 +481,11 @@ def ldm_state_dict(
             raise ValueError("SDXL's text_encoder_2 must be a CLIPTextModelWithProjection")
         sd.update(open_clip_to_ldm(text_encoder_2, OPEN_CLIP_PREFIX["sdxl"],
                                    extra_layer=bool(openclip_extra_layer), seed=seed))
+    if family == REFINER:
+        if not hasattr(text_encoder, "text_projection"):
+            raise ValueError("the SDXL refiner's text_encoder must be a CLIPTextModelWithProjection")
+        sd.update(open_clip_to_ldm(text_encoder, OPEN_CLIP_PREFIX[REFINER],
+                                   extra_layer=bool(openclip_extra_layer), seed=seed))
 
     if extras:
         if family in ("sd15", "sd21"):
@@ -481,9 +493,9 @@ def ldm_state_dict(
         if family in ("sd15", "sdxl"):
             n_pos = text_encoder.config.max_position_embeddings
             sd[CLIP_L_PREFIX[family] + "text_model.embeddings.position_ids"] = torch.arange(n_pos)[None]
-        if family in ("sd21", "sdxl"):
+        if family in ("sd21", "sdxl", REFINER):
             sd[OPEN_CLIP_PREFIX[family] + "logit_scale"] = torch.tensor(math.log(1 / 0.07))
-        if family == "sdxl":  # SGM's DiscreteDenoiser keeps its sigma table in the checkpoint
+        if family in ("sdxl", REFINER):  # SGM's DiscreteDenoiser keeps its sigma table in the checkpoint
             alphas_cumprod = _ddpm_buffers(torch.float64)["alphas_cumprod"]
             sd["denoiser.sigmas"] = ((1 - alphas_cumprod) / alphas_cumprod).sqrt().float()
 

@@ -420,3 +420,54 @@ def test_sdxl_equal_text_widths_mislead_diffusers(tmp_path, no_network):
     assert not torch.equal(got, L._hf_clip_state(te2)[key])  # ... not bigG's
     # With the widths of the real model (and of the fixtures above) the right tower is picked.
     assert infer_diffusers_model_type(sd) == "xl_base"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The SDXL refiner's SGM layout and inpainting (9-channel) UNets
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _refiner_components() -> dict:
+    """A tiny SDXL refiner: the bigG tower alone (10 layers, so diffusers' `xl_refiner` key exists), a 4-level-like
+    UNet conditioned on its width, and 5 time ids (aesthetic score in place of the target size)."""
+    te = _text(64, 10, with_projection=True, projection_dim=64, seed=3)
+    unet = _unet(
+        layers_per_block=2, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), transformer_layers_per_block=2,
+        cross_attention_dim=64, attention_head_dim=(2, 4), use_linear_projection=True,
+        addition_embed_type="text_time", addition_time_embed_dim=8, projection_class_embeddings_input_dim=64 + 5 * 8,
+    )
+    return dict(unet=unet, vae=_vae(), text_encoder=te)
+
+
+def test_refiner_layout_converts_back_and_is_detected_as_refiner(tmp_path, no_network):
+    parts = _refiner_components()
+    unet, vae, te = parts["unet"], parts["vae"], parts["text_encoder"]
+    sd = L.ldm_state_dict(unet, vae, te, family=L.REFINER, extras=True)
+    prefixes = ("model.diffusion_model.", "first_stage_model.", "conditioner.embedders.0.model.", "denoiser.")
+    assert all(k.startswith(prefixes) for k in sd), [k for k in sd if not k.startswith(prefixes)][:5]
+    assert not any(k.startswith(("conditioner.embedders.1.", "conditioner.embedders.0.transformer.")) for k in sd)
+    assert sd["model.diffusion_model.label_emb.0.0.weight"].shape[1] == 64 + 5 * 8
+    assert infer_diffusers_model_type(sd) == "xl_refiner"
+    _assert_same_state(convert_ldm_unet_checkpoint(sd, dict(unet.config)), unet.state_dict(), "unet")
+    _assert_same_state(convert_ldm_vae_checkpoint(sd, dict(vae.config)), vae.state_dict(), "vae")
+    _diffusers_text_state(convert_open_clip_checkpoint(te, sd, prefix="conditioner.embedders.0.model."), te,
+                          "openclip-bigg")
+    # diffusers' own text-encoder loader finds the tower under the refiner's prefix too.
+    te.config.save_pretrained(tmp_path / "cfg" / "text_encoder_2")
+    loaded = create_diffusers_clip_model_from_ldm(CLIPTextModelWithProjection, sd, subfolder="text_encoder_2",
+                                                  config=str(tmp_path / "cfg"), local_files_only=True)
+    _assert_same_state(loaded.state_dict(), te.state_dict(), "text_encoder_2")
+    with pytest.raises(ValueError, match="CLIPTextModelWithProjection"):
+        L.ldm_state_dict(unet, vae, _text(64, 2), family=L.REFINER)
+
+
+@pytest.mark.parametrize("family, expected", [("sd15", "inpainting"), ("sdxl", "xl_inpaint")])
+def test_inpainting_unet_keeps_its_nine_input_channels(family, expected):
+    """An inpainting checkpoint is its family's layout with a 9-channel conv_in, which diffusers detects as such."""
+    parts = _components(family)
+    unet = _unet(**{**dict(parts["unet"].config), "in_channels": 9})
+    sd = L.ldm_state_dict(unet, parts["vae"], parts["text_encoder"], parts["text_encoder_2"], family)
+    assert sd["model.diffusion_model.input_blocks.0.0.weight"].shape[1] == 9
+    assert infer_diffusers_model_type(sd) == expected
+    _assert_same_state(convert_ldm_unet_checkpoint(sd, dict(unet.config)), unet.state_dict(), "unet")

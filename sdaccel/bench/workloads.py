@@ -1,0 +1,65 @@
+"""What each benchmark call does (--workload), its defaults, and the inputs it is given.
+
+txt2img: a prompt. img2img: a fixed synthetic init image at the run's size. inpaint: that image and a centred square
+mask over half of each side. refiner: an SDXL base model hands its latents over to the refiner at refiner_start of
+the schedule (refiner.BaseAndRefiner). The init image and mask are the same for every engine and run, and are built
+once per size, never inside a timed call.
+
+Imports nothing heavy at module level: `sdaccel --help` reads WORKLOADS without importing torch.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+WORKLOADS = ("txt2img", "img2img", "inpaint", "refiner")
+IMAGE_WORKLOADS = ("img2img", "inpaint")
+# The model a workload runs when none is named, (on a GPU, on a CPU); txt2img and img2img run the default model.
+WORKLOAD_MODELS = {"inpaint": ("synthetic:sd15-inpaint", "synthetic:sd15-inpaint-tiny"),
+                   "refiner": ("synthetic:sdxl", "synthetic:sdxl-tiny")}
+REFINER_MODELS = ("synthetic:sdxl-refiner", "synthetic:sdxl-refiner-tiny")  # (on a GPU, on a CPU)
+# img2img's strength when none is given: a common edit strength (the pipeline's own default is diffusers' 0.8);
+# inpainting repaints the masked square from pure noise, as diffusers' inpainting pipelines do by default.
+DEFAULT_STRENGTH = {"img2img": 0.75, "inpaint": 1.0}
+DEFAULT_REFINER_START = 0.8  # the handoff diffusers' documentation uses for SDXL base + refiner
+
+
+@functools.lru_cache(maxsize=4)
+def init_image(height: int, width: int):
+    """img2img's and inpainting's init image: a (3, H, W) float tensor in [0, 1], the same for every engine and run.
+    Colour gradients plus smooth seeded noise: structure like a photo's low frequencies, neither flat colour nor
+    white noise."""
+    import torch
+
+    ys = torch.linspace(0, 1, height)[:, None].expand(height, width)
+    xs = torch.linspace(0, 1, width)[None, :].expand(height, width)
+    gradient = torch.stack([xs, ys, 1 - (xs + ys) / 2])
+    coarse = torch.rand((1, 3, max(1, height // 32), max(1, width // 32)), generator=torch.Generator().manual_seed(0))
+    smooth = torch.nn.functional.interpolate(coarse, size=(height, width), mode="bilinear", align_corners=False)[0]
+    return (0.6 * gradient + 0.4 * smooth).clamp(0, 1)
+
+
+@functools.lru_cache(maxsize=4)
+def centre_mask(height: int, width: int):
+    """Inpainting's mask: a (1, H, W) float tensor, 1 (repaint) on the centred square over half of each side."""
+    import torch
+
+    mask = torch.zeros(1, height, width)
+    mask[:, height // 4:height // 4 + height // 2, width // 4:width // 4 + width // 2] = 1
+    return mask
+
+
+def workload_kwargs(spec, cfg) -> dict[str, Any]:
+    """The call's keywords beyond the shared ones: preset, guidance, and the workload's init image, mask, strength or
+    handoff. `spec`: the (base) model's, for its own size when the run gives none; `cfg`: a resolved BenchConfig."""
+    kwargs: dict[str, Any] = dict(guidance=cfg.guidance, preset=cfg.preset)  # None: the preset's, else the model's
+    if cfg.workload in IMAGE_WORKLOADS:
+        height = spec.height if cfg.height is None else cfg.height
+        width = spec.width if cfg.width is None else cfg.width
+        kwargs.update(image=init_image(height, width), strength=cfg.strength)
+        if cfg.workload == "inpaint":
+            kwargs["mask"] = centre_mask(height, width)
+    elif cfg.workload == "refiner":
+        kwargs["refiner_start"] = cfg.refiner_start
+    return kwargs

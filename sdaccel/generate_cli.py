@@ -1,0 +1,259 @@
+"""`sdaccel generate`: one call of a model on an engine (text to image, image to image, inpainting, SDXL base +
+refiner), its PNGs written with every setting in their parameters, never over another run's files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .cli import ENGINE_NAMES, EXIT_CODES, EXIT_OUTPUT_CHECK, _add_model_args, engine_options, status
+from .errors import SdaccelError
+
+
+def register(sub) -> None:
+    from .presets import PRESETS
+    from .schedulers import PREDICTION_TYPES, SCHEDULERS, TIMESTEP_SPACINGS
+
+    gen = sub.add_parser("generate", help="text to image, PNGs with their parameters embedded",
+                         description="Generate images from a prompt and write them as PNGs whose 'parameters' "
+                                     "text holds every setting (the format image tools read).", epilog=EXIT_CODES)
+    gen.add_argument("prompt", help="what to draw")
+    _add_model_args(gen)
+    gen.add_argument("--engine", metavar="|".join(ENGINE_NAMES),
+                     help="what runs the model (default: eager; onnxruntime for an ONNX pipeline folder); "
+                          "`sdaccel engines` describes them, `sdaccel info` says which run here")
+    gen.add_argument("--steps", type=int, help="denoising steps, 1 to 1000 (default: the model's own, 50 for SD)")
+    gen.add_argument("--height", type=int, help="pixels, a multiple of 8 (default: the model's own, e.g. 512, "
+                                                "1024 for SDXL)")
+    gen.add_argument("--width", type=int, help="pixels, a multiple of 8 (default: the model's own)")
+    gen.add_argument("--batch", type=int, default=1,
+                     help="images per call (default: 1); a batch that cannot fit in memory is refused up front")
+    gen.add_argument("--seed", type=int, default=0, help="initial noise seed, >= 0 (default: 0)")
+    gen.add_argument("--scheduler", metavar="NAME",
+                     help=f"sampler: {', '.join(SCHEDULERS)}; UI spellings are accepted ('Euler a', 'DPM++ 2M "
+                          f"Karras'); default: the model's own (pndm for SD)")
+    gen.add_argument("--preset", metavar="NAME",
+                     help=f"a few-step model's published settings: {', '.join(PRESETS)}; explicit --steps, "
+                          f"--guidance, --scheduler, --timestep-spacing win over it (`sdaccel presets` says what "
+                          f"each sets)")
+    gen.add_argument("--timestep-spacing", choices=TIMESTEP_SPACINGS,
+                     help="how the steps spread over the training schedule (default: the model's own, leading for "
+                          "SD); few-step models want trailing")
+    gen.add_argument("--prediction-type", choices=PREDICTION_TYPES,
+                     help="what the UNet predicts, for a model whose folder does not say (default: the model's own)")
+    gen.add_argument("--image", metavar="FILE",
+                     help="image to image: start from this picture (its size, a multiple of 8, sets the output's)")
+    gen.add_argument("--strength", type=float,
+                     help="with --image: how far to move from it, in (0, 1] (default: 0.8; 1 ignores it); "
+                          "steps x strength steps run")
+    gen.add_argument("--mask", metavar="FILE",
+                     help="with --image, inpainting: a one-channel picture of the image's size, white where to "
+                          "repaint, black where to keep (strength defaults to 1)")
+    gen.add_argument("--mask-blur", type=float, default=0, metavar="PIXELS",
+                     help="with --mask: blur its edge by this radius (default: 0)")
+    gen.add_argument("--keep-unmasked", action="store_true",
+                     help="with --mask: paste the image's own pixels back outside the mask (a VAE round trip "
+                          "alters them slightly)")
+    gen.add_argument("--refiner", metavar="MODEL",
+                     help="an SDXL refiner (folder, file, repo id or synthetic:sdxl-refiner) to finish an SDXL "
+                          "base model's images: the base runs the first --refiner-start of the steps, the "
+                          "refiner the rest, on the same engine kind")
+    gen.add_argument("--refiner-start", type=float, default=0.8, metavar="F",
+                     help="with --refiner: the fraction of the schedule the base runs, in (0, 1) (default: 0.8)")
+    gen.add_argument("--aesthetic-score", type=float,
+                     help="SDXL refiner: the aesthetic score it is conditioned on (default: 6; 2.5 for the "
+                          "negative half)")
+    gen.add_argument("--negative", default="", help="negative prompt (default: none)")
+    gen.add_argument("--guidance", type=float,
+                     help="classifier-free guidance scale, finite and >= 0; <= 1 runs the UNet once per step "
+                          "(default: the model's own, 7.5 for SD)")
+    gen.add_argument("--out", default="sdaccel-out", help="output folder, created if absent (default: ./sdaccel-out)")
+    gen.add_argument("--overwrite", action="store_true",
+                     help="replace images of an earlier run with the same names (default: new names, never "
+                          "overwriting)")
+    gen.add_argument("--repeat", type=int, default=1,
+                     help="generate N times and print each run's timings (the first includes warm-up/compile)")
+    gen.add_argument("--no-progress", action="store_true", help="no progress bar")
+    gen.add_argument("--strict", action="store_true",
+                     help=f"fail (exit code {EXIT_OUTPUT_CHECK}) on NaN/Inf or a black/flat image instead of "
+                          f"repairing it in fp32 with a warning")
+    gen.set_defaults(func=cmd_generate)
+
+
+def png_parameters(params: dict, index: int) -> str:
+    """The 'parameters' text chunk in the format image tools (A1111, ComfyUI importers) read."""
+    lines = [params["prompt"]]
+    if params.get("negative_prompt"):
+        lines.append(f"Negative prompt: {params['negative_prompt']}")
+    lines.append(
+        f"Steps: {params['steps']}, Sampler: {params['scheduler']}, CFG scale: {params['guidance']}, "
+        f"Seed: {params['seed']}, Size: {params['width']}x{params['height']}, Model: {params['model']}, "
+        f"Batch index: {index}, Engine: {params['engine']}, Dtype: {params['dtype']}, "
+        f"Timestep spacing: {params['timestep_spacing']}, Prediction type: {params['prediction_type']}, "
+        + (f"Preset: {params['preset']}, " if params.get("preset") else "")
+        + (f"Denoising strength: {params['strength']}, " if params.get("strength") is not None else "")
+        + (f"Workload: {params['workload']}, " if params.get("workload", "txt2img") != "txt2img" else "")
+        + (f"Mask blur: {params['mask_blur']}, " if params.get("mask_blur") else "")
+        + (f"Keep unmasked: {params['keep_unmasked']}, " if params.get("keep_unmasked") else "")
+        + (f"Refiner start: {params['refiner_start']}, " if params.get("refiner_start") is not None else "")
+        + (f"Aesthetic score: {params['aesthetic_score']}, " if params.get("aesthetic_score") is not None else "")
+        + "Generator: sdaccel"
+    )
+    return "\n".join(lines)
+
+
+def image_names(out_dir: Path, stem: str, seed: int, count: int, attempt: int) -> list[Path]:
+    """The names of one call's images: `{stem}-{seed}-{i:02d}.png`, and for a later run whose names are taken,
+    the same with `-{attempt}` (2, 3, ...)."""
+    suffix = "" if attempt == 1 else f"-{attempt}"
+    return [out_dir / f"{stem}-{seed}-{i:02d}{suffix}.png" for i in range(count)]
+
+
+def save_images(result, out_dir: Path, stem: str = "image", overwrite: bool = False) -> list[Path]:
+    """Write the images as PNGs with their parameters, each complete under a temporary name before it gets its own.
+    Without `overwrite` no existing file is replaced: a taken name moves the whole call to the next free names, and
+    the final step is a hard link, which fails rather than replace a file another run wrote meanwhile."""
+    import glob
+    import os
+
+    from PIL.PngImagePlugin import PngInfo
+
+    from .atomic import atomic_path, fsync_file, remove_stale_temps, temp_path
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out_dir, f".{glob.escape(stem)}-*.part")  # what killed runs left
+    seed, count = result.params["seed"], len(result.images)
+    attempt = 1
+    while not overwrite and any(p.exists() for p in image_names(out_dir, stem, seed, count, attempt)):
+        attempt += 1
+    written = []
+    for i, image in enumerate(result.images):
+        meta = PngInfo()
+        meta.add_text("parameters", png_parameters(result.params, i))
+        path = image_names(out_dir, stem, seed, count, attempt)[i]
+        if overwrite:
+            with atomic_path(path) as tmp:  # never a half-written PNG under the final name
+                image.save(tmp, format="PNG", pnginfo=meta)
+            written.append(path)
+            continue
+        tmp = temp_path(path, "part")
+        try:
+            image.save(tmp, format="PNG", pnginfo=meta)
+            fsync_file(tmp)
+            while True:
+                try:
+                    os.link(tmp, path)
+                    break
+                except FileExistsError:
+                    attempt += 1
+                    path = image_names(out_dir, stem, seed, count, attempt)[i]
+                except OSError:  # a file system without hard links: the check above, then a rename
+                    os.replace(tmp, path)
+                    break
+        except OSError as exc:
+            if exc.filename is None:  # a full disk names no file: name the image being written
+                exc.filename = os.fspath(path)
+            raise
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        written.append(path)
+    return written
+
+
+def cmd_generate(args) -> int:
+    import sdaccel
+    from .device import resolve_device
+    from .engines import get_engine
+    from .models import is_onnx_pipeline_folder
+    from .models.registry import default_model
+    from .output_paths import prepare_output_folder
+    from .images import image_batch, mask_batch
+    from .presets import get_preset
+    from .request import validate_fraction, validate_request
+    from .schedulers import canonical
+
+    # Everything checkable without a model is checked before loading one, the output folder included.
+    validate_request(1 if args.steps is None else args.steps, args.height, args.width, args.batch, args.guidance,
+                     args.seed, args.strength)
+    if args.strength is not None and not args.image:
+        raise SdaccelError("--strength needs --image (image to image)")
+    for flag, given in (("--mask-blur", args.mask_blur), ("--keep-unmasked", args.keep_unmasked)):
+        if given and not args.mask:
+            raise SdaccelError(f"{flag} needs --mask")
+    if args.mask and not args.image:
+        raise SdaccelError("--mask needs --image (inpainting repaints the image where the mask is white)")
+    if args.refiner and (args.image or args.mask):
+        raise SdaccelError("--refiner finishes a text-to-image call: without --image/--mask (to refine a "
+                           "picture, give the refiner as --model with --image)")
+    validate_fraction("--refiner-start", args.refiner_start)
+    if args.repeat < 1:
+        raise SdaccelError(f"--repeat must be >= 1, got {args.repeat}")
+    if args.scheduler:
+        canonical(args.scheduler)
+    if args.preset:
+        get_preset(args.preset)
+    init_image = read_image(args.image, "--image") if args.image else None
+    if init_image is not None:
+        image_batch(init_image, "--image")  # size and range checked before the model loads
+    mask = read_image(args.mask, "--mask", convert=None) if args.mask else None
+    if mask is not None:
+        shape = mask_batch(mask, args.mask_blur, "--mask").shape
+        if (shape[3], shape[2]) != init_image.size:
+            raise SdaccelError(f"--mask: {shape[3]}x{shape[2]} differs from the image's "
+                               f"{init_image.size[0]}x{init_image.size[1]}")
+    out_dir = prepare_output_folder(args.out)
+    device = resolve_device(args.device)
+    model = args.model or default_model(device.type)
+    onnx_folder = is_onnx_pipeline_folder(model)
+    engine = args.engine or ("onnxruntime" if onnx_folder else "eager")
+    options = engine_options(engine, args)
+    engine_object = get_engine(engine, device, **options)  # options checked before the model loads
+    # An ONNX folder, given as the model or as the engine's folder option, leaves nothing to build.
+    first_start = "" if onnx_folder or options.get("folder") else engine_object.first_start
+    status(f"loading {model} on the {engine} engine ({device})"
+           + (f"; with caches still empty, the engine {first_start}" if first_start else ""))
+    pipe = sdaccel.load(model, engine=engine_object, dtype=args.dtype, device=device, arch=args.arch, seed=args.seed,
+                        refiner=args.refiner, refiner_start=args.refiner_start)
+    first = pipe.base if args.refiner else pipe
+    if first.components.synthetic:
+        print(f"note: {model} has random weights: the image is noise by construction (use it to measure speed)")
+    workload = dict(refiner_start=args.refiner_start) if args.refiner else dict(
+        image=init_image, mask=mask, strength=args.strength, mask_blur=args.mask_blur,
+        keep_unmasked=args.keep_unmasked)
+    runs = []
+    for i in range(args.repeat):
+        if i == 0 and first.engine.first_call:
+            status(f"the first call on the {engine} engine {first.engine.first_call}")
+        result = pipe(args.prompt, args.negative, steps=args.steps, guidance=args.guidance, height=args.height,
+                      width=args.width, batch_size=args.batch, seed=args.seed, scheduler=args.scheduler,
+                      timestep_spacing=args.timestep_spacing, prediction_type=args.prediction_type,
+                      preset=args.preset, aesthetic_score=args.aesthetic_score, progress=not args.no_progress,
+                      strict=args.strict, **workload)
+        runs.append(result.timings)
+    paths = save_images(result, out_dir, overwrite=args.overwrite)
+    params = result.params
+    evaluations = runs[-1].evaluations
+    print(f"model {params['model']} | engine {first.engine.name} | {params['dtype']} | device {device} | "
+          f"{params['width']}x{params['height']} x{params['batch_size']} | {params['steps']} steps "
+          f"{params['scheduler']}" + (f" ({evaluations} UNet evaluations)" if evaluations != params["steps"] else ""))
+    for i, timings in enumerate(runs):
+        label = "timings" if len(runs) == 1 else f"run {i + 1}{' (cold)' if i == 0 else ''}"
+        print(f"{label}: {timings.line()}")
+    for path in paths:
+        print(f"wrote {path}")
+    return 0
+
+
+def read_image(path: str, flag: str = "--image", convert: str | None = "RGB"):
+    """The picture at `path`, loaded now (a missing or unreadable file is a one-line error before any work);
+    converted to `convert` (None: as stored, for a mask, whose channels are checked)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return image.convert(convert) if convert else image.copy()
+    except FileNotFoundError:
+        raise SdaccelError(f"{flag} {path}: no such file") from None
+    except (UnidentifiedImageError, OSError) as exc:
+        raise SdaccelError(f"{flag} {path}: not an image PIL can read ({exc.__class__.__name__})") from None
