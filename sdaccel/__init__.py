@@ -82,7 +82,13 @@ def _onnx_folder_defaults(folder, engine, dtype, device):
 
 
 def accelerate(pipe, engine="eager", dtype=None, **engine_options):
-    """Run a diffusers StableDiffusion(XL)Pipeline's UNet and VAE decoder on an sdaccel engine, in place."""
+    """Run a diffusers pipeline's UNet and VAE (decoder and encoder) on an sdaccel engine, in place; returns `pipe`.
+
+    Serves StableDiffusion(XL)Pipeline, StableDiffusion(XL)Img2ImgPipeline and StableDiffusion(XL)InpaintPipeline
+    (9-channel inpainting UNets and plain ones; the SDXL refiner with its single text encoder). The pipeline keeps
+    its scheduler, callbacks and generator: the encoder hands back the latent distribution, which the pipeline
+    samples itself. While accelerated the VAE keeps the engine's dtype (diffusers' casts of an SDXL VAE around
+    encode and decode are ignored: the engine computes it in the precision it chose for it)."""
     from .diffusers_integration import accelerate as _accelerate
 
     return _accelerate(pipe, engine=engine, dtype=dtype, **engine_options)

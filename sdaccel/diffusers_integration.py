@@ -18,7 +18,7 @@ from .engines import get_engine
 from .errors import UsageError
 from .models.components import Components
 from .models.loading import _spec_from_modules, detect_arch
-from .models.registry import INPAINT_CHANNELS, get_spec, list_specs
+from .models.registry import get_spec
 
 log = logging.getLogger(__name__)
 
@@ -27,22 +27,6 @@ _PASSTHROUGH_KWARGS = ("cross_attention_kwargs", "down_block_additional_residual
                        "class_labels", "timestep_cond")
 _SERVED = ("StableDiffusion(XL)Pipeline, StableDiffusion(XL)Img2ImgPipeline and StableDiffusion(XL)InpaintPipeline "
            "(the SDXL refiner included)")
-
-
-def _arch(unet_config: dict[str, Any], sched_cfg: dict[str, Any], n_encoders: int) -> str:
-    """detect_arch's answer when it fits the UNet's input channels and the pipeline's text encoders; otherwise the
-    registry entry of the same family that does (an inpainting UNet, the SDXL refiner's single encoder), the one
-    with the same widths first. The modules' own configs override the entry's (`_spec_from_modules`)."""
-    name = detect_arch(unet_config, sched_cfg)
-    spec = get_spec(name)
-    inpaint = int(unet_config.get("in_channels", 4)) == INPAINT_CHANNELS
-    if spec.is_inpaint == inpaint and len(spec.text_encoders) == n_encoders:
-        return name
-    widths = tuple(unet_config.get("block_out_channels", ()))
-    fits = [s for s in list_specs() if s.family == spec.family and s.is_inpaint == inpaint
-            and len(s.text_encoders) == n_encoders]
-    fits.sort(key=lambda s: (tuple(s.unet["block_out_channels"]) != widths, s.tiny != spec.tiny))
-    return fits[0].name if fits else name
 
 
 def components_from_pipeline(pipe) -> Components:
@@ -55,7 +39,7 @@ def components_from_pipeline(pipe) -> Components:
     if missing:
         raise UsageError(f"{type(pipe).__name__} lacks {', '.join(missing)}: sdaccel accelerates {_SERVED}")
     sched_cfg = dict(pipe.scheduler.config) if getattr(pipe, "scheduler", None) is not None else {}
-    base = get_spec(_arch(dict(pipe.unet.config), sched_cfg, len(encoders)))
+    base = get_spec(detect_arch(dict(pipe.unet.config), sched_cfg))  # inpainting and refiner UNets included
     spec = _spec_from_modules(base, pipe.unet, pipe.vae, encoders, sched_cfg)
     return Components(spec=spec, unet=pipe.unet, vae=pipe.vae, text_encoders=encoders, tokenizers=[],
                       source=type(pipe).__name__)

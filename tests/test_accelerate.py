@@ -139,14 +139,13 @@ def _counting(engine_cls):
 _KINDS = ["img2img", "inpaint", "inpaint-plain", "xl-img2img", "xl-refiner", "xl-inpaint", "xl-inpaint-plain"]
 
 
-@pytest.mark.parametrize("engine", ["eager", "compile"])
-@pytest.mark.parametrize("kind", _KINDS)
+# compile: one SD and one SDXL pipeline (each takes tens of seconds to compile on the CPU).
+@pytest.mark.parametrize("kind, engine", [(kind, "eager") for kind in _KINDS]
+                         + [("inpaint", "compile"), ("xl-refiner", "compile")])
 def test_accelerate_serves_img2img_and_inpainting_pipelines(kind, engine, tokenizer_dir):
     """Same latents as diffusers' own pipeline, the VAE encoder run by the engine's encode stage."""
     from sdaccel.engines import ENGINES
 
-    if engine == "compile" and kind not in ("inpaint", "xl-refiner"):
-        pytest.skip("compile: one SD and one SDXL pipeline (each compile takes tens of seconds on the CPU)")
     pipe = _image_pipeline(kind, tokenizer_dir)
     before = _image_call(pipe, kind)
     engine_cls = _counting(ENGINES[engine])

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import sdaccel
+from sdaccel.image_start import Start, Window
 
 
 @pytest.mark.gpu
@@ -14,16 +15,45 @@ def test_denoising_loop_has_no_host_sync(arch, scheduler):
     cond = pipe.encode_prompt(["a cat"], [""], True, 64, 64)
     sched = pipe.scheduler(scheduler)
     sched.set_timesteps(4)
-    latents = torch.randn(1, 4, 32, 32, device="cuda")
+    start = Start(torch.randn(1, 4, 32, 32, device="cuda"))
+    window = Window(0, len(sched.timesteps))
     gen = torch.Generator("cuda").manual_seed(0)
-    pipe._denoise(sched, latents, cond, 5.0, True, gen, None, False)  # warm-up: allocator, cuDNN
+    pipe._denoise(sched, start, window, cond, 5.0, True, gen, None, False, 4)  # warm-up: allocator, cuDNN
     sched.set_timesteps(4)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        pipe._denoise(sched, latents, cond, 5.0, True, gen, None, False)
+        pipe._denoise(sched, start, window, cond, 5.0, True, gen, None, False, 4)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["sd15-inpaint-tiny", "sd15-tiny"])
+def test_inpainting_loop_has_no_host_sync(arch):
+    """The 9-channel UNet's extra inputs and a plain UNet's per-step blend stay on the device."""
+    from sdaccel.image_start import schedule_window, starting_point, ImageEncoder
+    from sdaccel.request import resolve_request
+
+    pipe = sdaccel.load(f"synthetic:{arch}", device="cuda", dtype="fp16")
+    mask = torch.zeros(64, 64)
+    mask[16:48, 16:48] = 1
+    request = resolve_request(pipe.spec, "a door", image=torch.rand(3, 64, 64), mask=mask, strength=0.8, steps=4)
+    cond = pipe.encode_prompt(["a door"], [""], True, 64, 64)
+    gen = torch.Generator("cuda").manual_seed(0)
+    for check in (False, True):
+        sched = pipe.scheduler("euler")
+        sched.set_timesteps(4)
+        window = schedule_window(sched, request)
+        start = starting_point(pipe.spec, sched, request, window,
+                               ImageEncoder(pipe.stages.encode, 0.18215, pipe.device, "eager"), pipe.device)
+        torch.cuda.synchronize()
+        if check:
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            pipe._denoise(sched, start, window, cond, 5.0, True, gen, None, False, 4)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
 
 
 @pytest.mark.gpu

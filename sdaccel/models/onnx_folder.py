@@ -8,9 +8,10 @@
 
 `sdaccel optimize` writes such folders (plus its manifest.json); diffusers' converter script
 (convert_stable_diffusion_checkpoint_to_onnx.py) and Optimum's exporter write them too. A model loaded from one has
-no torch modules: its weights are the graphs, which the onnxruntime engine runs (Components.onnx_folder). The architecture comes from the components' config.json
-files when the folder has them (sdaccel's and Optimum's do), else from the UNet graph's inputs, its conv_in weight's
-shape and the scheduler's prediction type (diffusers' converter writes no configs).
+no torch modules: its weights are the graphs, which the onnxruntime engine runs (Components.onnx_folder). The
+architecture comes from the components' config.json files when the folder has them (sdaccel's and Optimum's do),
+else from the UNet graph's inputs, its conv_in weight's shape and the scheduler's prediction type (diffusers'
+converter writes no configs).
 
 No sdaccel.onnx here: this module only reads JSON, tokenizers and (for folders without configs) graph inputs and shapes.
 """

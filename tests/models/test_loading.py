@@ -262,7 +262,7 @@ def _onnx_folder(folder, *, in_channels: int, width: int, context: int, predicti
 
 @pytest.mark.parametrize("in_channels, context, prediction, arch", [
     (4, 768, "epsilon", "sd15"), (9, 768, "epsilon", "sd15-inpaint"),
-    (4, 1024, "v_prediction", "sd21"), (9, 1024, "epsilon", "sd2-inpaint")])
+    (4, 1024, "v_prediction", "sd21"), (4, 1024, "epsilon", "sd21-base"), (9, 1024, "epsilon", "sd2-inpaint")])
 def test_onnx_folder_without_configs_reads_the_unet_input_channels(tmp_path, in_channels, context, prediction, arch):
     folder = _onnx_folder(tmp_path / "onnx", in_channels=in_channels, width=320, context=context,
                           prediction_type=prediction)

@@ -9,6 +9,11 @@ PUBLISHED = {
     "sd15": (859_520_964, 83_653_863, [123_060_480]),
     "sd21": (865_910_724, 83_653_863, [340_387_840]),
     "sdxl": (2_567_463_684, 83_653_863, [123_060_480, 694_659_840]),
+    "sdxl-refiner": (2_259_526_660, 83_653_863, [694_659_840]),
+    # The inpainting fine-tunes: 5 more conv_in input channels (5 * 320 * 3 * 3 weights), nothing else changed.
+    "sd15-inpaint": (859_535_364, 83_653_863, [123_060_480]),
+    "sd2-inpaint": (865_925_124, 83_653_863, [340_387_840]),
+    "sdxl-inpaint": (2_567_478_084, 83_653_863, [123_060_480, 694_659_840]),
 }
 
 
@@ -46,6 +51,22 @@ def test_every_family_has_a_tiny_variant_with_its_code_paths():
         assert len(tiny.text_encoders) == len(specs[full].text_encoders)
         assert tiny.scheduler["prediction_type"] == specs[full].scheduler["prediction_type"]
         assert tiny.unet.get("use_linear_projection", False) == specs[full].unet.get("use_linear_projection", False)
+
+
+@pytest.mark.parametrize("full", ["sd15-inpaint", "sd2-inpaint", "sdxl-inpaint", "sdxl-refiner"])
+def test_inpainting_and_refiner_tiny_twins_keep_what_loading_tells_apart(full):
+    """A tiny twin has its full model's family, text-encoder layout and UNet input, so it loads through the same
+    detection (9 channels: inpainting; one SDXL encoder: the refiner) and conditioning code."""
+    specs = {s.name: s for s in list_specs()}
+    big, tiny = specs[full], specs[f"{full}-tiny"]
+    assert tiny.tiny and not big.tiny
+    assert tiny.family == big.family and len(tiny.text_encoders) == len(big.text_encoders)
+    assert [te.with_projection for te in tiny.text_encoders] == [te.with_projection for te in big.text_encoders]
+    assert tiny.unet["in_channels"] == big.unet["in_channels"] and tiny.is_inpaint == big.is_inpaint
+    assert tiny.scheduler["prediction_type"] == big.scheduler["prediction_type"]
+    assert (tiny.aesthetic_score, tiny.needs_image, tiny.zeros_for_empty_negative) == \
+        (big.aesthetic_score, big.needs_image, big.zeros_for_empty_negative)
+    assert tiny.unet.get("addition_embed_type") == big.unet.get("addition_embed_type")
 
 
 def test_family_defaults():
