@@ -137,13 +137,28 @@ def starting_point(spec, sched, request: Request, window: Window, encoder: Image
         masked_latents = encoder(masked_image, generator, n)
         return Start(latents, unet_extra=torch.cat([latent_mask, masked_latents], dim=1))
 
+    known = _renoised(sched, image_latents, noise, timesteps)
+
     def blend(i: int, latents: torch.Tensor) -> torch.Tensor:
-        known = image_latents
-        if i < len(timesteps) - 1:  # re-noised to the next step's level
-            known = sched.add_noise(image_latents, noise, timesteps[i + 1:i + 2])
-        return torch.lerp(known, latents, latent_mask)  # (1 - mask) * known + mask * latents
+        return torch.lerp(known[i], latents, latent_mask)  # (1 - mask) * known + mask * latents
 
     return Start(latents, blend=blend)
+
+
+def _renoised(sched, image_latents: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+    """The known region's latents after each step of the window: noised to the next step's level, the last one
+    clean (diffusers' inpainting with a plain UNet). Computed before the loop, so the loop never waits on the host
+    (scheduler.add_noise moves its tables to the device at every call): (steps, B, C, h, w), a few MB.
+    A copy of the scheduler without a begin index finds each timestep's noise level by its value, as diffusers'
+    call after the step finds it by its step index."""
+    import copy
+
+    probe = copy.deepcopy(sched)
+    for name in ("_begin_index", "_step_index"):
+        if hasattr(probe, name):
+            setattr(probe, name, None)
+    known = [probe.add_noise(image_latents, noise, timesteps[i + 1:i + 2]) for i in range(len(timesteps) - 1)]
+    return torch.stack(known + [image_latents])
 
 
 def paste_unmasked(decoded: torch.Tensor, request: Request) -> torch.Tensor:
