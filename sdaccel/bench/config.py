@@ -232,13 +232,13 @@ class BenchConfig:
                     refiner_start=self.refiner_start, preset=self.preset)
 
     def workload_title(self) -> str:
-        """The workload in a few words, for the table's title: "img2img (strength 0.75)", "refiner ... from 0.8"."""
-        text = self.workload
+        """The workload in a few words, for the table's title: "workload img2img (strength 0.75)", "workload refiner
+        (synthetic:sdxl-refiner from 0.8)", with the preset and guidance when given."""
+        text = f"workload {self.workload}"
         if self.strength is not None:
             text += f" (strength {self.strength:g})"
         if self.workload == "refiner":
-            text += f" (refiner {self.refiner} from {self.refiner_start:g})" if self.refiner_start is not None \
-                else f" (refiner {self.refiner})"
+            text += f" ({self.refiner}" + (f" from {self.refiner_start:g})" if self.refiner_start is not None else ")")
         if self.preset is not None:
             text += f", preset {self.preset}"
         if self.guidance is not None:

@@ -155,14 +155,22 @@ CLOCK_NOTE = ("SM MHz: the GPU's SM clock, median over the timed runs (nvidia-sm
               "clocks are not comparable.")
 
 
-STAGE_COLUMNS = (("encode_median_s", "encode s"), ("refine_median_s", "refine s"))
-STAGE_NOTE = ("encode s: median of the VAE encoder stage (the init image to latents); refine s: median of the "
-              "refiner's denoising loop. Both are part of median s.")
+# (column, table header, what the note says of it): stages only some workloads have
+STAGE_COLUMNS = (("encode_median_s", "encode s", "median of the VAE encoder stage (the init image to latents)"),
+                 ("refine_median_s", "refine s", "median of the refiner's denoising loop"))
 
 
-def shown_stages(rows: list[dict]) -> list[tuple[str, str]]:
-    """(column, header) of the stages some row spent time in: encode (img2img, inpaint), refine (refiner)."""
-    return [(name, title) for name, title in STAGE_COLUMNS if any((r.get(name) or 0) > 0 for r in rows)]
+def shown_stages(rows: list[dict]) -> list[tuple[str, str, str]]:
+    """STAGE_COLUMNS entries some row spent time in: encode (img2img, inpaint), refine (refiner)."""
+    return [entry for entry in STAGE_COLUMNS if any((r.get(entry[0]) or 0) > 0 for r in rows)]
+
+
+def stage_note(rows: list[dict]) -> str | None:
+    """The line explaining the table's stage columns, None when it shows none."""
+    stages = shown_stages(rows)
+    if not stages:
+        return None
+    return "; ".join(f"{title}: {text}" for _, title, text in stages) + " (part of median s)."
 
 
 def markdown_table(rows: list[dict], baseline: str | None) -> str:
@@ -173,7 +181,7 @@ def markdown_table(rows: list[dict], baseline: str | None) -> str:
     with_guard = shows_guard(rows)
     stages = shown_stages(rows)
     header = ["engine", "batch", "status", *(["guard"] if with_guard else []), "median s", "p90 s", "min s",
-              *(title for _, title in stages), "UNet it/s", "images/min", "cold start s", "1st-run MB",
+              *(title for _, title, _ in stages), "UNet it/s", "images/min", "cold start s", "1st-run MB",
               "2nd-run MB", "1st-run device MB"]
     with_restart = any(r.get("restart_start_s") is not None for r in rows)
     if with_restart:
@@ -191,7 +199,7 @@ def markdown_table(rows: list[dict], baseline: str | None) -> str:
         status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r['error'] or ''}".replace("|", "/")
         cells = [r["engine"], _fmt(r["batch_size"]), status, *([_fmt(r.get("guard"))] if with_guard else []),
                  _fmt(r["latency_median_s"]), _fmt(r["latency_p90_s"]), _fmt(r["latency_min_s"]),
-                 *(_fmt(r.get(name)) for name, _ in stages), _fmt(r["unet_it_s"], 1), _fmt(r["images_per_min"], 1),
+                 *(_fmt(r.get(name)) for name, _, _ in stages), _fmt(r["unet_it_s"], 1), _fmt(r["images_per_min"], 1),
                  _fmt(r["cold_start_s"], 1), _fmt(r["first_run_memory_MB"], 0), _fmt(r["second_run_memory_MB"], 0),
                  _fmt(r["first_run_device_MB"], 0)]
         if with_restart:

@@ -33,8 +33,8 @@ from .lifeline import WorkerProcess
 from .memory import SOURCE_DESCRIPTIONS
 from .plots import write_plots
 from ..atomic import remove_stale_temps, temp_path, write_text
-from .report import CLOCK_NOTE, CSV_NAME, GUARD_NOTE, STAGE_NOTE, add_speedups, append_csv, check_csv_header, \
-    markdown_table, shown_stages, shows_guard, write_json
+from .report import CLOCK_NOTE, CSV_NAME, GUARD_NOTE, add_speedups, append_csv, check_csv_header, \
+    markdown_table, shows_guard, stage_note, write_json
 from .schema import new_row
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # so the worker imports this very sdaccel
@@ -173,8 +173,8 @@ def run_bench(config: BenchConfig, *, isolate: bool = True, log: Callable[[str],
              f"{cfg.steps} steps, {cfg.dtype}, {env['gpu_name'] or 'CPU'}")
     memory_note = SOURCE_DESCRIPTIONS.get(first["memory_source"], first["memory_source"])
     report = f"{title}\n\n{markdown_table(rows, cfg.baseline)}\n\nmemory: {memory_note}\n"
-    if shown_stages(rows):
-        report += f"{STAGE_NOTE}\n"
+    if stage_note(rows):
+        report += f"{stage_note(rows)}\n"
     if shows_guard(rows):
         report += f"{GUARD_NOTE}\n"
     if any(r.get("gpu_sm_mhz_median") is not None for r in rows):

@@ -252,8 +252,8 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
         load_s = time.perf_counter() - start
         first_call = lead(pipe).engine.first_call
         if first_call:  # compiling or building kernels: minutes of silence otherwise
-            log(f"[{engine}] first image: the engine {first_call}" + (" (for each model)" if refiner else "")
-                + "; the cold start line follows when it is done")
+            log(f"[{engine}] first image" + (" (both models)" if refiner else "")
+                + f": the engine {first_call}; the cold start line follows when it is done")
         first = run_once(pipe, cfg, first_batch, seed=0, probe=probe)
     except Exception as exc:  # noqa: BLE001 - recorded in the row; the parent continues with the next engine
         from ..errors import EngineUnavailableError

@@ -39,7 +39,7 @@ def test_json_has_environment_settings_and_rows(eager_run):
     assert env["torch"] and env["sdaccel"] and "hostname" not in json.dumps(env).lower()
     assert data["settings"]["engines"] == ["eager"] and data["settings"]["batch_sizes"] == [1, 2]
     assert len(data["rows"]) == 2 and set(COLUMNS) <= set(data["rows"][0])
-    assert set(data["rows"][0]["stage_stats"]) == {"text", "denoise", "decode"}
+    assert set(data["rows"][0]["stage_stats"]) == {"text", "encode", "denoise", "refine", "decode"}
 
 
 def test_row_types(eager_run):
