@@ -84,20 +84,31 @@ def initial_noise(spec, height: int, width: int, seed: int, batch: int = 1) -> t
 
 
 class ImageEncoder:
-    """Images through the engine's VAE encoder to scaled latents, sampled from the encoder's distribution."""
+    """Images through the engine's VAE encoder to scaled latents, sampled from the encoder's distribution. An engine
+    without an encode stage (onnxruntime: the exported encoder draws its sample inside the graph, which a seed cannot
+    reproduce) has the model's torch VAE encoder run as it is, when the model has one."""
 
-    def __init__(self, encode: EncodeStage | None, scaling_factor: float, device: torch.device, engine_name: str):
+    def __init__(self, encode: EncodeStage | None, scaling_factor: float, device: torch.device, engine_name: str,
+                 vae: torch.nn.Module | None = None):
         self.encode, self.scaling_factor, self.device = encode, scaling_factor, device
-        self.engine_name = engine_name
+        self.engine_name, self.vae = engine_name, vae
         self.finite: list[torch.Tensor] = []  # device-side "moments finite" flags of this call, for the guard
+
+    def _moments(self, image: torch.Tensor) -> torch.Tensor:
+        if self.encode is not None:
+            return self.encode(image.to(self.device, torch.float32))
+        if self.vae is None:
+            raise UsageError(f"this needs the VAE encoder, which the {self.engine_name} engine does not run from an "
+                             "ONNX pipeline folder: load the model the folder was built from instead")
+        from .models.components import vae_encode_fn
+
+        weight = next(self.vae.parameters())
+        return vae_encode_fn(self.vae)(image.to(weight.device, weight.dtype)).float().to(self.device)
 
     def __call__(self, image: torch.Tensor, generator: torch.Generator, n: int) -> torch.Tensor:
         from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
 
-        if self.encode is None:
-            raise UsageError(f"this needs the VAE encoder, which the {self.engine_name} engine does not run for this "
-                             "model: load the torch model instead")
-        moments = self.encode(image.to(self.device, torch.float32))
+        moments = self._moments(image)
         self.finite.append(torch.isfinite(moments).all())
         latents = DiagonalGaussianDistribution(moments).sample(generator=generator) * self.scaling_factor
         return latents.expand(n, -1, -1, -1) if len(latents) == 1 else latents

@@ -182,7 +182,8 @@ class Pipeline:
                                       (request.aesthetic_score, request.negative_aesthetic_score))
         sched.set_timesteps(request.steps)  # on the host: the scheduler's arithmetic never waits for the GPU
         window = schedule_window(sched, request)
-        encoder = ImageEncoder(self.stages.encode, spec.vae_scaling_factor, self.device, self.engine.name)
+        encoder = ImageEncoder(self.stages.encode, spec.vae_scaling_factor, self.device, self.engine.name,
+                               self.components.vae)
         if request.image is not None:
             with timer.stage("encode"):
                 start = starting_point(spec, sched, request, window, encoder, self.device)
