@@ -55,6 +55,8 @@ class BaseAndRefiner:
                               height=h, width=w, aesthetic_score=aesthetic_score, progress=progress,
                               negative_aesthetic_score=negative_aesthetic_score, **settings)
         second.timings = _combined(first.timings, second.timings)
+        if first.guard is not None and second.guard is not None:  # what the base's check repaired, named as its
+            second.guard.remedies = [f"base: {r}" for r in first.guard.remedies] + second.guard.remedies
         second.params.update(model=f"{first.params['model']} + {second.params['model']}", refiner_start=start,
                              workload="refiner", denoising_start=None)
         return second

@@ -137,7 +137,7 @@ def component_graphs(components: Components) -> list[ComponentGraph]:
             "encoder_hidden_states": {0: "batch", 1: "sequence"}, UNET_OUTPUT: {0: "batch", 2: "height", 3: "width"}}
     if spec.is_xl:
         pooled_dim = spec.text_encoders[-1].config["projection_dim"]
-        unet_inputs += [torch.randn(batch, pooled_dim), torch.tensor([[64.0, 64, 0, 0, 64, 64]] * batch)]
+        unet_inputs += [torch.randn(batch, pooled_dim), torch.tensor([xl_time_ids(spec)] * batch)]
         names += list(UNET_XL_INPUTS)
         axes.update(text_embeds={0: "batch"}, time_ids={0: "batch"})
     graphs.append(ComponentGraph("unet", UNetGraph(components.unet), tuple(unet_inputs), names, [UNET_OUTPUT], axes))
@@ -155,6 +155,12 @@ def component_graphs(components: Components) -> list[ComponentGraph]:
             {VAE_ENCODER_INPUT: {0: "batch", 2: "image_height", 3: "image_width"},
              VAE_ENCODER_OUTPUT: {0: "batch", 2: "height", 3: "width"}}))
     return graphs
+
+
+def xl_time_ids(spec) -> list[float]:
+    """Example SDXL time ids: (original size, crop, target size), or the refiner's (original size, crop, aesthetic
+    score)."""
+    return [64.0, 64, 0, 0, 6.0] if spec.aesthetic_score else [64.0, 64, 0, 0, 64, 64]
 
 
 def fp32_copy(module: nn.Module, device: torch.device) -> nn.Module:

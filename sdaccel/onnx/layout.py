@@ -23,11 +23,16 @@ def model_index(spec, scheduler_class: str, with_vae_encoder: bool) -> dict:
     common = {"_diffusers_version": diffusers.__version__, "feature_extractor": [None, None],
               "scheduler": ["diffusers", scheduler_class]}
     if spec.is_xl:
-        return {**common, "_class_name": "StableDiffusionXLPipeline", "force_zeros_for_empty_prompt": True,
-                "image_encoder": [None, None], "text_encoder": ["transformers", "CLIPTextModel"],
-                "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"],
-                "tokenizer": ["transformers", "CLIPTokenizer"], "tokenizer_2": ["transformers", "CLIPTokenizer"],
-                "unet": ["diffusers", "UNet2DConditionModel"], "vae": ["diffusers", "AutoencoderKL"]}
+        index = {**common, "_class_name": "StableDiffusionXLPipeline", "force_zeros_for_empty_prompt": True,
+                 "image_encoder": [None, None], "text_encoder": ["transformers", "CLIPTextModel"],
+                 "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"],
+                 "tokenizer": ["transformers", "CLIPTokenizer"], "tokenizer_2": ["transformers", "CLIPTokenizer"],
+                 "unet": ["diffusers", "UNet2DConditionModel"], "vae": ["diffusers", "AutoencoderKL"]}
+        if spec.aesthetic_score:  # the refiner: bigG alone, as text_encoder_2 (its published folder's layout)
+            index.update(_class_name="StableDiffusionXLImg2ImgPipeline", requires_aesthetics_score=True,
+                         force_zeros_for_empty_prompt=spec.zeros_for_empty_negative, text_encoder=[None, None],
+                         tokenizer=[None, None])
+        return index
     return {**common, "_class_name": "OnnxStableDiffusionPipeline", "requires_safety_checker": False,
             "safety_checker": [None, None], "text_encoder": ["diffusers", "OnnxRuntimeModel"],
             "tokenizer": ["transformers", "CLIPTokenizer"], "unet": ["diffusers", "OnnxRuntimeModel"],

@@ -17,7 +17,7 @@ from ..errors import UsageError
 from ..models.onnx_folder import (ONNX_MODEL_NAME, TEXT_INPUT, UNET_INPUTS, UNET_OUTPUT, UNET_XL_INPUTS,
                                   VAE_DECODER_INPUT, VAE_DECODER_OUTPUT, VAE_ENCODER_INPUT, VAE_ENCODER_OUTPUT,
                                   text_encoder_names, text_encoder_outputs)
-from .export import OPSET, unet_size_multiple
+from .export import OPSET, unet_size_multiple, xl_time_ids
 from .manifest import MANIFEST_NAME, combined_digest, file_sha256
 
 
@@ -101,7 +101,7 @@ def source_graphs(components) -> list[SourceGraph]:
               "timestep": np.full((1,) * inputs["timestep"][1], 500.0),
               "encoder_hidden_states": rng.standard_normal((batch, 77, spec.unet["cross_attention_dim"])),
               "text_embeds": rng.standard_normal((batch, pooled)),
-              "time_ids": np.array([[64.0, 64, 0, 0, 64, 64]] * batch)}
+              "time_ids": np.array([xl_time_ids(spec)] * batch)}
     graphs.append(SourceGraph("unet", path, {n: values[n].astype(inputs[n][0]) for n in names}))
     path = folder / "vae_decoder" / ONNX_MODEL_NAME
     if not path.is_file():

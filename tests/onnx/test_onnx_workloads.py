@@ -27,3 +27,14 @@ def test_an_onnx_folder_alone_cannot_encode_an_image(built):
     pipe = sdaccel.load(str(folder), device="cpu")
     with pytest.raises(UsageError, match="does not run from an ONNX pipeline folder: load the model the folder"):
         pipe("a cat", image=torch.rand(3, 64, 64), steps=2)
+
+
+def test_base_and_refiner_on_onnxruntime_match_eager(built):
+    built("sdxl-tiny")
+    built("sdxl-refiner-tiny")  # the refiner's folder: bigG as text_encoder_2, 5 time ids
+    eager = sdaccel.load("synthetic:sdxl-tiny", device="cpu", refiner="synthetic:sdxl-refiner-tiny")
+    ort = sdaccel.load("synthetic:sdxl-tiny", device="cpu", engine="onnxruntime", refiner="synthetic:sdxl-refiner-tiny")
+    a = eager("a boat", steps=5, output="latent")
+    b = ort("a boat", steps=5, output="latent")
+    assert b.timings.refine > 0 and ort.refiner.stages.info["provider"] == "cpu"
+    torch.testing.assert_close(b.latents, a.latents, rtol=1e-3, atol=1e-3)
