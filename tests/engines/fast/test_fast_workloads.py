@@ -28,14 +28,6 @@ WORKLOADS = [
 ]
 
 
-@pytest.fixture
-def exact_fp32():
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
-
-
 @pytest.mark.parametrize("arch, inputs", WORKLOADS)
 def test_fused_workloads_match_eager(arch, inputs, exact_fp32):
     eager = sdaccel.Pipeline(build_synthetic(get_spec(arch)), engine="eager", dtype="fp32")

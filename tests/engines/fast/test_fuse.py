@@ -11,15 +11,6 @@ from sdaccel.engines.fast.transformer import FusedTransformerBlock
 from sdaccel.models import build_synthetic, get_spec
 
 
-@pytest.fixture
-def exact_fp32():
-    """Full fp32 in cuDNN and cuBLAS on a GPU (no TF32), so a 1e-4 check tests the rewrite, not the rounding mode."""
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
-
-
 def _storage_bytes(module: torch.nn.Module) -> int:
     seen = {}
     for t in list(module.parameters()) + list(module.buffers()):
