@@ -62,6 +62,9 @@ def register(sub) -> None:
     gen.add_argument("--aesthetic-score", type=float,
                      help="SDXL refiner: the aesthetic score it is conditioned on (default: 6; 2.5 for the "
                           "negative half)")
+    gen.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]",
+                     help="a LoRA file (.safetensors, diffusers/PEFT or kohya format) merged into the weights at "
+                          "SCALE (default 1); repeat it to stack LoRAs")
     gen.add_argument("--negative", default="", help="negative prompt (default: none)")
     gen.add_argument("--guidance", type=float,
                      help="classifier-free guidance scale, finite and >= 0; <= 1 runs the UNet once per step "
@@ -96,6 +99,8 @@ def png_parameters(params: dict, index: int) -> str:
         + (f"Keep unmasked: {params['keep_unmasked']}, " if params.get("keep_unmasked") else "")
         + (f"Refiner start: {params['refiner_start']}, " if params.get("refiner_start") is not None else "")
         + (f"Aesthetic score: {params['aesthetic_score']}, " if params.get("aesthetic_score") is not None else "")
+        + ("LoRAs: " + " ".join(f"{Path(k).name}:{v}" for k, v in params["loras"].items()) + ", "
+           if params.get("loras") else "")
         + "Generator: sdaccel"
     )
     return "\n".join(lines)
@@ -186,6 +191,7 @@ def cmd_generate(args) -> int:
         raise SdaccelError("--refiner finishes a text-to-image call: without --image/--mask (to refine a "
                            "picture, give the refiner as --model with --image)")
     validate_fraction("--refiner-start", args.refiner_start)
+    loras = parse_loras(args.lora)
     if args.repeat < 1:
         raise SdaccelError(f"--repeat must be >= 1, got {args.repeat}")
     if args.scheduler:
@@ -215,6 +221,8 @@ def cmd_generate(args) -> int:
     pipe = sdaccel.load(model, engine=engine_object, dtype=args.dtype, device=device, arch=args.arch, seed=args.seed,
                         refiner=args.refiner, refiner_start=args.refiner_start)
     first = pipe.base if args.refiner else pipe
+    if loras:
+        first.set_loras(loras)  # a refiner keeps its own weights: LoRAs are made for one architecture
     if first.components.synthetic:
         print(f"note: {model} has random weights: the image is noise by construction (use it to measure speed)")
     workload = dict(refiner_start=args.refiner_start) if args.refiner else dict(
@@ -242,6 +250,24 @@ def cmd_generate(args) -> int:
     for path in paths:
         print(f"wrote {path}")
     return 0
+
+
+def parse_loras(items: list[str]) -> dict[str, float]:
+    """`--lora FILE[:SCALE]` values as {file: scale}, each file read and checked now (before the model loads)."""
+    from .lora import read_lora
+
+    loras = {}
+    for item in items:
+        path, sep, scale = item.rpartition(":")
+        try:
+            value = float(scale) if sep else 1.0
+        except ValueError:
+            path, value = item, 1.0  # a colon in the file name, no scale
+        if not path:
+            path = item
+        read_lora(path)
+        loras[path] = value
+    return loras
 
 
 def read_image(path: str, flag: str = "--image", convert: str | None = "RGB"):

@@ -24,8 +24,10 @@ from .engines import Engine, get_engine
 from .errors import UsageError
 from .image_start import ImageEncoder, Start, Window, initial_noise, latent_shape, paste_unmasked, \
     schedule_window, starting_point
+from .lora import LoraWeights
 from .memory_estimate import check_fits
 from .models.components import Components
+from .models.onnx_folder import text_encoder_names
 from .request import AESTHETIC_SCORE, MAX_SEED, MAX_SIDE, MAX_STEPS, NEGATIVE_AESTHETIC_SCORE, Request, \
     resolve_request, validate_request
 from .schedulers import canonical, make_scheduler
@@ -85,11 +87,24 @@ class Pipeline:
         if self.device.type == "cpu" and self.dtype == torch.float16:
             raise UsageError("fp16 needs a GPU; use fp32 or bf16 on the CPU")
         self.engine = get_engine(engine, self.device, **engine_options)
+        # Before the engine fuses anything: LoRA layers are found by their original names.
+        self.lora_weights = LoraWeights({"unet": components.unet, **dict(zip(text_encoder_names(self.spec),
+                                                                             components.text_encoders))})
         self.stages = self.engine.prepare(components, self.dtype, self.device)
         self.output_checks = output_checks
         self._schedulers: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------------------------ pieces
+
+    def set_loras(self, loras: dict[str, float]) -> dict[str, int]:
+        """Merge exactly these LoRA files ({path: scale}) into the weights, replacing the ones set before; {}
+        returns to the base weights, bit for bit. The engine's graphs and compiled code read the new weights
+        without being captured or compiled again (lora.py). A bad file or scale raises and changes nothing."""
+        if not self.engine.reads_module_weights:
+            self.engine.refresh_weights(self.components)  # says why this engine cannot take new weights
+        counts = self.lora_weights.apply(loras)
+        counts.update(self.engine.refresh_weights(self.components))
+        return counts
 
     def refresh_weights(self) -> dict[str, int]:
         """Call after changing the model's weights (e.g. fusing a LoRA into them) so every engine uses them."""
@@ -211,6 +226,8 @@ class Pipeline:
         params = dict(request.params(), scheduler=sched_name, model=self.components.source, engine=self.engine.name,
                       dtype=dtype_name(self.dtype), timestep_spacing=sched.config.timestep_spacing,
                       prediction_type=sched.config.prediction_type)
+        if self.lora_weights.active:
+            params["loras"] = dict(self.lora_weights.active)
         if spec.aesthetic_score:
             params.update(aesthetic_score=request.aesthetic_score,
                           negative_aesthetic_score=request.negative_aesthetic_score)

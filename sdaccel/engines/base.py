@@ -91,6 +91,8 @@ class Engine(ABC):
     Config: ClassVar[type[EngineConfig]] = EngineConfig
     # Whether the engine runs a model loaded from an ONNX pipeline folder (graphs, no torch modules).
     runs_onnx_folders: ClassVar[bool] = False
+    # Whether the stages compute with the torch modules' weights (so refresh_weights can make them see new ones).
+    reads_module_weights: ClassVar[bool] = True
 
     def __init__(self, config: EngineConfig | None = None, **options: Any):
         self.config = self.Config.from_options(options, base=config, what=f"engine {self.name!r}")

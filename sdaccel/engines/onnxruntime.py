@@ -263,6 +263,7 @@ class OnnxRuntimeEngine(Engine):
 
     Config = OnnxRuntimeConfig
     runs_onnx_folders = True
+    reads_module_weights = False
     first_start = ("exports and optimizes the model into an ONNX folder unless one is given (option folder): "
                    "minutes for a full-size model, once (cached on disk)")
 
@@ -300,6 +301,11 @@ class OnnxRuntimeEngine(Engine):
         """None switched: an optimized folder's attention precision is fixed when it is built (`sdaccel optimize
         --force-fp32-ops unet:MultiHeadAttention`), not by the modules this engine was given."""
         return 0
+
+    def refresh_weights(self, components: Components) -> dict[str, int]:
+        """The session runs the exported graphs, not the modules: changed weights (a LoRA) would need a new export."""
+        raise UsageError("the onnxruntime engine runs weights exported to ONNX: merge a LoRA into the model before "
+                         "`sdaccel optimize`, or use the eager, compile or fast engine")
 
     def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
         from ..onnx.manifest import component_path

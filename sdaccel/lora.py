@@ -1,0 +1,211 @@
+"""LoRA files merged into a model's weights in place, on every engine that runs torch modules.
+
+`Pipeline.set_loras({"style.safetensors": 0.8, "detail.safetensors": 0.4})` writes base + sum(scale * up @ down *
+alpha / rank) into the very tensors the engine's stages read (CUDA graphs, compiled code, the fast engine's packed
+QKV views), then lets the engine rebuild what it derives from them (Engine.refresh_weights): switching LoRAs or a
+scale recaptures and recompiles nothing. Every merge starts from the base weights, kept on the host at the first
+touch, so `set_loras({})` restores them bit for bit however many switches came before.
+
+Formats: diffusers / PEFT (`lora_A` / `lora_B`, as diffusers' save_lora_weights writes; alpha from the file's
+metadata when it has some, else alpha = rank) and kohya / A1111 (`lora_down` / `lora_up` / `alpha`), Linear and
+convolution layers (LoCon), UNet and text encoders. Parsed files are cached in host memory by path, size and
+modification time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import torch
+from torch import nn
+
+from .errors import UsageError
+
+_KOHYA_PREFIXES = {"lora_unet_": "unet", "lora_te_": "text_encoder", "lora_te1_": "text_encoder",
+                   "lora_te2_": "text_encoder_2"}
+_DIFFUSERS_PREFIXES = ("unet.", "text_encoder.", "text_encoder_2.")
+
+
+@dataclass(frozen=True)
+class LoraLayer:
+    """One layer's low-rank update: weight += scale * (up @ down), scale = alpha / rank."""
+
+    component: str  # "unet", "text_encoder" or "text_encoder_2"
+    module: str  # the layer's path in the unfused model, e.g. "down_blocks.0.attentions.0....attn1.to_q" (or the
+    # kohya form with underscores, resolved against the model's layer names)
+    down: torch.Tensor  # (rank, in) or (rank, in, kh, kw), fp32 on the CPU
+    up: torch.Tensor  # (out, rank) or (out, rank, 1, 1)
+    scale: float
+
+    def delta(self) -> torch.Tensor:
+        """up @ down in the layer weight's shape (fp32)."""
+        product = self.up.flatten(1).float() @ self.down.flatten(1).float()
+        shape = (self.up.shape[0], *self.down.shape[1:])
+        return (product * self.scale).reshape(shape)
+
+
+_PARSED: dict[tuple[str, int, int], list[LoraLayer]] = {}
+
+
+def read_lora(path: str | os.PathLike) -> list[LoraLayer]:
+    """The layers of a LoRA file (.safetensors), parsed once per (path, size, modification time)."""
+    file = Path(path)
+    try:
+        stat = file.stat()
+    except FileNotFoundError:
+        raise UsageError(f"LoRA {path}: no such file") from None
+    key = (str(file.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _PARSED:
+        _PARSED[key] = _parse(file)
+    return _PARSED[key]
+
+
+def _parse(file: Path) -> list[LoraLayer]:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            metadata = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise UsageError(f"LoRA {file}: not a safetensors file sdaccel can read ({exc.__class__.__name__})") from None
+    tensors = {k: v for k, v in tensors.items() if "dora_scale" not in k}
+    if any(k.startswith(tuple(_KOHYA_PREFIXES)) for k in tensors):
+        layers = _kohya_layers(tensors)
+    elif any(".lora_A." in k or ".lora.down." in k for k in tensors):
+        layers = _diffusers_layers(tensors, metadata)
+    else:
+        layers = []
+    if not layers:
+        raise UsageError(f"LoRA {file}: no LoRA layers in a format sdaccel reads (diffusers/PEFT lora_A/lora_B, "
+                         f"kohya lora_down/lora_up)")
+    return layers
+
+
+def _kohya_layers(tensors: dict[str, torch.Tensor]) -> list[LoraLayer]:
+    layers = []
+    for key, down in tensors.items():
+        if not key.endswith(".lora_down.weight"):
+            continue
+        name = key[: -len(".lora_down.weight")]
+        prefix = next(p for p in _KOHYA_PREFIXES if name.startswith(p)) if name.startswith(tuple(_KOHYA_PREFIXES)) \
+            else None
+        up = tensors.get(f"{name}.lora_up.weight")
+        if prefix is None or up is None:
+            continue
+        rank = down.shape[0]
+        alpha = float(tensors[f"{name}.alpha"]) if f"{name}.alpha" in tensors else float(rank)
+        layers.append(LoraLayer(_KOHYA_PREFIXES[prefix], name[len(prefix):], down.float(), up.float(), alpha / rank))
+    return layers
+
+
+def _diffusers_layers(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> list[LoraLayer]:
+    """diffusers / PEFT keys: `<component>.<module>.lora_A.weight` (older diffusers: `.lora.down.weight`)."""
+    alphas = _metadata_alphas(metadata)
+    layers = []
+    for key, down in tensors.items():
+        for a, b in ((".lora_A.weight", ".lora_B.weight"), (".lora.down.weight", ".lora.up.weight")):
+            if key.endswith(a):
+                name, up = key[: -len(a)], tensors.get(key[: -len(a)] + b)
+                break
+        else:
+            continue
+        component = next((p[:-1] for p in _DIFFUSERS_PREFIXES if name.startswith(p)), None)
+        if up is None or component is None:
+            continue
+        module = name[len(component) + 1:]
+        rank = down.shape[0]
+        alpha = alphas.get(component, {}).get(module, alphas.get(component, {}).get("", float(rank)))
+        layers.append(LoraLayer(component, module, down.float(), up.float(), float(alpha) / rank))
+    return layers
+
+
+def _metadata_alphas(metadata: dict[str, str]) -> dict[str, dict[str, float]]:
+    """{component: {module or "": alpha}} from the LoRA configs diffusers writes into a file's metadata
+    (`lora_adapter_metadata`: per component, the PEFT config's lora_alpha and alpha_pattern)."""
+    text = metadata.get("lora_adapter_metadata")
+    if not text:
+        return {}
+    try:
+        configs = json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    for key, value in configs.items():
+        component, _, field = key.partition(".")
+        if field == "lora_alpha":
+            out.setdefault(component, {})[""] = float(value)
+        elif field == "alpha_pattern" and isinstance(value, dict):
+            out.setdefault(component, {}).update({k.lstrip("^"): float(v) for k, v in value.items()})
+    return out
+
+
+class LoraWeights:
+    """The LoRAs merged into one model's weights. Made before the engine prepares the model: the layers are found
+    by their original names, and the engine's fused blocks keep those very parameters (the same tensors)."""
+
+    def __init__(self, modules: Mapping[str, nn.Module | None]):
+        self.layers: dict[tuple[str, str], nn.Module] = {}
+        # (component, a name LoRA files use: dotted, kohya's underscores, transformers 4's CLIP path) -> layer key
+        self.aliases: dict[tuple[str, str], tuple[str, str]] = {}
+        for component, root in modules.items():
+            if root is None:
+                continue
+            # LoRA files name CLIP layers as transformers 4 did (text_model.encoder...); transformers 5's
+            # CLIPTextModel holds them without the text_model level.
+            alias = "text_model." if component.startswith("text_encoder") and not hasattr(root, "text_model") else ""
+            for name, module in root.named_modules():
+                if isinstance(module, (nn.Linear, nn.Conv2d)):
+                    self.layers[(component, name)] = module
+                    for known in {name, alias + name}:
+                        self.aliases[(component, known)] = (component, name)
+                        self.aliases[(component, known.replace(".", "_"))] = (component, name)  # kohya's form
+        self.params = {key: module.weight for key, module in self.layers.items()}
+        self.base: dict[tuple[str, str], torch.Tensor] = {}  # host copies of the weights a LoRA has touched
+        self.active: dict[str, float] = {}  # path -> scale
+        self.merged: set[tuple[str, str]] = set()  # the layers a LoRA changes now
+
+    def _resolve(self, layer: LoraLayer, source: str) -> tuple[str, str]:
+        key = self.aliases.get((layer.component, layer.module))
+        if key is None:
+            sgm = any(part in layer.module for part in ("input_blocks", "middle_block", "output_blocks"))
+            raise UsageError(f"LoRA {source}: no layer {layer.component}.{layer.module} in this model (a LoRA for "
+                             f"another architecture?)" + (" Kohya files with SGM block names are not read yet: "
+                                                         "convert it with diffusers first" if sgm else ""))
+        expected = self.params[key].shape
+        if (layer.up.shape[0], *layer.down.shape[1:]) != tuple(expected):
+            raise UsageError(f"LoRA {source}: {layer.component}.{layer.module} is {tuple(expected)} in this model, "
+                             f"{(layer.up.shape[0], *layer.down.shape[1:])} in the LoRA (another architecture?)")
+        return key
+
+    @torch.no_grad()
+    def apply(self, loras: Mapping[str | os.PathLike, float]) -> dict[str, int]:
+        """Merge exactly `loras` ({path: scale}) into the weights; {} restores the base. Everything is read and
+        checked before any weight changes, so a bad file or scale leaves the model as it was."""
+        wanted: dict[tuple[str, str], list[tuple[LoraLayer, float]]] = {}
+        for path, scale in loras.items():
+            if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+                raise UsageError(f"LoRA {path}: scale must be a finite number, got {scale!r}")
+            for layer in read_lora(path):
+                wanted.setdefault(self._resolve(layer, str(path)), []).append((layer, float(scale)))
+        touched = set(wanted) | self.merged
+        for key in touched:
+            param = self.params[key]
+            if key not in self.base:
+                self.base[key] = param.detach().to("cpu", copy=True)
+            base = self.base[key]
+            if key not in wanted:
+                param.data.copy_(base)  # bit for bit: the base as it was
+                continue
+            merged = base.to(param.device, torch.float32, copy=True)  # never the host copy itself
+            for layer, scale in wanted[key]:
+                merged += scale * layer.delta().to(param.device)
+            param.data.copy_(merged.to(param.dtype))
+        self.active = {str(path): float(scale) for path, scale in loras.items()}
+        self.merged = set(wanted)
+        return {"layers": len(wanted), "restored": len(touched) - len(wanted)}
