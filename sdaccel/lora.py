@@ -42,11 +42,11 @@ class LoraLayer:
     up: torch.Tensor  # (out, rank) or (out, rank, 1, 1)
     scale: float
 
-    def delta(self) -> torch.Tensor:
-        """up @ down in the layer weight's shape (fp32)."""
-        product = self.up.flatten(1).float() @ self.down.flatten(1).float()
-        shape = (self.up.shape[0], *self.down.shape[1:])
-        return (product * self.scale).reshape(shape)
+    def delta(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """scale * up @ down in the layer weight's shape, fp32, computed on `device` (the factors are small; the
+        product is the weight's size)."""
+        up, down = self.up.to(device).flatten(1), self.down.to(device).flatten(1)
+        return ((up @ down) * self.scale).reshape(self.up.shape[0], *self.down.shape[1:])
 
 
 _PARSED: dict[tuple[str, int, int], list[LoraLayer]] = {}
@@ -197,15 +197,23 @@ class LoraWeights:
         for key in touched:
             param = self.params[key]
             if key not in self.base:
-                self.base[key] = param.detach().to("cpu", copy=True)
+                self.base[key] = _host_copy(param)
             base = self.base[key]
             if key not in wanted:
-                param.data.copy_(base)  # bit for bit: the base as it was
+                param.data.copy_(base, non_blocking=True)  # bit for bit: the base as it was
                 continue
-            merged = base.to(param.device, torch.float32, copy=True)  # never the host copy itself
+            merged = base.to(param.device, torch.float32, non_blocking=True, copy=True)  # never the host copy
             for layer, scale in wanted[key]:
-                merged += scale * layer.delta().to(param.device)
-            param.data.copy_(merged.to(param.dtype))
+                merged += scale * layer.delta(param.device)
+            param.data.copy_(merged)
         self.active = {str(path): float(scale) for path, scale in loras.items()}
         self.merged = set(wanted)
         return {"layers": len(wanted), "restored": len(touched) - len(wanted)}
+
+
+def _host_copy(param: torch.Tensor) -> torch.Tensor:
+    """The weight's value on the host, in page-locked memory for a GPU weight (copied back asynchronously, at full
+    bus speed, at every switch)."""
+    if param.device.type == "cuda":
+        return torch.empty(param.shape, dtype=param.dtype, pin_memory=True).copy_(param.detach())
+    return param.detach().to("cpu", copy=True)

@@ -169,3 +169,23 @@ def test_generate_takes_loras_and_records_them(tmp_path):
                            "--lora", str(tmp_path / "none.safetensors"), "--out", str(out)], capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 2 and "no such file" in proc.stderr and "loading" not in proc.stderr
+
+
+@pytest.mark.gpu
+def test_fast_engine_switches_loras_without_recapturing(tmp_path):
+    first, deltas = diffusers_lora(tmp_path, 0)
+    second, _ = kohya_lora(tmp_path / "k.safetensors", 5)
+    fast = sdaccel.load("synthetic:sd15-tiny", engine="fast", device="cuda", dtype="fp16")
+    base = fast("a cat", steps=3, scheduler="ddim", output="latent").latents
+    graphs = {name: len(g.graphs) for name, g in fast.stages.info["graphs"].items() if hasattr(g, "graphs")}
+    fast.set_loras({str(first): 1.0})
+    with_lora = fast("a cat", steps=3, scheduler="ddim", output="latent").latents
+    fast.set_loras({str(second): 1.0})
+    fast.set_loras({})
+    back = fast("a cat", steps=3, scheduler="ddim", output="latent").latents
+    assert {name: len(g.graphs) for name, g in fast.stages.info["graphs"].items() if hasattr(g, "graphs")} == graphs
+    assert torch.equal(back, base) and not torch.equal(with_lora, base)
+    eager = sdaccel.load("synthetic:sd15-tiny", engine="eager", device="cuda", dtype="fp16")
+    eager.set_loras({str(first): 1.0})
+    want = eager("a cat", steps=3, scheduler="ddim", output="latent").latents
+    assert (with_lora - want).norm() / want.norm() < 2e-2
