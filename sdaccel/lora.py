@@ -7,8 +7,9 @@ scale recaptures and recompiles nothing. Every merge starts from the base weight
 touch, so `set_loras({})` restores them bit for bit however many switches came before.
 
 Formats: diffusers / PEFT (`lora_A` / `lora_B`, as diffusers' save_lora_weights writes; alpha from the file's
-metadata when it has some, else alpha = rank) and kohya / A1111 (`lora_down` / `lora_up` / `alpha`), Linear and
-convolution layers (LoCon), UNet and text encoders. Parsed files are cached in host memory by path, size and
+metadata when it has some, else alpha = rank) and kohya / A1111 (`lora_down` / `lora_up` / `alpha`, with diffusers'
+names or, mapped by diffusers' SDXL reader, the original repositories' block names), Linear and convolution layers
+(LoCon), UNet and text encoders. Parsed files are cached in host memory by path, size and
 modification time.
 """
 
@@ -49,23 +50,30 @@ class LoraLayer:
         return ((up @ down) * self.scale).reshape(self.up.shape[0], *self.down.shape[1:])
 
 
-_PARSED: dict[tuple[str, int, int], list[LoraLayer]] = {}
+_PARSED: dict[tuple, list[LoraLayer]] = {}
+_SGM_BLOCKS = ("input_blocks", "middle_block", "output_blocks")  # the original SD/SDXL repositories' UNet names
 
 
-def read_lora(path: str | os.PathLike) -> list[LoraLayer]:
-    """The layers of a LoRA file (.safetensors), parsed once per (path, size, modification time)."""
+def read_lora(path: str | os.PathLike, unet_config: Mapping | None = None) -> list[LoraLayer]:
+    """The layers of a LoRA file (.safetensors), parsed once per (path, size, modification time, UNet layout).
+    unet_config: the UNet's diffusers config, which kohya files naming the UNet's blocks the original repositories'
+    way (SGM names: most SDXL ones) need to be mapped to its layers."""
     file = Path(path)
     try:
         stat = file.stat()
     except FileNotFoundError:
         raise UsageError(f"LoRA {path}: no such file") from None
-    key = (str(file.resolve()), stat.st_size, stat.st_mtime_ns)
+    layout = None if unet_config is None else json.dumps(
+        {k: unet_config.get(k) for k in ("block_out_channels", "layers_per_block", "down_block_types",
+                                         "up_block_types", "transformer_layers_per_block")}, sort_keys=True,
+        default=list)
+    key = (str(file.resolve()), stat.st_size, stat.st_mtime_ns, layout)
     if key not in _PARSED:
-        _PARSED[key] = _parse(file)
+        _PARSED[key] = _parse(file, unet_config)
     return _PARSED[key]
 
 
-def _parse(file: Path) -> list[LoraLayer]:
+def _parse(file: Path, unet_config: Mapping | None = None) -> list[LoraLayer]:
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -76,7 +84,11 @@ def _parse(file: Path) -> list[LoraLayer]:
         raise UsageError(f"LoRA {file}: not a safetensors file sdaccel can read ({exc.__class__.__name__})") from None
     tensors = {k: v for k, v in tensors.items() if "dora_scale" not in k}
     if any(k.startswith(tuple(_KOHYA_PREFIXES)) for k in tensors):
-        layers = _kohya_layers(tensors)
+        sgm = any(k.startswith("lora_unet_") and any(b in k for b in _SGM_BLOCKS) for k in tensors)
+        if sgm and unet_config is None:
+            raise UsageError(f"LoRA {file}: kohya UNet names of the original repositories need the model's UNet "
+                             "layout to be read")
+        layers = _sgm_kohya_layers(tensors, unet_config) if sgm else _kohya_layers(tensors)
     elif any(".lora_A." in k or ".lora.down." in k for k in tensors):
         layers = _diffusers_layers(tensors, metadata)
     else:
@@ -101,6 +113,38 @@ def _kohya_layers(tensors: dict[str, torch.Tensor]) -> list[LoraLayer]:
         rank = down.shape[0]
         alpha = float(tensors[f"{name}.alpha"]) if f"{name}.alpha" in tensors else float(rank)
         layers.append(LoraLayer(_KOHYA_PREFIXES[prefix], name[len(prefix):], down.float(), up.float(), alpha / rank))
+    return layers
+
+
+def _sgm_kohya_layers(tensors: dict[str, torch.Tensor], unet_config: Mapping) -> list[LoraLayer]:
+    """Kohya files with the original repositories' block names (input_blocks_4_1_...): diffusers' SDXL LoRA reader
+    maps them onto this UNet's layout (diffusers' older key format, alphas beside), and its PEFT converters name
+    the layers."""
+    from types import SimpleNamespace
+
+    from diffusers.loaders import StableDiffusionXLLoraLoaderMixin
+    from diffusers.utils import convert_state_dict_to_peft, convert_unet_state_dict_to_peft
+    from diffusers.utils.state_dict_utils import StateDictType
+
+    converted, alphas = StableDiffusionXLLoraLoaderMixin.lora_state_dict(
+        dict(tensors), unet_config=SimpleNamespace(**dict(unet_config)))
+    alphas = alphas or {}
+    layers = []
+    for key, down in converted.items():
+        if not key.endswith(".down.weight"):
+            continue
+        up = converted.get(key[: -len(".down.weight")] + ".up.weight")
+        component, _, rest = key.partition(".")
+        if up is None or component not in ("unet", "text_encoder", "text_encoder_2"):
+            continue
+        if component == "unet":
+            (peft_key,) = convert_unet_state_dict_to_peft({rest: down}).keys()  # "<module>.lora_A.weight"
+        else:  # the reader's text-encoder keys: diffusers' older format (to_q_lora.down)
+            (peft_key,) = convert_state_dict_to_peft({rest: down}, original_type=StateDictType.DIFFUSERS_OLD).keys()
+        rank = down.shape[0]
+        alpha = float(alphas.get(f"{key}.alpha", alphas.get(f"{component}.{peft_key.split('.lora_A.')[0]}.alpha",
+                                                             rank)))
+        layers.append(LoraLayer(component, peft_key.split(".lora_A.")[0], down.float(), up.float(), alpha / rank))
     return layers
 
 
@@ -150,6 +194,8 @@ class LoraWeights:
     by their original names, and the engine's fused blocks keep those very parameters (the same tensors)."""
 
     def __init__(self, modules: Mapping[str, nn.Module | None]):
+        unet = modules.get("unet")
+        self.unet_config = dict(unet.config) if unet is not None and hasattr(unet, "config") else None
         self.layers: dict[tuple[str, str], nn.Module] = {}
         # (component, a name LoRA files use: dotted, kohya's underscores, transformers 4's CLIP path) -> layer key
         self.aliases: dict[tuple[str, str], tuple[str, str]] = {}
@@ -173,10 +219,8 @@ class LoraWeights:
     def _resolve(self, layer: LoraLayer, source: str) -> tuple[str, str]:
         key = self.aliases.get((layer.component, layer.module))
         if key is None:
-            sgm = any(part in layer.module for part in ("input_blocks", "middle_block", "output_blocks"))
             raise UsageError(f"LoRA {source}: no layer {layer.component}.{layer.module} in this model (a LoRA for "
-                             f"another architecture?)" + (" Kohya files with SGM block names are not read yet: "
-                                                         "convert it with diffusers first" if sgm else ""))
+                             f"another architecture?)")
         expected = self.params[key].shape
         if (layer.up.shape[0], *layer.down.shape[1:]) != tuple(expected):
             raise UsageError(f"LoRA {source}: {layer.component}.{layer.module} is {tuple(expected)} in this model, "
@@ -191,7 +235,7 @@ class LoraWeights:
         for path, scale in loras.items():
             if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
                 raise UsageError(f"LoRA {path}: scale must be a finite number, got {scale!r}")
-            for layer in read_lora(path):
+            for layer in read_lora(path, self.unet_config):
                 wanted.setdefault(self._resolve(layer, str(path)), []).append((layer, float(scale)))
         touched = set(wanted) | self.merged
         for key in touched:
