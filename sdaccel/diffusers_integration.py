@@ -2,7 +2,7 @@
 
 The pipeline object stays theirs (scheduler, callbacks, prompt handling); only `pipe.unet.forward`,
 `pipe.vae.decode` and `pipe.vae.encode` are replaced by the engine's stages. Calls the engine can't serve (ControlNet
-residuals, cross-attention kwargs such as a LoRA scale, a tiled encode) go to the original methods, so behaviour
+residuals, cross-attention kwargs such as a LoRA scale, a tiled encode or decode) go to the original methods, so behaviour
 never silently changes.
 """
 
@@ -99,7 +99,11 @@ def accelerate(pipe, engine="eager", dtype=None, **engine_options: Any):
         return UNet2DConditionOutput(sample=out) if return_dict else (out,)
 
     def decode(z, return_dict=True, generator=None):
-        out = stages.decode(z).to(z.dtype)
+        if getattr(vae, "use_tiling", False) and max(z.shape[-2:]) > vae.tile_latent_min_size:
+            # vae.enable_tiling() asks for tiles (memory): diffusers' own tiled decode, in the engine's VAE dtype.
+            out = original_decode(z.to(vae.dtype), return_dict=False)[0].to(z.dtype)
+        else:
+            out = stages.decode(z).to(z.dtype)
         return DecoderOutput(sample=out) if return_dict else (out,)
 
     def encode(x, return_dict=True):

@@ -187,6 +187,21 @@ def test_accelerate_encodes_a_tiled_image_with_the_original_encoder(tokenizer_di
     assert engine_cls.calls == 1
 
 
+def test_accelerate_decodes_tiled_latents_with_the_original_decoder(tokenizer_dir):
+    """The same for vae.enable_tiling() on the decode: diffusers' tiled decode, not the engine's whole one."""
+    pipe = _image_pipeline("img2img", tokenizer_dir)
+    latents = torch.randn(1, 4, 32, 32, generator=torch.Generator().manual_seed(0))
+    whole = pipe.vae.decode(latents).sample
+    pipe.vae.enable_tiling()
+    pipe.vae.tile_sample_min_size, pipe.vae.tile_latent_min_size = 32, 16
+    tiled = pipe.vae.decode(latents).sample
+    sdaccel.accelerate(pipe, engine="eager")
+    torch.testing.assert_close(pipe.vae.decode(latents).sample, tiled, rtol=1e-5, atol=1e-5)
+    pipe.vae.disable_tiling()
+    torch.testing.assert_close(pipe.vae.decode(latents).sample, whole, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(tiled, whole, atol=1e-4)  # the tiles' blending shows: the check can tell them apart
+
+
 @pytest.mark.parametrize("missing", ["unet", "vae"])
 def test_accelerate_refuses_a_pipeline_without_a_unet_or_vae(missing, tokenizer_dir):
     pipe = _image_pipeline("xl-refiner", tokenizer_dir)
