@@ -31,14 +31,7 @@ def _one(item, what: str) -> torch.Tensor:
         t = t[None] if t.dim() == 3 else t
         if t.dim() != 4 or t.shape[1] != 3:
             raise UsageError(f"{what}: a tensor must be (3, H, W) or (B, 3, H, W), got {tuple(item.shape)}")
-        if t.dtype == torch.uint8:
-            return t.float() / 255
-        if not t.is_floating_point():
-            raise UsageError(f"{what}: a tensor must be uint8 or float, got {t.dtype}")
-        t = t.float()
-        if not torch.isfinite(t).all() or t.min() < 0 or t.max() > 1:
-            raise UsageError(f"{what}: a float tensor must hold values in [0, 1]")
-        return t
+        return _unit_float(t, what, "tensor", ("uint8", "float"))
     try:
         from PIL import Image
     except ImportError:  # pragma: no cover - Pillow is a dependency
@@ -49,6 +42,20 @@ def _one(item, what: str) -> torch.Tensor:
 
     array = np.asarray(item.convert("RGB"), dtype=np.uint8).copy()
     return torch.from_numpy(array).permute(2, 0, 1)[None].float() / 255
+
+
+def _unit_float(t: torch.Tensor, what: str, noun: str, kinds: tuple[str, ...]) -> torch.Tensor:
+    """A bool (where `kinds` allows it), uint8 (0..255) or float tensor in [0, 1] as float32 in [0, 1]."""
+    if t.dtype == torch.bool and "bool" in kinds:
+        return t.float()
+    if t.dtype == torch.uint8:
+        return t.float() / 255
+    if not t.is_floating_point():
+        raise UsageError(f"{what}: a {noun} must be {', '.join(kinds[:-1])} or {kinds[-1]}, got {t.dtype}")
+    t = t.float()
+    if not torch.isfinite(t).all() or t.min() < 0 or t.max() > 1:
+        raise UsageError(f"{what}: a float {noun} must hold values in [0, 1]")
+    return t
 
 
 MASK_MODES = ("1", "L", "I", "I;16", "F")  # PIL's one-channel modes
@@ -78,16 +85,7 @@ def _one_mask(item, what: str) -> torch.Tensor:
         if t.dim() != 4 or t.shape[1] != 1:
             raise UsageError(f"{what}: a mask must be one channel: (H, W), (1, H, W) or (B, 1, H, W), "
                              f"got {tuple(item.shape)}")
-        if t.dtype == torch.bool:
-            return t.float()
-        if t.dtype == torch.uint8:
-            return t.float() / 255
-        if not t.is_floating_point():
-            raise UsageError(f"{what}: a mask tensor must be bool, uint8 or float, got {t.dtype}")
-        t = t.float()
-        if not torch.isfinite(t).all() or t.min() < 0 or t.max() > 1:
-            raise UsageError(f"{what}: a float mask must hold values in [0, 1]")
-        return t
+        return _unit_float(t, what, "mask tensor", ("bool", "uint8", "float"))
     from PIL import Image
 
     if not isinstance(item, Image.Image):

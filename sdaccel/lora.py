@@ -196,7 +196,7 @@ class LoraWeights:
     def __init__(self, modules: Mapping[str, nn.Module | None]):
         unet = modules.get("unet")
         self.unet_config = dict(unet.config) if unet is not None and hasattr(unet, "config") else None
-        self.layers: dict[tuple[str, str], nn.Module] = {}
+        self.params: dict[tuple[str, str], torch.Tensor] = {}  # (component, layer name) -> its weight
         # (component, a name LoRA files use: dotted, kohya's underscores, transformers 4's CLIP path) -> layer key
         self.aliases: dict[tuple[str, str], tuple[str, str]] = {}
         for component, root in modules.items():
@@ -207,11 +207,10 @@ class LoraWeights:
             alias = "text_model." if component.startswith("text_encoder") and not hasattr(root, "text_model") else ""
             for name, module in root.named_modules():
                 if isinstance(module, (nn.Linear, nn.Conv2d)):
-                    self.layers[(component, name)] = module
+                    self.params[(component, name)] = module.weight
                     for known in {name, alias + name}:
                         self.aliases[(component, known)] = (component, name)
                         self.aliases[(component, known.replace(".", "_"))] = (component, name)  # kohya's form
-        self.params = {key: module.weight for key, module in self.layers.items()}
         self.base: dict[tuple[str, str], torch.Tensor] = {}  # host copies of the weights a LoRA has touched
         self.active: dict[str, float] = {}  # path -> scale
         self.merged: set[tuple[str, str]] = set()  # the layers a LoRA changes now

@@ -14,6 +14,7 @@ non-finite result through the engine.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -199,10 +200,7 @@ class Pipeline:
         window = schedule_window(sched, request)
         encoder = ImageEncoder(self.stages.encode, spec.vae_scaling_factor, self.device, self.engine.name,
                                self.components.vae)
-        if request.image is not None:
-            with timer.stage("encode"):
-                start = starting_point(spec, sched, request, window, encoder, self.device)
-        else:
+        with timer.stage("encode") if request.image is not None else nullcontext():
             start = starting_point(spec, sched, request, window, encoder, self.device)
         evaluations = window.stop - window.first
         # Steps as asked for, in the window's share: PNDM evaluates the UNet 51 times for 50 steps.
@@ -248,6 +246,7 @@ class Pipeline:
         if extra is not None and doubled:
             extra = torch.cat([extra, extra])
         latents = start.latents
+        step_kwargs = _step_kwargs(sched, step_gen)
         bar = _progress_bar(steps, evaluations, type(sched).__name__) if progress else None
         for i in range(evaluations):
             t = timesteps_host[i]
@@ -258,7 +257,7 @@ class Pipeline:
             if cfg:
                 uncond, text = pred.chunk(2)
                 pred = torch.lerp(uncond, text, guidance)  # uncond + guidance * (text - uncond): one kernel, not 3
-            latents = sched.step(pred, t, latents, return_dict=False, **_step_kwargs(sched, step_gen))[0]
+            latents = sched.step(pred, t, latents, return_dict=False, **step_kwargs)[0]
             if start.blend is not None:
                 latents = start.blend(i, latents)
             if callback is not None:

@@ -24,7 +24,7 @@ class BaseAndRefiner:
 
     def __init__(self, base, refiner, refiner_start: float = REFINER_START):
         for role, pipe, wanted in (("base", base, False), ("refiner", refiner, True)):
-            if not pipe.spec.is_xl or pipe.spec.needs_image != wanted:
+            if not pipe.spec.is_xl or pipe.spec.is_refiner != wanted:
                 kind = "an SDXL refiner" if wanted else "an SDXL base model (text to image)"
                 raise UsageError(f"{role}: {pipe.spec.name} is not {kind}")
         if base.spec.vae_scaling_factor != refiner.spec.vae_scaling_factor or \

@@ -158,7 +158,7 @@ def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=
         raise UsageError("keep_unmasked needs a mask")
     if spec.is_inpaint and init_mask is None:
         raise UsageError(f"{spec.name} is an inpainting model: give an image and a mask (--image, --mask)")
-    if spec.needs_image and init_image is None and not (latents is not None and denoising_start is not None):
+    if spec.is_refiner and init_image is None and not (latents is not None and denoising_start is not None):
         raise UsageError(f"{spec.name} refines an image: give one (--image), or run it as a base model's refiner "
                          "(--refiner)")
 

@@ -216,6 +216,8 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
     import diffusers  # noqa: F401 - imported before the clock starts: cold start measures loading, not imports
     import transformers  # noqa: F401
 
+    import sdaccel
+
     from ..device import gpu_name, resolve_dtype, synchronize
     from ..models import load_components
     from ..pipeline import Pipeline
@@ -237,17 +239,19 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
             + f" ({cfg.dtype}, {device})"
             + (f", engine options {json.dumps(options, sort_keys=True)}" if options else ""))
         start = time.perf_counter()
-        dtype = resolve_dtype(cfg.dtype, device)
-        components = load_components(cfg.model, arch=cfg.arch, device=device, dtype=dtype)
         note = prepare_note(engine, options)
-        if note:
-            log(f"[{engine}] {note}")
-        pipe = GuardedPipeline(Pipeline(components, engine=engine_kind(engine), dtype=cfg.dtype, device=device,
-                                        **options))
-        if refiner:  # as sdaccel.load(refiner=...) builds it: a second engine object of the same kind and options
-            second = load_components(refiner, device=device, dtype=dtype)
-            pipe = BaseAndRefiner(pipe, GuardedPipeline(Pipeline(second, engine=engine_kind(engine), dtype=cfg.dtype,
-                                                                 device=device, **options)), cfg.refiner_start)
+        if refiner:  # both models, each on an engine object of the same kind and options
+            if note:
+                log(f"[{engine}] {note}")
+            pipe = sdaccel.load(cfg.model, engine=engine_kind(engine), dtype=cfg.dtype, device=device, arch=cfg.arch,
+                                refiner=refiner, refiner_start=cfg.refiner_start, **options)
+        else:
+            components = load_components(cfg.model, arch=cfg.arch, device=device,
+                                         dtype=resolve_dtype(cfg.dtype, device))
+            if note:
+                log(f"[{engine}] {note}")
+            pipe = GuardedPipeline(Pipeline(components, engine=engine_kind(engine), dtype=cfg.dtype, device=device,
+                                            **options))
         synchronize(device)
         load_s = time.perf_counter() - start
         first_call = lead(pipe).engine.first_call

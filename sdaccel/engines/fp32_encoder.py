@@ -42,12 +42,7 @@ class Fp32Encoder(nn.Module):
         return changed
 
 
-def encoder_stage(vae: nn.Module, vae_dtype: torch.dtype, fp32_copy: Fp32Encoder | None) -> EncodeStage:
-    """image in [-1, 1] -> fp32 moments, through the fp32 copy when there is one, else the VAE in `vae_dtype`."""
-    encode_raw = vae_encode_fn(fp32_copy if fp32_copy is not None else vae)
-    dtype = torch.float32 if fp32_copy is not None else vae_dtype
-
-    def encode(image: torch.Tensor) -> torch.Tensor:
-        return encode_raw(image.to(dtype)).float()
-
-    return encode
+def fp32_encode_stage(fp32_copy: Fp32Encoder) -> EncodeStage:
+    """image in [-1, 1] -> fp32 moments, through the fp32 copy."""
+    encode_raw = vae_encode_fn(fp32_copy)
+    return lambda image: encode_raw(image.float()).float()

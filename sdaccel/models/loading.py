@@ -83,11 +83,6 @@ def build_synthetic(spec: ModelSpec, *, seed: int = 0, device: str | torch.devic
 # ---------------------------------------------------------------------------------------------- diffusers folder
 
 
-def is_refiner(spec: ModelSpec) -> bool:
-    """An SDXL refiner layout: one text encoder (OpenCLIP bigG), kept where the base model keeps its second."""
-    return spec.is_xl and len(spec.text_encoders) == 1
-
-
 def _is_refiner_unet(unet_config: dict[str, Any]) -> bool:
     """Whether an SDXL UNet config is a refiner's: its added embedding takes the pooled text embedding (as wide as
     the context, one encoder) and 5 time ids (the aesthetic score in place of the base's 2 target-size ids)."""
@@ -110,8 +105,8 @@ def detect_arch(unet_config: dict[str, Any], scheduler_config: dict[str, Any] | 
     else:
         family = "sd1"
     in_channels = int(unet_config.get("in_channels", 4))
-    same = [s for s in list_specs() if s.family == family and is_refiner(s) == refiner
-            and int(s.unet.get("in_channels", 4)) == in_channels]
+    same = [s for s in list_specs() if s.family == family and s.is_refiner == refiner
+            and s.unet_in_channels == in_channels]
     if not same:
         raise ModelLoadError(f"a {'SDXL refiner' if refiner else family} UNet taking {in_channels} input channels "
                              f"matches no architecture sdaccel knows (4: text to image, {INPAINT_CHANNELS}: "
@@ -331,7 +326,7 @@ def _checkpoint_towers(spec: ModelSpec) -> list[tuple[bool, str]]:
         return [(False, "cond_stage_model.transformer.")]
     if spec.family == "sd2":
         return [(True, "cond_stage_model.model.")]
-    if is_refiner(spec):  # SGM's refiner config: OpenCLIP bigG is its only (first) embedder
+    if spec.is_refiner:  # SGM's refiner config: OpenCLIP bigG is its only (first) embedder
         return [(True, "conditioner.embedders.0.model.")]
     return [(False, "conditioner.embedders.0.transformer."), (True, "conditioner.embedders.1.model.")]
 
@@ -363,12 +358,12 @@ def _spec_for_checkpoint(path: Path, checkpoint: dict[str, torch.Tensor]) -> Mod
     if conv_in is None or conv_in.ndim != 4:
         raise ModelLoadError(f"{path}: no UNet input convolution (model.diffusion_model.input_blocks.0.0.weight)")
     width, in_channels = conv_in.shape[:2]
-    if in_channels not in {int(s.unet.get("in_channels", 4)) for s in list_specs()}:
+    if in_channels not in {s.unet_in_channels for s in list_specs()}:
         raise ModelLoadError(f"{path}: UNet takes {in_channels} input channels; sdaccel runs text-to-image (4) and "
                              f"inpainting ({INPAINT_CHANNELS}) UNets")
     for spec in list_specs():
-        if (spec.family == family and is_refiner(spec) == refiner and spec.unet["block_out_channels"][0] == width
-                and int(spec.unet.get("in_channels", 4)) == in_channels):
+        if (spec.family == family and spec.is_refiner == refiner and spec.unet["block_out_channels"][0] == width
+                and spec.unet_in_channels == in_channels):
             return spec
     kind = "SDXL refiner" if refiner else family
     raise ModelLoadError(f"{path}: a {kind} UNet {width} channels wide taking {in_channels} input channels matches "

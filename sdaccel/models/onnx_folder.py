@@ -67,7 +67,7 @@ def is_onnx_pipeline_folder(path: str | Path) -> bool:
 def _folder_suffixes(spec: ModelSpec) -> list[str]:
     """"", "_2", ...: an SDXL refiner's one encoder (OpenCLIP bigG) is the base model's second, and diffusers' and
     Optimum's refiner folders keep it in text_encoder_2/ and tokenizer_2/ with no text_encoder/."""
-    first = 1 if spec.is_xl and len(spec.text_encoders) == 1 else 0
+    first = 1 if spec.is_refiner else 0
     return ["" if i == 0 else f"_{i + 1}" for i in range(first, first + len(spec.text_encoders))]
 
 
@@ -136,7 +136,7 @@ def _spec_from_graphs(folder: Path, scheduler: dict[str, Any]) -> ModelSpec:
     channels = sample[1] if isinstance(sample[1], int) else conv_in[1] if conv_in else None
     width = conv_in[0] if conv_in else None
     candidates = [s for s in list_specs() if s.is_xl == xl and s.unet["cross_attention_dim"] == context[2]
-                  and channels in (None, int(s.unet.get("in_channels", 4)))]
+                  and channels in (None, s.unet_in_channels)]
     if not candidates:
         raise ModelLoadError(f"{folder}: no unet/config.json, and a UNet taking {context[2]}-wide context "
                              f"{'(SDXL) ' if xl else ''}and {channels or 'any number of'} input channels matches no "

@@ -114,12 +114,25 @@ class ModelSpec:
     # the embedding of "" (not zeros) as the unconditional input, as its published pipeline config says.
     aesthetic_score: bool = False
     zeros_for_empty_negative: bool = True
-    needs_image: bool = False  # a refiner: it refines an image (or a base model's latents), it does not start one
+
+    @property
+    def unet_in_channels(self) -> int:
+        return int(self.unet.get("in_channels", 4))
 
     @property
     def is_inpaint(self) -> bool:
         """A UNet that takes the mask and the masked image's latents beside the latents (9 input channels)."""
-        return int(self.unet.get("in_channels", 4)) == INPAINT_CHANNELS
+        return self.unet_in_channels == INPAINT_CHANNELS
+
+    @property
+    def is_refiner(self) -> bool:
+        """The SDXL refiner: one text encoder (OpenCLIP bigG, the base model's second), aesthetic-score time ids."""
+        return self.is_xl and self.aesthetic_score
+
+    @property
+    def needs_image(self) -> bool:
+        """A refiner refines an image (or a base model's latents); it does not start one."""
+        return self.is_refiner
 
     @property
     def is_xl(self) -> bool:
@@ -184,7 +197,7 @@ _SPECS: tuple[ModelSpec, ...] = (
             TextEncoderSpec(_OPENCLIP_BIGG, with_projection=True, penultimate=True, pad_with_eos=False),),
         scheduler=dict(_SD_SCHEDULER, prediction_type="epsilon"), vae_scaling_factor=0.13025,
         vae_force_upcast=True, height=1024, width=1024, steps=50, guidance=5.0, default_scheduler="euler",
-        aesthetic_score=True, zeros_for_empty_negative=False, needs_image=True, aliases=("refiner", "sdxl-refiner-1.0"),
+        aesthetic_score=True, zeros_for_empty_negative=False, aliases=("refiner", "sdxl-refiner-1.0"),
         description="Stable Diffusion XL refiner 1.0 (image to image, aesthetic score): OpenCLIP-bigG, 1024x1024",
     ),
     # Tiny variants: same families and code paths, widths small enough for CPU tests in seconds.
@@ -233,7 +246,7 @@ _SPECS: tuple[ModelSpec, ...] = (
                                        penultimate=True, pad_with_eos=False),),
         scheduler=dict(_SD_SCHEDULER, prediction_type="epsilon"), vae_scaling_factor=0.13025,
         vae_force_upcast=True, height=64, width=64, steps=4, guidance=5.0, default_scheduler="euler", tiny=True,
-        aesthetic_score=True, zeros_for_empty_negative=False, needs_image=True,
+        aesthetic_score=True, zeros_for_empty_negative=False,
         description="tiny SDXL-refiner-shaped model (one encoder, aesthetic score) for tests and CPU",
     ),
 )

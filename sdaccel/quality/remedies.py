@@ -54,10 +54,10 @@ def fp32_decode(components: Components, latents: torch.Tensor, in_place: bool = 
 def fp32_encoder(pipe) -> bool:
     """Make `pipe` encode init images with an fp32 copy of its VAE encoder from now on (its VAE's own dtype stays).
     False when there is no torch VAE (a model loaded from an ONNX pipeline folder)."""
-    from ..engines.fp32_encoder import Fp32Encoder, encoder_stage
+    from ..engines.fp32_encoder import Fp32Encoder, fp32_encode_stage
 
     vae = pipe.components.vae
     if vae is None:
         return False
-    pipe.stages.encode = encoder_stage(vae, torch.float32, Fp32Encoder(vae))
+    pipe.stages.encode = fp32_encode_stage(Fp32Encoder(vae))
     return True

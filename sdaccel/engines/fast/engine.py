@@ -25,7 +25,7 @@ from ...kernels.recording import supported as recording_supported
 from ...models.components import Components
 from ..base import Engine, Stages, restore_weight_storages, weight_storages
 from ..eager import cast_stages, place_modules
-from ..fp32_encoder import Fp32Encoder, encoder_stage
+from ..fp32_encoder import Fp32Encoder, fp32_encode_stage
 from .cfg_prefix import PREFIX_NEVER_SHARED, cfg_prefix_refusal
 from .compile_workers import default_workers
 from .config import FastConfig
@@ -207,9 +207,10 @@ class FastEngine(Engine):
             self.picks.eviction.track(components.unet.parameters())
         # The tensors the stages (and graphs captured from them) read: refresh_weights copies new values into them.
         self._weights = weight_storages(components)
-        cast = cast_stages(components, dtype, vae_dtype)
-        encode = encoder_stage(components.vae, next(components.vae.parameters()).dtype, self._fp32_encoder)
-        stages = self._wrapped_stages(components, dataclasses.replace(cast, encode=encode), dtype, graphed)
+        cast = cast_stages(components, dtype, vae_dtype)  # its encoder runs in the VAE's dtype
+        if self._fp32_encoder is not None:
+            cast = dataclasses.replace(cast, encode=fp32_encode_stage(self._fp32_encoder))
+        stages = self._wrapped_stages(components, cast, dtype, graphed)
         stages.info.update(vae_stream_scale=vae_scale)
         return stages
 
