@@ -25,18 +25,21 @@ from safetensors.torch import save_file
 import sdaccel
 
 
-def lora_file(path: Path, components, rank: int, seed: int) -> Path:
+def lora_file(path: Path, weights, rank: int, seed: int) -> Path:
+    """A LoRA over the layers `weights` (the pipeline's LoraWeights) knows by their original names: the fast engine
+    regroups modules into fused blocks, but a LoRA file names the model's own layout."""
     g = torch.Generator().manual_seed(seed)
     tensors = {}
-    for prefix, root in (("unet", components.unet), ("text_encoder", components.text_encoders[0])):
-        for name, module in root.named_modules():
-            leaf = name.rsplit(".", 1)[-1]
-            if isinstance(module, torch.nn.Linear) and (leaf in ("to_q", "to_k", "to_v", "q_proj", "k_proj", "v_proj",
-                                                                 "out_proj") or name.endswith("to_out.0")):
-                if prefix == "text_encoder" and not hasattr(root, "text_model"):
-                    name = "text_model." + name  # the name LoRA files use
-                tensors[f"{prefix}.{name}.lora_A.weight"] = torch.randn(rank, module.in_features, generator=g) * 0.01
-                tensors[f"{prefix}.{name}.lora_B.weight"] = torch.randn(module.out_features, rank, generator=g) * 0.01
+    for (component, name), weight in weights.params.items():
+        if component not in ("unet", "text_encoder") or weight.dim() != 2:
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in ("to_q", "to_k", "to_v", "q_proj", "k_proj", "v_proj", "out_proj") or name.endswith("to_out.0"):
+            if component == "text_encoder" and not name.startswith("text_model."):
+                name = "text_model." + name  # the name LoRA files use
+            out_features, in_features = weight.shape
+            tensors[f"{component}.{name}.lora_A.weight"] = torch.randn(rank, in_features, generator=g) * 0.01
+            tensors[f"{component}.{name}.lora_B.weight"] = torch.randn(out_features, rank, generator=g) * 0.01
     save_file(tensors, str(path))
     return path
 
@@ -97,7 +100,7 @@ def main() -> None:
     pipe = sdaccel.load(args.model, engine=args.engine)
     device = pipe.device
     folder = Path(tempfile.mkdtemp(prefix="sdaccel-lora-"))
-    files = [lora_file(folder / f"lora-{i}.safetensors", pipe.components, args.rank, seed=i) for i in range(2)]
+    files = [lora_file(folder / f"lora-{i}.safetensors", pipe.lora_weights, args.rank, seed=i) for i in range(2)]
 
     def images(runs: int) -> float:
         return statistics.median(timed(lambda: pipe("a fox", steps=args.steps, output="tensor"), device)
