@@ -20,7 +20,7 @@ __all__ = ["__version__", "accelerate", "load", "refresh_weights", "Pipeline", "
 
 
 def load(model: str = "synthetic:sd15", engine=None, dtype=None, device=None, *, arch: str | None = None,
-         seed: int = 0, refiner: str | None = None, refiner_start: float = 0.8, **engine_options):
+         seed: int = 0, refiner: str | None = None, refiner_start: float = 0.8, controlnet=None, **engine_options):
     """Load `model` and prepare it on `engine` (a name, with its options as keyword arguments or `config=`, or an
     engine object). Returns the Pipeline inside the output guard (quality.GuardedPipeline): callable like a diffusers
     pipeline, each call's output checked once and repaired in fp32 if it came out non-finite.
@@ -34,6 +34,10 @@ def load(model: str = "synthetic:sd15", engine=None, dtype=None, device=None, *,
     refiner: an SDXL refiner (same forms as `model`) for an SDXL base: returns a refiner.BaseAndRefiner, whose
     calls run the base for the first `refiner_start` of the schedule and the refiner for the rest; both models
     stay loaded, each on its own engine of the same kind and options.
+    controlnet: a ControlNet (a diffusers ControlNetModel folder, a single file, a repo id, or
+    `synthetic:controlnet-<arch>`) or a list of them, made for the model's UNet; calls then take control_image=
+    (one per ControlNet), controlnet_scale=, control_start= and control_end= (Pipeline.generate). The fast engine
+    runs the ControlNets with the UNet's fused blocks, ControlNets and UNet of a step in one CUDA graph.
     """
     from .device import resolve_device, resolve_dtype
     from .models import is_onnx_pipeline_folder, load_components
@@ -47,6 +51,12 @@ def load(model: str = "synthetic:sd15", engine=None, dtype=None, device=None, *,
     dt = resolve_dtype(dtype, dev)
     # Load weights in the target dtype straight onto the device: no fp32 copy of SDXL on the host.
     components = load_components(model, arch=arch, seed=seed, device=dev, dtype=dt)
+    if controlnet is not None:
+        from .models.controlnet import load_controlnet
+
+        refs = [controlnet] if isinstance(controlnet, (str, os.PathLike)) else list(controlnet)
+        components.controlnets = [load_controlnet(ref, components.spec, seed=seed, device=dev, dtype=dt)
+                                  for ref in refs]
     pipe = GuardedPipeline(Pipeline(components, engine=engine, dtype=dt, device=dev, **engine_options))
     if refiner is None:
         return pipe

@@ -2,8 +2,11 @@
 
 The pipeline object stays theirs (scheduler, callbacks, prompt handling); only `pipe.unet.forward`,
 `pipe.vae.decode` and `pipe.vae.encode` are replaced by the engine's stages. Calls the engine can't serve (ControlNet
-residuals, cross-attention kwargs such as a LoRA scale, a tiled encode or decode) go to the original methods, so behaviour
-never silently changes.
+residuals, cross-attention kwargs other than a LoRA scale, a tiled encode or decode) go to the original methods, so
+behaviour never silently changes. diffusers' ControlNet pipelines (one ControlNetModel or a MultiControlNetModel) run
+their ControlNets and UNet on the engine (diffusers_controlnet.py). diffusers' LoRA calls on the pipeline (load_lora_weights, set_adapters, fuse_lora,
+a call's cross_attention_kwargs={"scale": s}, ...) reach the engine: they merge into its weights in place
+(diffusers_lora.py).
 """
 
 from __future__ import annotations
@@ -14,9 +17,12 @@ from typing import Any
 import torch
 
 from .device import resolve_dtype
+from .diffusers_controlnet import DeferredResiduals, controlled_call, defer_controlnet_calls, pipeline_controlnets
+from .diffusers_lora import install_lora_methods
 from .engines import get_engine
 from .errors import UsageError
 from .models.components import Components
+from .models.controlnet import mismatch
 from .models.loading import _spec_from_modules, detect_arch
 from .models.registry import get_spec
 
@@ -26,7 +32,7 @@ _PASSTHROUGH_KWARGS = ("cross_attention_kwargs", "down_block_additional_residual
                        "down_intrablock_additional_residuals", "encoder_attention_mask", "attention_mask",
                        "class_labels", "timestep_cond")
 _SERVED = ("StableDiffusion(XL)Pipeline, StableDiffusion(XL)Img2ImgPipeline and StableDiffusion(XL)InpaintPipeline "
-           "(the SDXL refiner included)")
+           "(the SDXL refiner included), and their ControlNet pipelines")
 
 
 def components_from_pipeline(pipe) -> Components:
@@ -41,8 +47,13 @@ def components_from_pipeline(pipe) -> Components:
     sched_cfg = dict(pipe.scheduler.config) if getattr(pipe, "scheduler", None) is not None else {}
     base = get_spec(detect_arch(dict(pipe.unet.config), sched_cfg))  # inpainting and refiner UNets included
     spec = _spec_from_modules(base, pipe.unet, pipe.vae, encoders, sched_cfg)
+    controlnets = pipeline_controlnets(pipe)
+    for net in controlnets:
+        problem = mismatch(net.config, spec)
+        if problem:
+            raise UsageError(f"{type(pipe).__name__}: its ControlNet does not fit its UNet: {problem}")
     return Components(spec=spec, unet=pipe.unet, vae=pipe.vae, text_encoders=encoders, tokenizers=[],
-                      source=type(pipe).__name__)
+                      source=type(pipe).__name__, controlnets=controlnets)
 
 
 def _pin_dtype(module: torch.nn.Module) -> None:
@@ -82,11 +93,29 @@ def accelerate(pipe, engine="eager", dtype=None, **engine_options: Any):
         # diffusers' SDXL pipelines run a force_upcast VAE in fp32 (encode and decode): "auto" here means what
         # those pipelines want, fp32, rather than the fast engine's scaled fp16 decode (engines/fast/vae_scaling.py).
         eng = type(eng)(eng.config.replace(vae_dtype="fp32"))
+    loras = install_lora_methods(pipe, eng, components)  # before prepare: LoRA layers go by their unfused names
     stages = eng.prepare(components, dt, device)
     unet, vae = pipe.unet, pipe.vae
     original_forward, original_decode, original_encode = unet.forward, vae.decode, vae.encode
 
     def forward(sample, timestep, encoder_hidden_states, *args, added_cond_kwargs=None, return_dict=True, **kwargs):
+        kwargs = loras.take_call_scale(kwargs)  # a LoRA scale is merged into the weights, not a reason to fall back
+        deferred = kwargs.get("down_block_additional_residuals")
+        if isinstance(deferred, DeferredResiduals):
+            if not args and kwargs.get("mid_block_additional_residual") is None and not any(
+                    kwargs.get(k) is not None for k in _PASSTHROUGH_KWARGS if "residual" not in k):
+                embeds = time_ids = None
+                if added_cond_kwargs:
+                    embeds, time_ids = added_cond_kwargs["text_embeds"], added_cond_kwargs["time_ids"]
+                if not torch.is_tensor(timestep):
+                    timestep = torch.tensor(timestep, device=sample.device)
+                out = controlled_call(stages.control_unet, deferred, sample, timestep, encoder_hidden_states,
+                                      embeds, time_ids)
+                if out is not None:
+                    out = out.to(sample.dtype)
+                    return UNet2DConditionOutput(sample=out) if return_dict else (out,)
+            # Not the call the ControlNet's inputs were recorded for: its residuals, computed by diffusers.
+            kwargs["down_block_additional_residuals"], kwargs["mid_block_additional_residual"] = deferred.resolve()
         if args or any(kwargs.get(k) is not None for k in _PASSTHROUGH_KWARGS):
             return original_forward(sample, timestep, encoder_hidden_states, *args,
                                     added_cond_kwargs=added_cond_kwargs, return_dict=return_dict, **kwargs)
@@ -118,6 +147,7 @@ def accelerate(pipe, engine="eager", dtype=None, **engine_options: Any):
         dist = DiagonalGaussianDistribution(moments.to(x.dtype))
         return AutoencoderKLOutput(latent_dist=dist) if return_dict else (dist,)
 
+    defer_controlnet_calls(pipe)
     unet.forward = forward
     vae.decode = decode
     vae.encode = encode

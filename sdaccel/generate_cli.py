@@ -65,6 +65,19 @@ def register(sub) -> None:
     gen.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]",
                      help="a LoRA file (.safetensors, diffusers/PEFT or kohya format) merged into the weights at "
                           "SCALE (default 1); repeat it to stack LoRAs")
+    gen.add_argument("--controlnet", action="append", default=[], metavar="MODEL",
+                     help="a ControlNet for the model (diffusers folder, .safetensors file, repo id or "
+                          "synthetic:controlnet-<arch>); repeat it for several, each with its --control-image")
+    gen.add_argument("--control-image", action="append", default=[], metavar="FILE",
+                     help="with --controlnet: its control image (edges, depth, pose...), the output's size, "
+                          "which it sets; one per --controlnet, in their order")
+    gen.add_argument("--control-scale", action="append", type=float, default=[], metavar="S",
+                     help="with --controlnet: how strongly it steers (default: 1); one value, or one per "
+                          "--controlnet")
+    gen.add_argument("--control-start", action="append", type=float, default=[], metavar="F",
+                     help="with --controlnet: the fraction of the steps before it acts (default: 0)")
+    gen.add_argument("--control-end", action="append", type=float, default=[], metavar="F",
+                     help="with --controlnet: the fraction of the steps after which it stops (default: 1)")
     gen.add_argument("--negative", default="", help="negative prompt (default: none)")
     gen.add_argument("--guidance", type=float,
                      help="classifier-free guidance scale, finite and >= 0; <= 1 runs the UNet once per step "
@@ -99,6 +112,8 @@ def png_parameters(params: dict, index: int) -> str:
         + (f"Keep unmasked: {params['keep_unmasked']}, " if params.get("keep_unmasked") else "")
         + (f"Refiner start: {params['refiner_start']}, " if params.get("refiner_start") is not None else "")
         + (f"Aesthetic score: {params['aesthetic_score']}, " if params.get("aesthetic_score") is not None else "")
+        + ("ControlNets: " + " ".join(f"{Path(net).name}:{scale}" for net, scale in zip(
+            params["controlnets"], params["controlnet_scale"])) + ", " if params.get("controlnets") else "")
         + ("LoRAs: " + " ".join(f"{Path(k).name}:{v}" for k, v in params["loras"].items()) + ", "
            if params.get("loras") else "")
         + "Generator: sdaccel"
@@ -207,6 +222,7 @@ def cmd_generate(args) -> int:
         if (shape[3], shape[2]) != init_image.size:
             raise SdaccelError(f"--mask: {shape[3]}x{shape[2]} differs from the image's "
                                f"{init_image.size[0]}x{init_image.size[1]}")
+    control = control_settings(args)
     out_dir = prepare_output_folder(args.out)
     device = resolve_device(args.device)
     model = args.model or default_model(device.type)
@@ -219,7 +235,8 @@ def cmd_generate(args) -> int:
     status(f"loading {model} on the {engine} engine ({device})"
            + (f"; with caches still empty, the engine {first_start}" if first_start else ""))
     pipe = sdaccel.load(model, engine=engine_object, dtype=args.dtype, device=device, arch=args.arch, seed=args.seed,
-                        refiner=args.refiner, refiner_start=args.refiner_start)
+                        refiner=args.refiner, refiner_start=args.refiner_start,
+                        controlnet=args.controlnet or None)
     first = pipe.base if args.refiner else pipe
     if loras:
         first.set_loras(loras)  # a refiner keeps its own weights: LoRAs are made for one architecture
@@ -228,6 +245,7 @@ def cmd_generate(args) -> int:
     workload = dict(refiner_start=args.refiner_start) if args.refiner else dict(
         image=init_image, mask=mask, strength=args.strength, mask_blur=args.mask_blur,
         keep_unmasked=args.keep_unmasked)
+    workload.update(control)
     runs = []
     for i in range(args.repeat):
         if i == 0 and first.engine.first_call:
@@ -250,6 +268,33 @@ def cmd_generate(args) -> int:
     for path in paths:
         print(f"wrote {path}")
     return 0
+
+
+def control_settings(args) -> dict:
+    """The ControlNet flags as Pipeline.generate's arguments, every control image read and every value checked
+    now (before the model loads)."""
+    from .control import resolve_control
+
+    nets = len(args.controlnet)
+    if not nets:
+        for flag, given in (("--control-image", args.control_image), ("--control-scale", args.control_scale),
+                            ("--control-start", args.control_start), ("--control-end", args.control_end)):
+            if given:
+                raise SdaccelError(f"{flag} needs --controlnet")
+        return {}
+    if len(args.control_image) != nets:
+        raise SdaccelError(f"give one --control-image per --controlnet ({nets} ControlNets, "
+                           f"{len(args.control_image)} control images)")
+    images = [read_image(path, "--control-image") for path in args.control_image]
+
+    def per_net(values: list[float]):  # one value applies to every ControlNet
+        return None if not values else values[0] if len(values) == 1 else values
+
+    settings = dict(control_image=images[0] if nets == 1 else images,
+                    controlnet_scale=per_net(args.control_scale), control_start=per_net(args.control_start),
+                    control_end=per_net(args.control_end))
+    resolve_control(nets, **settings)  # sizes, counts and values: a one-line error now
+    return settings
 
 
 def parse_loras(items: list[str]) -> dict[str, float]:

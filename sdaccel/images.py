@@ -9,9 +9,10 @@ import torch
 from .errors import UsageError
 
 
-def image_batch(image, what: str = "image") -> torch.Tensor:
+def image_batch(image, what: str = "image", signed: bool = True) -> torch.Tensor:
     """A PIL image, a list of them, or a tensor (3, H, W) / (B, 3, H, W), uint8 or float in [0, 1], as a float32
-    (B, 3, H, W) tensor in [-1, 1] on the CPU. Sizes must be multiples of 8 (the VAE halves them three times)."""
+    (B, 3, H, W) tensor in [-1, 1] on the CPU ([0, 1] unless `signed`: a ControlNet's control image). Sizes must be
+    multiples of 8 (the VAE halves them three times)."""
     images = image if isinstance(image, (list, tuple)) else [image]
     if not images:
         raise UsageError(f"{what}: no image given")
@@ -22,7 +23,7 @@ def image_batch(image, what: str = "image") -> torch.Tensor:
     height, width = batch.shape[-2:]
     if height % 8 or width % 8 or height < 8 or width < 8:
         raise UsageError(f"{what}: {width}x{height} is not a multiple of 8 in both sides (resize or crop it)")
-    return batch * 2 - 1
+    return batch * 2 - 1 if signed else batch
 
 
 def _one(item, what: str) -> torch.Tensor:

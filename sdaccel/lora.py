@@ -82,6 +82,13 @@ def read_lora(path: str | os.PathLike, unet_config: Mapping | None = None, pinne
     return _PARSED[key]
 
 
+def forget_lora(path: str | os.PathLike) -> None:
+    """Drop the parsed copies of a LoRA file (one about to be deleted: it will never be read again)."""
+    resolved = str(Path(path).resolve())
+    for key in [k for k in _PARSED if k[0] == resolved]:
+        del _PARSED[key]
+
+
 def _parse(file: Path, unet_config: Mapping | None = None) -> list[LoraLayer]:
     from safetensors import SafetensorError, safe_open
 
@@ -224,7 +231,9 @@ class LoraWeights:
         self.active: dict[str, float] = {}  # path -> scale
         self.merged: set[tuple[str, str]] = set()  # the layers a LoRA changes now
 
-    def _resolve(self, layer: LoraLayer, source: str) -> tuple[str, str]:
+    def resolve(self, layer: LoraLayer, source: str) -> tuple[str, str]:
+        """The (component, layer name) `layer` changes in this model; UsageError when the model has no such layer or
+        its shape differs (`source` names the file in the message)."""
         key = self.aliases.get((layer.component, layer.module))
         if key is None:
             raise UsageError(f"LoRA {source}: no layer {layer.component}.{layer.module} in this model (a LoRA for "
@@ -249,7 +258,7 @@ class LoraWeights:
             if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
                 raise UsageError(f"LoRA {path}: scale must be a finite number, got {scale!r}")
             for layer in read_lora(path, self.unet_config, pinned=on_gpu):
-                wanted.setdefault(self._resolve(layer, str(path)), []).append((layer, float(scale)))
+                wanted.setdefault(self.resolve(layer, str(path)), []).append((layer, float(scale)))
         touched = set(wanted) | self.merged
         for key in touched:
             param = self.params[key]

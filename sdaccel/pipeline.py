@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from .control import Control
 from .device import dtype_name, resolve_device, resolve_dtype
 from .engines import Engine, get_engine
 from .errors import UsageError
@@ -165,8 +166,10 @@ class Pipeline:
                  prediction_type: str | None = None, preset: str | None = None, image=None, mask=None,
                  mask_blur: float = 0, strength: float | None = None, keep_unmasked: bool = False,
                  denoising_start: float | None = None, denoising_end: float | None = None,
-                 aesthetic_score: float | None = None,
-                 negative_aesthetic_score: float | None = None) -> GenerationResult:
+                 aesthetic_score: float | None = None, negative_aesthetic_score: float | None = None,
+                 control_image=None, controlnet_scale: float | list[float] | None = None,
+                 control_start: float | list[float] | None = None,
+                 control_end: float | list[float] | None = None) -> GenerationResult:
         """Text to image, and with `image` (PIL image(s) or a tensor, sides multiples of 8):
         - image to image: the image through the VAE encoder, noised to the step `strength` of the way
           (0 < strength <= 1, default 0.8), denoised from there (steps * strength UNet steps);
@@ -176,7 +179,12 @@ class Pipeline:
           the init image's pixels back outside the mask after decoding.
         denoising_end (0..1) stops the schedule early (a base model handing over, output="latent");
         denoising_start continues given `latents` (or an image) from that point (the SDXL refiner): see
-        refiner.BaseAndRefiner. All as diffusers' pipelines for these workloads compute them."""
+        refiner.BaseAndRefiner.
+        With ControlNets loaded (sdaccel.load(..., controlnet=...)): control_image (one per ControlNet, the output's
+        size, which it sets when height and width are unset), controlnet_scale (default 1), control_start and
+        control_end (fractions of the denoised steps, default 0 and 1): control.py. Without a control_image the
+        call runs the model alone.
+        All as diffusers' pipelines for these workloads compute them."""
         spec = self.spec
         request = resolve_request(
             spec, prompt, negative_prompt, steps=steps, guidance=guidance, height=height, width=width,
@@ -184,7 +192,9 @@ class Pipeline:
             timestep_spacing=timestep_spacing, prediction_type=prediction_type, preset=preset, image=image,
             mask=mask, mask_blur=mask_blur, strength=strength, keep_unmasked=keep_unmasked,
             denoising_start=denoising_start, denoising_end=denoising_end, aesthetic_score=aesthetic_score,
-            negative_aesthetic_score=negative_aesthetic_score)
+            negative_aesthetic_score=negative_aesthetic_score, controlnets=len(self.components.controlnets),
+            control_image=control_image, controlnet_scale=controlnet_scale, control_start=control_start,
+            control_end=control_end)
         _check_latents(latents, spec, request)
         n, cfg = request.n, request.cfg
         check_fits(spec, request.height, request.width, n, self.dtype, cfg, self.device)
@@ -207,7 +217,7 @@ class Pipeline:
         steps_run = max(1, round(request.steps * evaluations / len(sched.timesteps)))
         with timer.stage("denoise"):
             latents = self._denoise(sched, start, window, cond, request.guidance, cfg, step_gen, callback,
-                                    progress, steps_run)
+                                    progress, steps_run, request.control)
         with timer.stage("decode"):
             image = decoded_finite = None
             if request.output != "latent":
@@ -224,6 +234,9 @@ class Pipeline:
         params = dict(request.params(), scheduler=sched_name, model=self.components.source, engine=self.engine.name,
                       dtype=dtype_name(self.dtype), timestep_spacing=sched.config.timestep_spacing,
                       prediction_type=sched.config.prediction_type)
+        if request.control is not None:
+            params["controlnets"] = [getattr(net, "sdaccel_source", type(net).__name__)
+                                     for net in self.components.controlnets]
         if self.lora_weights.active:
             params["loras"] = dict(self.lora_weights.active)
         if spec.aesthetic_score:
@@ -233,8 +246,23 @@ class Pipeline:
         return GenerationResult(images=images, image_tensor=image, latents=latents, timings=timings, params=params,
                                 decoded_finite=decoded_finite, checks=checks, encoded_finite=encoded_finite)
 
+    def _control_steps(self, control: Control | None, steps: int, batch: int, cfg: bool) -> _SteeredSteps | None:
+        """The per-step scales and the control images on the device, batched as diffusers' ControlNet pipelines
+        batch them (one image repeated per output; the guidance halves get the same), or None without control."""
+        if control is None:
+            return None
+        rows = control.step_scales(steps)
+        images = []
+        for image in control.images:
+            image = image.to(self.device, non_blocking=True)
+            image = image.repeat_interleave(batch, dim=0) if len(image) == 1 else image
+            images.append(torch.cat([image, image]) if cfg else image)
+        scales = torch.tensor(rows, dtype=torch.float32).to(self.device, non_blocking=True)
+        return _SteeredSteps([any(row) for row in rows], scales, images)
+
     def _denoise(self, sched, start: Start, window: Window, cond: Conditioning, guidance: float, cfg: bool,
-                 step_gen: torch.Generator, callback: StepCallback | None, progress: bool, steps: int) -> torch.Tensor:
+                 step_gen: torch.Generator, callback: StepCallback | None, progress: bool, steps: int,
+                 control: Control | None = None) -> torch.Tensor:
         # Host copies of the timesteps for the scheduler's arithmetic, device copies for the UNet: no per-step sync.
         timesteps = sched.timesteps[window.first:window.stop]
         timesteps_host = timesteps.tolist()
@@ -243,17 +271,26 @@ class Pipeline:
         unet = self.stages.unet_steps(timesteps_dev, cond.context, cond.text_embeds, cond.time_ids)
         doubled = cfg and not self.stages.unet_takes_cfg_once
         extra = start.unet_extra  # an inpainting UNet's mask and masked-image latents, the same at every step
-        if extra is not None and doubled:
-            extra = torch.cat([extra, extra])
+        steered = self._control_steps(control, evaluations, start.latents.shape[0], cfg)
+        if extra is not None:
+            # The plain UNet's copy (doubled unless it takes the guidance latents once) and the ControlNet steps'.
+            extra = {False: torch.cat([extra, extra]) if doubled else extra,
+                     True: torch.cat([extra, extra]) if cfg else extra}
         latents = start.latents
         step_kwargs = _step_kwargs(sched, step_gen)
         bar = _progress_bar(steps, evaluations, type(sched).__name__) if progress else None
         for i in range(evaluations):
             t = timesteps_host[i]
-            model_in = sched.scale_model_input(torch.cat([latents, latents]) if doubled else latents, t)
+            with_control = steered is not None and steered.active[i]
+            twice = cfg if with_control else doubled
+            model_in = sched.scale_model_input(torch.cat([latents, latents]) if twice else latents, t)
             if extra is not None:
-                model_in = torch.cat([model_in, extra], dim=1)
-            pred = unet(i, model_in)
+                model_in = torch.cat([model_in, extra[with_control]], dim=1)
+            if with_control:
+                pred = self.stages.control_unet(model_in, timesteps_dev[i], cond.context, cond.text_embeds,
+                                                cond.time_ids, steered.scales[i], *steered.images)
+            else:
+                pred = unet(i, model_in)
             if cfg:
                 uncond, text = pred.chunk(2)
                 pred = torch.lerp(uncond, text, guidance)  # uncond + guidance * (text - uncond): one kernel, not 3
@@ -267,6 +304,15 @@ class Pipeline:
         if bar is not None:
             bar.close()
         return latents
+
+
+@dataclass
+class _SteeredSteps:
+    """What the ControlNet steps of one loop read, on the device before the loop starts."""
+
+    active: list[bool]  # per step: does any ControlNet act (else the plain UNet runs)
+    scales: torch.Tensor  # (steps, ControlNets)
+    images: list[torch.Tensor]  # per ControlNet: (batch, 3, H, W) in [0, 1], doubled for guidance
 
 
 def _progress_bar(steps: int, evaluations: int, scheduler: str):

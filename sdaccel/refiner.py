@@ -47,8 +47,11 @@ class BaseAndRefiner:
                 raise UsageError(f"{name}: not taken by a base + refiner call (the handoff sets where each starts)")
         start = self.refiner_start if refiner_start is None else refiner_start
         validate_fraction("refiner_start", start)
+        # A ControlNet steers the base, the one it was loaded with; the refiner finishes the image as it is.
+        control = {k: settings.pop(k) for k in ("control_image", "controlnet_scale", "control_start", "control_end")
+                   if k in settings}
         first = self.base(prompt, negative_prompt, denoising_end=start, output="latent", progress=progress,
-                          callback=callback, **settings)
+                          callback=callback, **settings, **control)
         settings.pop("height", None), settings.pop("width", None)  # the latents carry the size
         h, w = first.params["height"], first.params["width"]
         second = self.refiner(prompt, negative_prompt, latents=first.latents, denoising_start=start, output=output,

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .control import Control, check_control_size, resolve_control
 from .errors import UsageError
 from .images import image_batch, mask_batch
 from .presets import get_preset
@@ -86,6 +87,7 @@ class Request:
     denoising_end: float | None
     aesthetic_score: float
     negative_aesthetic_score: float
+    control: Control | None = None  # the ControlNets' images, scales and spans; None: no ControlNet this call
 
     @property
     def n(self) -> int:
@@ -112,15 +114,18 @@ class Request:
                     strength=self.strength if self.workload in ("img2img", "inpaint") else None,
                     denoising_start=self.denoising_start, denoising_end=self.denoising_end,
                     keep_unmasked=self.keep_unmasked if self.mask is not None else None,
-                    mask_blur=self.mask_blur if self.mask is not None else None)
+                    mask_blur=self.mask_blur if self.mask is not None else None,
+                    **(self.control.params() if self.control is not None else {}))
 
 
 def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=None, height=None, width=None,
                     batch_size: int = 1, seed: int = 0, scheduler=None, output: str = "pil", latents=None,
                     timestep_spacing=None, prediction_type=None, preset=None, image=None, mask=None,
                     mask_blur: float = 0, strength=None, keep_unmasked: bool = False, denoising_start=None,
-                    denoising_end=None, aesthetic_score=None, negative_aesthetic_score=None) -> Request:
-    """Check and complete one call's settings for a model `spec` (Pipeline.generate's arguments)."""
+                    denoising_end=None, aesthetic_score=None, negative_aesthetic_score=None, controlnets: int = 0,
+                    control_image=None, controlnet_scale=None, control_start=None, control_end=None) -> Request:
+    """Check and complete one call's settings for a model `spec` (Pipeline.generate's arguments) with
+    `controlnets` ControlNets loaded beside it (control.py)."""
     if preset is not None:  # the preset fills what the call leaves unset
         given = dict(scheduler=scheduler, steps=steps, guidance=guidance, timestep_spacing=timestep_spacing,
                      prediction_type=prediction_type)
@@ -172,6 +177,10 @@ def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=
     elif strength is not None:
         raise UsageError("strength needs an image (image to image)")
 
+    control = resolve_control(controlnets, control_image, controlnet_scale, control_start, control_end)
+    if control is not None and init_image is None:  # the output takes the control image's size by default
+        height = control.images[0].shape[2] if height is None else height
+        width = control.images[0].shape[3] if width is None else width
     height = spec.height if height is None else height
     width = spec.width if width is None else width
     validate_request(steps, height, width, batch_size, guidance, seed, strength)
@@ -186,6 +195,7 @@ def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=
     for name, given in (("image", init_image), ("mask", init_mask)):
         if given is not None and len(given) not in (1, len(prompts)):
             raise UsageError(f"{name}: {len(given)} {name}s for {len(prompts)} outputs (give one, or one per output)")
+    check_control_size(control, height, width, len(prompts))
     scores = []
     for name, value, default in (("aesthetic_score", aesthetic_score, AESTHETIC_SCORE),
                                  ("negative_aesthetic_score", negative_aesthetic_score, NEGATIVE_AESTHETIC_SCORE)):
@@ -199,7 +209,7 @@ def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=
                    prediction_type=prediction_type, preset=preset, output=output, latents=latents, image=init_image,
                    mask=init_mask, mask_blur=mask_blur, strength=strength, keep_unmasked=bool(keep_unmasked),
                    denoising_start=denoising_start, denoising_end=denoising_end, aesthetic_score=scores[0],
-                   negative_aesthetic_score=scores[1])
+                   negative_aesthetic_score=scores[1], control=control)
 
 
 def _as_list(value: str | list[str] | None, n: int, what: str) -> list[str]:

@@ -33,8 +33,8 @@ def test_accelerate_routes_unsupported_calls_to_the_original_forward(tokenizer_d
     sample, t = torch.randn(1, 4, 8, 8), torch.tensor(10)
     ctx = torch.randn(1, 77, 32)
     fast = pipe.unet(sample, t, ctx).sample
-    # cross_attention_kwargs (e.g. a LoRA scale) goes to diffusers' forward, which must give the same answer here.
-    slow = pipe.unet(sample, t, ctx, cross_attention_kwargs={"scale": 1.0}).sample
+    # An attention mask goes to diffusers' forward, which must give the same answer for one that masks nothing.
+    slow = pipe.unet(sample, t, ctx, encoder_attention_mask=torch.ones(1, 77)).sample
     torch.testing.assert_close(fast, slow)
 
 

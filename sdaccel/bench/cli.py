@@ -42,6 +42,15 @@ def register(subparsers) -> None:
                                                       "on a CPU)")
     p.add_argument("--refiner-start", type=float, help="--workload refiner: the fraction of the schedule where the "
                                                        "refiner takes over, in (0, 1) (default: 0.8)")
+    p.add_argument("--controlnet", action="append", metavar="MODEL",
+                   help="a ControlNet steering every call (a diffusers folder, a single file, a repo id or "
+                        "synthetic:controlnet-<arch>, e.g. synthetic:controlnet-sd15; made for the model's UNet); "
+                        "repeat it for several. Each call, warm-up included, gets a fixed synthetic edge map at the "
+                        "run's size as every ControlNet's control image; with --workload refiner they steer the base. "
+                        "The model stays the workload's default unless --model is given; engines that do not run "
+                        "ControlNets (onnxruntime) get a row saying so")
+    p.add_argument("--control-scale", type=float, metavar="S",
+                   help="--controlnet: the ControlNets' controlnet_scale, one value for all (default: 1.0)")
     p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], help="default: fp16 on GPU, fp32 on CPU")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--baseline", default="eager", help="engine the speed-up column is relative to (default: eager)")
@@ -80,7 +89,8 @@ def config_from_args(args: argparse.Namespace):
         engine_opts=parse_engine_opts(getattr(args, "engine_opt", None) or [], "--engine-opt"),
         guidance=getattr(args, "guidance", None), preset=getattr(args, "preset", None),
         workload=getattr(args, "workload", "txt2img"), strength=getattr(args, "strength", None),
-        refiner=getattr(args, "refiner", None), refiner_start=getattr(args, "refiner_start", None))
+        refiner=getattr(args, "refiner", None), refiner_start=getattr(args, "refiner_start", None),
+        controlnets=tuple(getattr(args, "controlnet", None) or ()), control_scale=getattr(args, "control_scale", None))
 
 
 EXIT_TERMINATED = 128 + 15  # the shell's code for a process ended by SIGTERM

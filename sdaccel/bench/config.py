@@ -4,19 +4,24 @@ Left as None, a setting is filled in by `resolved()`, which also records in `not
 output can say it: a CPU-only machine gets a tiny model and few steps, not a 50-step SD1.5 run it would take hours on.
 
 The workload (what each timed call does, workloads.py) picks the default model too: an inpainting model for inpaint,
-SDXL and its refiner for refiner.
+SDXL and its refiner for refiner. ControlNets (--controlnet) steer any workload's (base) model and leave its default
+as it is; one that cannot fit the model is refused before any engine loads where its config can be read without
+loading weights (synthetic ones, diffusers folders), otherwise by the worker's load.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..engines.options import check_engine_label, engine_kind, parse_engine_opts
 from ..errors import UsageError
 from ..models.registry import default_model
-from .workloads import DEFAULT_REFINER_START, DEFAULT_STRENGTH, REFINER_MODELS, WORKLOAD_MODELS, WORKLOADS
+from .workloads import DEFAULT_CONTROL_SCALE, DEFAULT_REFINER_START, DEFAULT_STRENGTH, REFINER_MODELS, \
+    WORKLOAD_MODELS, WORKLOADS
 
 DEFAULT_PROMPT = "an astronaut riding a horse on mars"
 
@@ -76,6 +81,9 @@ class BenchConfig:
     strength: float | None = None  # img2img / inpaint; None: DEFAULT_STRENGTH
     refiner: str | None = None  # workload refiner: the refiner model; None: REFINER_MODELS
     refiner_start: float | None = None  # workload refiner: the handoff fraction; None: DEFAULT_REFINER_START
+    # ControlNets steering every call (sdaccel.load's controlnet=), as given; a single name is taken as one
+    controlnets: tuple[str, ...] = ()
+    control_scale: float | None = None  # with controlnets: their controlnet_scale; None: DEFAULT_CONTROL_SCALE
     simulate_oom_at_batch: int | None = None  # test hook: batches >= this raise a simulated CUDA OOM in the worker
     notes: tuple[str, ...] = field(default=(), compare=False)  # what resolved() picked, and why
 
@@ -106,6 +114,7 @@ class BenchConfig:
                 raise UsageError(f"{name} must be an integer >= {minimum}, got {value!r}")
         validate_request(1 if self.steps is None else self.steps, self.height, self.width, guidance=self.guidance)
         self._check_workload()
+        self._check_controlnets()
         if self.scheduler:
             from ..schedulers import canonical
 
@@ -140,6 +149,27 @@ class BenchConfig:
             validate_fraction("refiner-start", self.refiner_start)
         if self.preset is not None:
             object.__setattr__(self, "preset", get_preset(self.preset).name)
+
+    def _check_controlnets(self) -> None:
+        """ControlNet names (a synthetic one must be known) and --control-scale (only with a ControlNet, finite).
+        Whether they fit the model is resolved()'s: the model may still be a default."""
+        from ..models.registry import get_controlnet_spec
+
+        given = (self.controlnets,) if isinstance(self.controlnets, str) else tuple(self.controlnets or ())
+        names = tuple(str(name).strip() for name in given)
+        if any(not name for name in names):
+            raise UsageError("--controlnet is empty: name a ControlNet (a diffusers folder, a file, a repo id or "
+                             "synthetic:controlnet-<arch>)")
+        for name in names:
+            if name.startswith("synthetic:"):
+                get_controlnet_spec(name[len("synthetic:"):])
+        object.__setattr__(self, "controlnets", names)
+        scale = self.control_scale
+        if scale is not None:
+            if not names:
+                raise UsageError("--control-scale needs --controlnet")
+            if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
+                raise UsageError(f"--control-scale must be a finite number, got {scale!r}")
 
     def _checked_engine_opts(self, given) -> dict[str, dict[str, Any]]:
         """Engine options as {label: {key: value}}, every engine and option checked against the engine's Config
@@ -183,6 +213,9 @@ class BenchConfig:
             raise UsageError("fp16 needs a GPU; use fp32 or bf16 on the CPU")
 
         availability = available_engines(device)
+        if self.controlnets:
+            check_controlnets_fit(picked.get("model", self.model), self.arch, self.controlnets)
+            availability.update(controlnet_refusals(availability))  # the default engine list leaves them out
         if self.engines is None:
             engines = tuple(name for name, reason in availability.items() if reason is None)
             skipped = [f"{name} ({reason})" for name, reason in availability.items() if reason is not None]
@@ -209,6 +242,8 @@ class BenchConfig:
             fields["strength"] = DEFAULT_STRENGTH[self.workload]
         if self.workload == "refiner" and self.refiner_start is None:
             fields["refiner_start"] = DEFAULT_REFINER_START
+        if self.controlnets and self.control_scale is None:
+            fields["control_scale"] = DEFAULT_CONTROL_SCALE
         if self.workload == "img2img":
             notes.append("workload img2img: a fixed synthetic init image (gradient and smooth noise) at the run's "
                          "size, through the VAE encoder each call (the encode column)")
@@ -218,6 +253,13 @@ class BenchConfig:
         elif self.workload == "refiner":
             notes.append("workload refiner: the base model denoises up to refiner_start, the refiner the rest "
                          "(the refine column); both models loaded, cold start covers both")
+        if self.controlnets:
+            steered = "base model" if self.workload == "refiner" else "model"
+            notes.append(f"ControlNet{'s' if len(self.controlnets) > 1 else ''} {' + '.join(self.controlnets)}: "
+                         f"each call's {steered} steered at scale "
+                         f"{DEFAULT_CONTROL_SCALE if self.control_scale is None else self.control_scale:g} by a fixed "
+                         "synthetic edge map at the run's size (inside the denoise column); cold start covers "
+                         "loading them")
         if self.preset is not None:
             preset = get_preset(self.preset)
             if self.steps is None:
@@ -229,16 +271,23 @@ class BenchConfig:
     def workload_fields(self) -> dict[str, Any]:
         """What a result row records of the workload (schema columns)."""
         return dict(workload=self.workload, strength=self.strength, refiner=self.refiner,
-                    refiner_start=self.refiner_start, preset=self.preset)
+                    refiner_start=self.refiner_start, preset=self.preset,
+                    controlnets="+".join(self.controlnets) or None,
+                    control_scale=self.control_scale if self.controlnets else None)
 
     def workload_title(self) -> str:
         """The workload in a few words, for the table's title: "workload img2img (strength 0.75)", "workload refiner
-        (synthetic:sdxl-refiner from 0.8)", with the preset and guidance when given."""
+        (synthetic:sdxl-refiner from 0.8)", "workload txt2img, ControlNet synthetic:controlnet-sd15 (scale 1)", with
+        the preset and guidance when given."""
         text = f"workload {self.workload}"
         if self.strength is not None:
             text += f" (strength {self.strength:g})"
         if self.workload == "refiner":
             text += f" ({self.refiner}" + (f" from {self.refiner_start:g})" if self.refiner_start is not None else ")")
+        if self.controlnets:
+            scale = DEFAULT_CONTROL_SCALE if self.control_scale is None else self.control_scale
+            text += (f", ControlNet{'s' if len(self.controlnets) > 1 else ''} {' + '.join(self.controlnets)} "
+                     f"(scale {scale:g})")
         if self.preset is not None:
             text += f", preset {self.preset}"
         if self.guidance is not None:
@@ -268,7 +317,74 @@ class BenchConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "BenchConfig":
         data = dict(data)
-        for name in ("engines", "batch_sizes", "notes"):
+        for name in ("engines", "batch_sizes", "notes", "controlnets"):
             if data.get(name) is not None:
                 data[name] = tuple(data[name])
         return cls(**data)
+
+
+# ---------------------------------------------------------------------------------------------------- ControlNets
+
+
+def controlnet_refusals(availability: dict[str, str | None]) -> dict[str, str]:
+    """Engine name -> why it cannot run a model with ControlNets (Engine.runs_controlnets), for the engines of
+    `availability` that could run here; their rows say so instead of a worker failing at load."""
+    from ..engines import ENGINES
+
+    return {name: f"the {name} engine does not run ControlNets (use fast, compile or eager)"
+            for name, reason in availability.items() if reason is None and not ENGINES[name].runs_controlnets}
+
+
+def check_controlnets_fit(model: str, arch: str | None, controlnets: tuple[str, ...]) -> None:
+    """UsageError when a ControlNet cannot steer `model` (models.controlnet.mismatch), checked from configs alone:
+    a synthetic model or a diffusers folder against a synthetic ControlNet or a diffusers ControlNet folder. Other
+    forms (single files, repo ids) are checked when the worker loads them."""
+    from ..models.controlnet import mismatch
+
+    spec = _model_spec(model, arch)
+    if spec is None:
+        return
+    for ref in controlnets:
+        config = _controlnet_config(ref)
+        problem = None if config is None else mismatch(config, spec)
+        if problem:
+            raise UsageError(f"ControlNet {ref} does not fit {model} ({spec.name}): {problem}")
+
+
+def _model_spec(model: str, arch: str | None):
+    """The registry spec of a synthetic model, or of a diffusers folder with its own UNet config; None otherwise."""
+    from pathlib import Path
+
+    from ..models.loading import _read_json, detect_arch, spec_from_configs
+    from ..models.registry import get_spec
+
+    ref = str(model).strip()
+    if ref.startswith("synthetic:"):
+        return get_spec(ref[len("synthetic:"):])
+    folder = Path(ref).expanduser()
+    unet_path = folder / "unet" / "config.json"
+    if not (folder / "model_index.json").is_file() or not unet_path.is_file():
+        return None
+    unet = _read_json(unet_path)
+    sched_path = folder / "scheduler" / "scheduler_config.json"
+    sched = _read_json(sched_path) if sched_path.is_file() else {}
+    base = get_spec(arch or detect_arch(unet, sched))
+    vae_path = folder / "vae" / "config.json"
+    return spec_from_configs(base, unet, _read_json(vae_path) if vae_path.is_file() else None,
+                             [None] * len(base.text_encoders), sched)
+
+
+def _controlnet_config(ref: str) -> dict[str, Any] | None:
+    """A ControlNet's config without its weights: a synthetic one's, or a diffusers folder's config.json."""
+    from pathlib import Path
+
+    from ..models.loading import _read_json
+    from ..models.registry import get_controlnet_spec
+
+    if ref.startswith("synthetic:"):
+        return get_controlnet_spec(ref[len("synthetic:"):]).config
+    folder = Path(ref).expanduser()
+    for path in (folder / "controlnet" / "config.json", folder / "config.json"):
+        if path.is_file():
+            return _read_json(path)
+    return None

@@ -28,7 +28,7 @@ from typing import Callable
 
 from ..engines.options import engine_kind
 from ..output_paths import prepare_output_folder
-from .config import BenchConfig
+from .config import BenchConfig, controlnet_refusals
 from .lifeline import WorkerProcess
 from .memory import SOURCE_DESCRIPTIONS
 from .plots import write_plots
@@ -151,6 +151,8 @@ def run_bench(config: BenchConfig, *, isolate: bool = True, log: Callable[[str],
     started = datetime.now(timezone.utc)
     run_id = started.strftime("%Y%m%d-%H%M%S")
     availability = available_engines(torch.device(cfg.device))
+    if cfg.controlnets:  # an engine that cannot run them gets a row saying so, as one missing here does
+        availability.update(controlnet_refusals(availability))
     results = []
     partial = out / f"bench-{run_id}.partial.json"
     partial_table = out / f"table-{run_id}.partial.md"  # the same rows, readable, should the run be stopped

@@ -19,6 +19,8 @@ COLUMNS: tuple[str, ...] = (
     # what each call does: txt2img, img2img, inpaint (strength: of the init image's noising) or refiner (the SDXL
     # refiner model taking over at refiner_start of the schedule)
     "workload", "strength", "refiner", "refiner_start",
+    # the ControlNets steering every call ("+"-joined, as given; empty for none) and their controlnet_scale
+    "controlnets", "control_scale",
     "batch_size", "mode",
     # cold start: load + engine prepare + first image at `cold_start_batch`, in a fresh process
     "cold_start_s", "cold_load_s", "cold_first_image_s", "cold_start_batch",
@@ -50,14 +52,14 @@ COLUMNS: tuple[str, ...] = (
 )
 
 # Row statuses: "ok" measured; "oom" out of memory at this batch size; "error" failed (message in `error`);
-# "unavailable" the engine cannot run on this machine.
+# "unavailable" the engine cannot run on this machine, or cannot run this run's model (ControlNets).
 STATUSES = ("ok", "oom", "error", "unavailable")
 
 INT_COLUMNS = frozenset({"height", "width", "steps", "batch_size", "cold_start_batch", "runs", "unet_calls"})
 FLOAT_COLUMNS = frozenset(
     name for name in COLUMNS
     if name.endswith(("_s", "_MB")) and name not in {"warmup_s"}
-) | {"guidance", "strength", "refiner_start", "unet_it_s", "images_per_min", "speedup_vs_baseline",
+) | {"guidance", "strength", "refiner_start", "control_scale", "unet_it_s", "images_per_min", "speedup_vs_baseline",
      "psnr_vs_fp32_db", "gpu_sm_mhz_median", "gpu_sm_mhz_min", "gpu_sm_mhz_max", "gpu_power_w_max",
      "gpu_temperature_c_max"}
 LIST_COLUMNS = frozenset({"warmup_s"})  # JSON lists; JSON-encoded text in the CSV

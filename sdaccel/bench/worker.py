@@ -9,6 +9,8 @@ Progress goes to stderr. The worker dies with the process that started it (lifel
 
 The workload refiner loads two pipelines (refiner.BaseAndRefiner), each on its own engine object of the same kind
 and options: load, cold start and every timed call cover both; engine facts are the base's, its notes both's.
+ControlNets (--controlnet) are loaded with the (base) model, inside the cold start, and every call, the quality
+reference's included, gets their control image (workloads.workload_kwargs).
 """
 
 from __future__ import annotations
@@ -220,6 +222,7 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
 
     from ..device import gpu_name, resolve_dtype, synchronize
     from ..models import load_components
+    from ..models.controlnet import load_controlnet
     from ..pipeline import Pipeline
     from ..quality.guard import GuardedPipeline
 
@@ -236,6 +239,7 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
         options = cfg.engine_options(engine)
         refiner = cfg.refiner if cfg.workload == "refiner" else None
         log(f"[{engine}] loading {cfg.model}" + (f" and the refiner {refiner}" if refiner else "")
+            + (f" with ControlNet {' + '.join(cfg.controlnets)}" if cfg.controlnets else "")
             + f" ({cfg.dtype}, {device})"
             + (f", engine options {json.dumps(options, sort_keys=True)}" if options else ""))
         start = time.perf_counter()
@@ -244,10 +248,14 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
             if note:
                 log(f"[{engine}] {note}")
             pipe = sdaccel.load(cfg.model, engine=engine_kind(engine), dtype=cfg.dtype, device=device, arch=cfg.arch,
-                                refiner=refiner, refiner_start=cfg.refiner_start, **options)
+                                refiner=refiner, refiner_start=cfg.refiner_start,
+                                controlnet=list(cfg.controlnets) or None, **options)
         else:
-            components = load_components(cfg.model, arch=cfg.arch, device=device,
-                                         dtype=resolve_dtype(cfg.dtype, device))
+            dtype = resolve_dtype(cfg.dtype, device)
+            components = load_components(cfg.model, arch=cfg.arch, device=device, dtype=dtype)
+            # as sdaccel.load attaches them: checked against the model, in its dtype on its device
+            components.controlnets = [load_controlnet(ref, components.spec, device=device, dtype=dtype)
+                                      for ref in cfg.controlnets]
             if note:
                 log(f"[{engine}] {note}")
             pipe = GuardedPipeline(Pipeline(components, engine=engine_kind(engine), dtype=cfg.dtype, device=device,
@@ -260,12 +268,12 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
                 + f": the engine {first_call}; the cold start line follows when it is done")
         first = run_once(pipe, cfg, first_batch, seed=0, probe=probe)
     except Exception as exc:  # noqa: BLE001 - recorded in the row; the parent continues with the next engine
-        from ..errors import EngineUnavailableError
+        from ..errors import EngineUnavailableError, SdaccelError
 
         status = "oom" if is_out_of_memory(exc) else "unavailable" if isinstance(exc, EngineUnavailableError) \
             else "error"
         failure = (status, one_line(exc))
-        if status == "error":
+        if status == "error" and not isinstance(exc, SdaccelError):  # the caller's input: its line says it all
             traceback.print_exc()
     if failure:
         release_memory(device)
@@ -311,8 +319,8 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
 
 
 def psnr_after_timing(pipe, cfg: BenchConfig, batch: int) -> float:
-    """The engine's image and eager fp32's from the same weights, call (workload inputs included) and seed, so the
-    same initial noise (drawn on the CPU from the seed), compared by PSNR.
+    """The engine's image and eager fp32's from the same weights (ControlNets included), call (workload and control
+    inputs included) and seed, so the same initial noise (drawn on the CPU from the seed), compared by PSNR.
 
     Runs after every timed measurement of this engine, so the fp32 reference's memory never shows in its rows; the
     reference is loaded only once the candidate's image is taken, and released before returning."""
@@ -327,7 +335,8 @@ def psnr_after_timing(pipe, cfg: BenchConfig, batch: int) -> float:
     candidate = pipe(PROMPT, **call).image_tensor.cpu()
     release_memory(device)
     refiner = dict(refiner=cfg.refiner, refiner_start=cfg.refiner_start) if cfg.workload == "refiner" else {}
-    reference = sdaccel.load(cfg.model, engine="eager", dtype="fp32", device=device, arch=cfg.arch, **refiner)
+    reference = sdaccel.load(cfg.model, engine="eager", dtype="fp32", device=device, arch=cfg.arch,
+                             controlnet=list(cfg.controlnets) or None, **refiner)
     expected = reference(PROMPT, **call).image_tensor.cpu()
     del reference
     release_memory(device)

@@ -2,8 +2,10 @@
 
 txt2img: a prompt. img2img: a fixed synthetic init image at the run's size. inpaint: that image and a centred square
 mask over half of each side. refiner: an SDXL base model hands its latents over to the refiner at refiner_start of
-the schedule (refiner.BaseAndRefiner). The init image and mask are the same for every engine and run, and are built
-once per size, never inside a timed call.
+the schedule (refiner.BaseAndRefiner). With ControlNets (--controlnet) every call of any workload also gets a fixed
+synthetic control image, an edge map, at the run's size and the run's controlnet_scale; with the refiner workload they
+steer the base. The init image, mask and control image are the same for every engine and run, and are built once per
+size, never inside a timed call.
 
 Imports nothing heavy at module level: `sdaccel --help` reads WORKLOADS without importing torch.
 """
@@ -23,6 +25,8 @@ REFINER_MODELS = ("synthetic:sdxl-refiner", "synthetic:sdxl-refiner-tiny")  # (o
 # inpainting repaints the masked square from pure noise, as diffusers' inpainting pipelines do by default.
 DEFAULT_STRENGTH = {"img2img": 0.75, "inpaint": 1.0}
 DEFAULT_REFINER_START = 0.8  # the handoff diffusers' documentation uses for SDXL base + refiner
+DEFAULT_CONTROL_SCALE = 1.0  # diffusers' controlnet_conditioning_scale default
+CONTROL_LEVELS = 16  # the control image's edges: where the init image's brightness crosses one of these many bands
 
 
 @functools.lru_cache(maxsize=4)
@@ -50,13 +54,32 @@ def centre_mask(height: int, width: int):
     return mask
 
 
+@functools.lru_cache(maxsize=4)
+def control_image(height: int, width: int):
+    """The ControlNets' control image: a (3, H, W) float tensor of 0s and 1s, white lines on black as a Canny edge
+    map is, the same for every engine and run. The lines are the init image's contours (where its brightness
+    crosses one of CONTROL_LEVELS bands), so they have a photo's structure: closed curves, neither empty nor noise."""
+    import torch
+
+    bands = (init_image(height, width).mean(dim=0) * CONTROL_LEVELS).floor()
+    edges = torch.zeros(height, width, dtype=torch.bool)
+    edges[:, 1:] |= bands[:, 1:] != bands[:, :-1]
+    edges[1:, :] |= bands[1:, :] != bands[:-1, :]
+    return edges.to(torch.float32).expand(3, height, width).contiguous()
+
+
 def workload_kwargs(spec, cfg) -> dict[str, Any]:
-    """The call's keywords beyond the shared ones: preset, guidance, and the workload's init image, mask, strength or
-    handoff. `spec`: the (base) model's, for its own size when the run gives none; `cfg`: a resolved BenchConfig."""
+    """The call's keywords beyond the shared ones: preset, guidance, the workload's init image, mask, strength or
+    handoff, and the ControlNets' control image (one per ControlNet) and scale. `spec`: the (base) model's, for its
+    own size when the run gives none; `cfg`: a resolved BenchConfig."""
     kwargs: dict[str, Any] = dict(guidance=cfg.guidance, preset=cfg.preset)  # None: the preset's, else the model's
+    height = spec.height if cfg.height is None else cfg.height
+    width = spec.width if cfg.width is None else cfg.width
+    if cfg.controlnets:
+        image = control_image(height, width)
+        kwargs.update(control_image=image if len(cfg.controlnets) == 1 else [image] * len(cfg.controlnets),
+                      controlnet_scale=cfg.control_scale)
     if cfg.workload in IMAGE_WORKLOADS:
-        height = spec.height if cfg.height is None else cfg.height
-        width = spec.width if cfg.width is None else cfg.width
         kwargs.update(image=init_image(height, width), strength=cfg.strength)
         if cfg.workload == "inpaint":
             kwargs["mask"] = centre_mask(height, width)

@@ -25,6 +25,9 @@ UNetStep = Callable[[int, torch.Tensor], torch.Tensor]
 DecodeStage = Callable[[torch.Tensor], torch.Tensor]  # scaled latents (fp32) -> image in [-1, 1] (fp32)
 # image in [-1, 1] (fp32) -> the VAE latent distribution's moments (mean, log variance), fp32
 EncodeStage = Callable[[torch.Tensor], torch.Tensor]
+# (latents, timestep, context, text_embeds, time_ids, scales, *control_images) -> model output: the UNet with every
+# ControlNet's residuals added, scales (one per ControlNet) a device tensor; output fp32.
+ControlledUNetStage = Callable[..., torch.Tensor]
 
 
 @dataclass
@@ -42,6 +45,9 @@ class Stages:
     # Optional: (timesteps, context, text_embeds, time_ids) -> UNetStep for one image's loop, from an engine that
     # computes what every step shares once before it (the fast engine's loop_plan.py). None: each step calls unet.
     plan_loop: Callable[..., UNetStep] | None = None
+    # The UNet steered by the model's ControlNets (Components.controlnets), one call per step; None without them.
+    # It takes the latents as the pipeline doubles them for guidance (unet_takes_cfg_once is the plain UNet's).
+    control_unet: ControlledUNetStage | None = None
 
     def unet_steps(self, timesteps: torch.Tensor, context: torch.Tensor, text_embeds: torch.Tensor | None = None,
                    time_ids: torch.Tensor | None = None) -> UNetStep:
@@ -93,6 +99,8 @@ class Engine(ABC):
     runs_onnx_folders: ClassVar[bool] = False
     # Whether the stages compute with the torch modules' weights (so refresh_weights can make them see new ones).
     reads_module_weights: ClassVar[bool] = True
+    # Whether the engine builds Stages.control_unet for a model with ControlNets.
+    runs_controlnets: ClassVar[bool] = True
 
     def __init__(self, config: EngineConfig | None = None, **options: Any):
         self.config = self.Config.from_options(options, base=config, what=f"engine {self.name!r}")
@@ -119,6 +127,8 @@ class Engine(ABC):
         if getattr(components, "onnx_folder", None) is not None and not self.runs_onnx_folders:
             raise UsageError(f"{components.source} is an ONNX pipeline folder (no torch weights for the {self.name} "
                              f"engine): use --engine onnxruntime (engine='onnxruntime')")
+        if components.controlnets and not self.runs_controlnets:
+            raise UsageError(f"the {self.name} engine does not run ControlNets: use the fast, compile or eager engine")
         self.components = components
 
     def refresh_weights(self, components: Components) -> dict[str, int]:

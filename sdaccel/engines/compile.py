@@ -76,5 +76,14 @@ class CompileEngine(Engine):
 
             return call
 
+        control_unet = None
+        if eager.control_unet is not None:
+            controlled = torch.compile(eager.control_unet, mode=mode, fullgraph=self.config.fullgraph, dynamic=False)
+
+            def control_unet(*args):
+                if graphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                return controlled(*args)
+
         return Stages(text_encoders=eager.text_encoders, unet=unet_call, decode=vae_call(decode),
-                      encode=vae_call(encode), info=dict(eager.info, mode=mode))
+                      encode=vae_call(encode), control_unet=control_unet, info=dict(eager.info, mode=mode))

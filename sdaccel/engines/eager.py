@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.components import Components, text_encoder_fn, unet_fn, vae_decode_fn, vae_encode_fn
+from ..models.components import Components, controlled_unet_fn, text_encoder_fn, unet_fn, vae_decode_fn, \
+    vae_encode_fn
 from .base import Engine, Stages
 from .options import EngineConfig, option
 
@@ -32,11 +33,12 @@ def place_modules(components: Components, dtype: torch.dtype, device: torch.devi
     to = torch.nn.Module.to
     for enc in components.text_encoders:
         to(enc, device=device, dtype=dtype)
-    to(components.unet, device=device, dtype=dtype)
+    for net in (components.unet, *components.controlnets):
+        to(net, device=device, dtype=dtype)
     to(components.vae, device=device, dtype=vae_dtype_for(components, dtype, vae_dtype))
     if channels_last:
-        to(components.unet, memory_format=torch.channels_last)
-        to(components.vae, memory_format=torch.channels_last)
+        for module in (components.unet, components.vae, *components.controlnets):
+            to(module, memory_format=torch.channels_last)
 
 
 def cast_stages(components: Components, dtype: torch.dtype, vae_dtype: torch.dtype | None = None) -> Stages:
@@ -58,9 +60,19 @@ def cast_stages(components: Components, dtype: torch.dtype, vae_dtype: torch.dty
     def encode(image):
         return encode_raw(image.to(vae_dtype)).float()
 
+    control_unet = None
+    if components.controlnets:
+        controlled = controlled_unet_fn(components.unet, components.controlnets)
+
+        def control_unet(sample, timestep, context, text_embeds, time_ids, scales, *images):
+            if text_embeds is not None:
+                text_embeds, time_ids = text_embeds.to(dtype), time_ids.to(dtype)
+            return controlled(sample.to(dtype), timestep, context.to(dtype), text_embeds, time_ids, scales.to(dtype),
+                              *(image.to(dtype) for image in images)).float()
+
     encoders = [text_encoder_fn(enc, te.penultimate)
                 for enc, te in zip(components.text_encoders, components.spec.text_encoders)]
-    return Stages(text_encoders=encoders, unet=unet, decode=decode, encode=encode,
+    return Stages(text_encoders=encoders, unet=unet, decode=decode, encode=encode, control_unet=control_unet,
                   info={"vae_dtype": str(vae_dtype)})
 
 

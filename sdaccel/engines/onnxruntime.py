@@ -264,6 +264,7 @@ class OnnxRuntimeEngine(Engine):
     Config = OnnxRuntimeConfig
     runs_onnx_folders = True
     reads_module_weights = False
+    runs_controlnets = False  # the exported graphs take no ControlNet residuals
     first_start = ("exports and optimizes the model into an ONNX folder unless one is given (option folder): "
                    "minutes for a full-size model, once (cached on disk)")
 

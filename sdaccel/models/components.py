@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,9 +27,10 @@ class Components:
     source: str  # what the user asked for: "synthetic:sd15", a folder, a file, a repo id
     synthetic: bool = False  # random weights: images are noise by construction
     onnx_folder: Path | None = None  # an ONNX pipeline folder (model_index.json, <component>/model.onnx)
+    controlnets: list[nn.Module] = field(default_factory=list)  # diffusers ControlNetModel(s) steering the UNet
 
     def modules(self) -> list[nn.Module]:
-        return [m for m in (self.unet, self.vae, *self.text_encoders) if m is not None]
+        return [m for m in (self.unet, self.vae, *self.text_encoders, *self.controlnets) if m is not None]
 
 
 # The functions below are what every engine runs. They call the module classes' own methods (not the instance
@@ -58,6 +59,30 @@ def unet_fn(unet: nn.Module) -> Callable[..., torch.Tensor]:
         added = None if text_embeds is None else {"text_embeds": text_embeds, "time_ids": time_ids}
         return forward(sample, timestep, encoder_hidden_states=context, added_cond_kwargs=added,
                        return_dict=False, **extra)[0]
+
+    return denoise
+
+
+def controlled_unet_fn(unet: nn.Module, controlnets: list[nn.Module]) -> Callable[..., torch.Tensor]:
+    """(latents, timestep, context, text_embeds, time_ids, scales, *control_images) -> model output, with every
+    ControlNet's residuals (each scaled by its entry of `scales`, a device tensor: a new scale is a new value, not
+    a new graph) summed into the UNet's skip connections, as diffusers' (Multi)ControlNet pipelines do. The
+    ControlNets read the latents alone: an inpainting UNet's extra input channels are its own."""
+    forward = type(unet).forward.__get__(unet)
+    nets = [type(net).forward.__get__(net) for net in controlnets]
+
+    def denoise(sample, timestep, context, text_embeds, time_ids, scales, *images) -> torch.Tensor:
+        added = None if text_embeds is None else {"text_embeds": text_embeds, "time_ids": time_ids}
+        latents = sample[:, :controlnets[0].config.in_channels]
+        down = mid = None
+        for k, (net, image) in enumerate(zip(nets, images)):
+            d, m = net(latents, timestep, encoder_hidden_states=context, controlnet_cond=image,
+                       conditioning_scale=scales[k], added_cond_kwargs=added, return_dict=False)
+            down = list(d) if down is None else [a + b for a, b in zip(down, d)]
+            mid = m if mid is None else mid + m
+        return forward(sample, timestep, encoder_hidden_states=context, added_cond_kwargs=added,
+                       down_block_additional_residuals=down, mid_block_additional_residual=mid,
+                       return_dict=False)[0]
 
     return denoise
 

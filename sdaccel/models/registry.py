@@ -276,6 +276,53 @@ _SPECS += (
 )
 
 
+
+@dataclass(frozen=True)
+class ControlNetSpec:
+    """A ControlNet architecture: the down and mid blocks of `base`'s UNet (same widths, attention, time and added
+    conditioning) plus the control image's embedding, which downsamples the image to the latent grid."""
+
+    name: str
+    base: str  # the registry entry whose UNet it mirrors (any model of that family and width pairs with it)
+    description: str
+    tiny: bool = False
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """diffusers ControlNetModel's config (as ControlNetModel.from_unet derives it from the UNet's): the input
+        takes the latents alone, even beside a 9-channel inpainting UNet."""
+        import inspect
+
+        from diffusers import ControlNetModel
+
+        base = get_spec(self.base)
+        accepted = set(inspect.signature(ControlNetModel.__init__).parameters) - {"self"}
+        config = {k: v for k, v in base.unet.items() if k in accepted}
+        # One stride-2 stage per VAE downsampling: the published (16, 32, 96, 256) for an 8x VAE.
+        stages = len(base.vae["block_out_channels"])
+        widths = (16, 32, 96, 256)[:stages] if stages <= 4 else (16, 32, 96, 256)
+        return dict(config, in_channels=base.latent_channels, conditioning_channels=3,
+                    conditioning_embedding_out_channels=widths)
+
+
+CONTROLNET_SPECS: tuple[ControlNetSpec, ...] = (
+    ControlNetSpec("controlnet-sd15", "sd15", "ControlNet for Stable Diffusion 1.x (lllyasviel's layout)"),
+    ControlNetSpec("controlnet-sd21", "sd21", "ControlNet for Stable Diffusion 2.x"),
+    ControlNetSpec("controlnet-sdxl", "sdxl", "ControlNet for Stable Diffusion XL (diffusers' full-size layout)"),
+    ControlNetSpec("controlnet-sd15-tiny", "sd15-tiny", "tiny SD1.x ControlNet for tests and CPU", tiny=True),
+    ControlNetSpec("controlnet-sd21-tiny", "sd21-tiny", "tiny SD2.x ControlNet for tests and CPU", tiny=True),
+    ControlNetSpec("controlnet-sdxl-tiny", "sdxl-tiny", "tiny SDXL ControlNet for tests and CPU", tiny=True),
+)
+
+
+def get_controlnet_spec(name: str) -> ControlNetSpec:
+    key = name.strip().lower()
+    for spec in CONTROLNET_SPECS:
+        if key == spec.name:
+            return spec
+    raise UsageError(f"unknown ControlNet architecture {name!r}; known: "
+                     f"{', '.join(s.name for s in CONTROLNET_SPECS)}")
+
 def default_model(device_type: str) -> str:
     """What commands run when no model is named: SD1.5's exact architecture on a GPU, its tiny twin on a CPU."""
     return "synthetic:sd15" if device_type == "cuda" else "synthetic:sd15-tiny"

@@ -100,7 +100,7 @@ class FastEngine(Engine):
         """Rebuild, in place, what the fused modules derive from the weights: packed QKV/KV, combined biases,
         packed time projections, e4m3 copies."""
         packed = rebuilt = folded = 0
-        for module in [*components.unet.modules(), *components.vae.modules()]:
+        for module in [m for net in (components.unet, *components.controlnets, components.vae) for m in net.modules()]:
             if isinstance(module, FusedAttention):
                 module.refresh()
                 packed += 1
@@ -119,7 +119,7 @@ class FastEngine(Engine):
         attention, which bypasses processors. Captured graphs still replay the old kernels: drop_graphs()."""
         switched = super().upcast_attention()
         if self.components is not None:
-            for module in self.components.unet.modules():
+            for module in [m for net in (self.components.unet, *self.components.controlnets) for m in net.modules()]:
                 if isinstance(module, FusedAttention) and not module.fp32:
                     module.fp32 = True
                     switched += 1
@@ -186,6 +186,10 @@ class FastEngine(Engine):
             fp8 = FP8Settings(c.fp8_convs, c.fp8_host_weights, c.fp8_min_width) if c.fp8 else None
             counts = fuse_modules(components.unet, self.picks, fp32_attention="attention" in c.fp32_ops,
                                   fold_biases=c.fold_biases, fp8=fp8)
+            for i, net in enumerate(components.controlnets):  # the UNet's blocks and kernel picks; FP8 stays off
+                for key, value in fuse_modules(net, self.picks, fp32_attention="attention" in c.fp32_ops,
+                                               fold_biases=c.fold_biases).items():
+                    counts[f"controlnet{i}_{key}"] = value
             for key, value in fuse_modules(components.vae.decoder, self.picks).items():
                 counts[f"vae_{key}"] = value
             if not rescale_vae:  # else the encoder runs from an fp32 copy (engines/fp32_encoder.py), unfused
@@ -230,8 +234,10 @@ class FastEngine(Engine):
         if c.loop_plan:
             no_plan = plan_refusal(components.unet) if c.fused else "needs the fused blocks"
         encoders = [builds.first_calls(f"text_encoder{i}", encode) for i, encode in enumerate(stages.text_encoders)]
+        control_unet = None if stages.control_unet is None else builds.first_calls("control_unet",
+                                                                                  stages.control_unet)
         stages = Stages(encoders, builds.first_calls("unet", stages.unet), builds.first_calls("decode", stages.decode),
-                        encode=builds.first_calls("encode", stages.encode),
+                        encode=builds.first_calls("encode", stages.encode), control_unet=control_unet,
                         info=dict(stages.info, fusions=self.fusion_counts, parallel_compile=builds.reports,
                                   notes=self.notes, cfg_prefix="shared" if cfg_once else f"not shared: {refusal}",
                                   loop_plan="on" if no_plan is None else f"off: {no_plan}"),
@@ -261,6 +267,9 @@ class FastEngine(Engine):
             return made
 
         unet, decode, encode = graph(stages.unet), graph(stages.decode), graph(stages.encode)
+        # ControlNets and UNet of one step in one graph per shape; scales are an input, so changing them (or a
+        # step outside a ControlNet's start/end, which the pipeline sends to the plain UNet) recaptures nothing.
+        control_unet = None if stages.control_unet is None else graph(stages.control_unet)
         planner = plan_with(graph)
         encoders = []
         for text_encode in stages.text_encoders:
@@ -268,7 +277,8 @@ class FastEngine(Engine):
             # Text embeddings are read at every step, after other graphs have replayed: hand out copies.
             encoders.append(lambda ids, g=graphed_encode: tuple(t.clone() for t in g(ids)))
         shown = {"unet": unet, "decode": decode, "encode": encode,
-                 **({"unet_loop": planner.call} if planner else {})}
+                 **({"unet_loop": planner.call} if planner else {}),
+                 **({"control_unet": control_unet} if control_unet else {})}
         return dataclasses.replace(stages, text_encoders=encoders, unet=unet, decode=decode, encode=encode,
-                                   plan_loop=planner,
+                                   plan_loop=planner, control_unet=control_unet,
                                    info=dict(stages.info, graphs=shown))

@@ -34,7 +34,9 @@ def fuse_modules(root: nn.Module, picks: KernelPicks | None = None, fp32_attenti
     with fp8.convs, the ResNet blocks' convolutions in e4m3 (fp8.py), with the scales' update hooked after `root`'s
     last layer (conv_out; without one, FP8 stays off)."""
     picks = picks if picks is not None else KernelPicks.build()
-    first, last = getattr(root, "conv_in", None), getattr(root, "conv_out", None)
+    # The first and last layers a call runs: a ControlNet's last is the convolution on its mid block's output.
+    first = getattr(root, "conv_in", None)
+    last = getattr(root, "conv_out", None) or getattr(root, "controlnet_mid_block", None)
     bounded = isinstance(first, nn.Module) and isinstance(last, nn.Module)
     builder = _Builder(picks, fp32_attention, fp8 if bounded else None)
     counts = builder.fuse_children(root)
