@@ -102,7 +102,8 @@ def _add_debug_flag(subparsers) -> None:
 def _extra_commands():
     """Subcommands that live beside their modules (bench, optimize, compare), when those modules exist."""
     registrars = []
-    for module in ("sdaccel.bench.cli", "sdaccel.onnx.cli", "sdaccel.quality.cli", "sdaccel.cache_cli"):
+    for module in ("sdaccel.bench.cli", "sdaccel.onnx.cli", "sdaccel.quality.cli", "sdaccel.cache_cli",
+                   "sdaccel.serve.cli", "sdaccel.serve.loadtest"):
         try:
             mod = __import__(module, fromlist=["register"])
         except ModuleNotFoundError as exc:

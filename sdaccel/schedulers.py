@@ -22,6 +22,9 @@ SCHEDULERS: dict[str, tuple[str, dict[str, Any]]] = {
     "lcm": ("LCMScheduler", {}),
     "tcd": ("TCDScheduler", {}),
 }
+# Schedulers that draw fresh noise at every step, from the call's generator (ancestral sampling; LCM's and TCD's
+# re-noising between steps): images of one call depend on which others share it.
+STOCHASTIC_SCHEDULERS = ("euler_a", "lcm", "tcd")
 # How the steps are spread over the training schedule (diffusers' `timestep_spacing`): few-step models (Lightning,
 # Turbo, Hyper-SD) are trained on "trailing", which starts at the last training timestep.
 TIMESTEP_SPACINGS = ("leading", "trailing", "linspace")

@@ -66,7 +66,7 @@ def test_weights_swapped_after_rescaling_need_only_the_usual_refresh():
         for p_scaled, (n, p) in zip(scaled.parameters(), decoder.named_parameters(), strict=True):
             assert p_scaled.shape == p.shape  # the fused modules wrap the originals in place: same order
             p_scaled.copy_(new[n])
-    components = type("C", (), {"unet": torch.nn.Module(), "vae": torch.nn.Module()})()
+    components = type("C", (), {"unet": torch.nn.Module(), "vae": torch.nn.Module(), "controlnets": []})()
     components.vae.decoder = scaled
     FastEngine._rebuild_fused(components)
     z = _latents(decoder)

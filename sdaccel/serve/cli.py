@@ -1,0 +1,149 @@
+"""`sdaccel serve`: models on one device behind an HTTP server (sdaccel's API, OpenAI's images API, A1111's subset).
+
+uvicorn runs the app; SIGTERM stops accepting connections, lets in-flight requests finish, then stops the worker
+after its queued jobs (the app's lifespan) and exits 0.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import re
+import signal
+import sys
+
+from ..cli import ENGINE_NAMES, EXIT_CODES, engine_options, status
+from ..errors import SdaccelError
+
+API_KEY_ENV = "SDACCEL_API_KEY"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="an HTTP image server: sdaccel's API, OpenAI's /v1/images/generations, A1111's "
+                                     "/sdapi/v1 subset",
+                       description="Serve models over HTTP with a bounded queue and dynamic batching: requests with "
+                                   "the same settings share one pipeline call. Endpoints: POST /v1/generate, POST "
+                                   "/v1/images/generations, POST /sdapi/v1/txt2img and img2img, GET /health, /ready, "
+                                   "/metrics (Prometheus).", epilog=EXIT_CODES)
+    p.add_argument("--model", action="append", default=[], metavar="[NAME=]MODEL",
+                   help="a model to serve (folder, file, repo id or synthetic:<arch>), optionally named; repeatable; "
+                        "the first is the default (default: synthetic:sd15 on a GPU, synthetic:sd15-tiny on CPU)")
+    p.add_argument("--engine", metavar="|".join(ENGINE_NAMES), help="default: fast on a GPU, eager on CPU")
+    p.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the engine (repeatable; `sdaccel engines NAME` lists them)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], help="default: fp16 on GPU, fp32 on CPU")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1); any other than loopback needs an API key")
+    p.add_argument("--port", type=int, default=7860, help="default: 7860")
+    p.add_argument("--max-batch", type=int, default=8, help="most images per pipeline call (default: 8)")
+    p.add_argument("--batch-window-ms", type=float, default=5.0,
+                   help="how long the worker gathers same-settings requests into one call (default: 5)")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="jobs waiting at most; more are refused with 429 and Retry-After (default: 64)")
+    p.add_argument("--warm", metavar="HxW:N,N,...", action="append", default=[],
+                   help="shapes run once at start so the first requests find their kernels ready, e.g. "
+                        "512x512:1,2,4 (repeatable); /ready turns 200 after")
+    p.add_argument("--api-key", help=f"required as 'Authorization: Bearer KEY' or 'X-API-Key' (default: "
+                                     f"${API_KEY_ENV}); /health and /ready stay open")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds a request may wait for its call to start; later it is answered 503 (default: 600)")
+    p.set_defaults(func=cmd_serve)
+
+
+def parse_models(items: list[str], default: str) -> dict[str, str]:
+    """--model values as {name: model}: NAME=MODEL names one, a bare MODEL is named after itself."""
+    models: dict[str, str] = {}
+    for item in items or [default]:
+        name, sep, ref = item.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
+            name, ref = item, item
+        if not ref or name in models:
+            raise SdaccelError(f"--model {item!r}: " + ("no model given" if not ref else f"{name!r} is served twice"))
+        models[name] = ref
+    return models
+
+
+def parse_warm(items: list[str]) -> tuple[tuple[int, int, int], ...]:
+    """--warm HxW:N,N,... as (height, width, images) shapes."""
+    shapes = []
+    for item in items:
+        match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*(?::\s*([\d,\s]+))?", item)
+        if not match:
+            raise SdaccelError(f"--warm {item!r}: expected HEIGHTxWIDTH[:N,N,...], e.g. 512x512:1,2,4")
+        height, width = int(match.group(1)), int(match.group(2))
+        counts = [c.strip() for c in (match.group(3) or "1").split(",") if c.strip()]
+        if height < 8 or width < 8 or height % 8 or width % 8 or not counts or any(int(c) < 1 for c in counts):
+            raise SdaccelError(f"--warm {item!r}: sides must be multiples of 8 and image counts >= 1")
+        shapes += [(height, width, int(c)) for c in counts]
+    return tuple(shapes)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def cmd_serve(args) -> int:
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if not is_loopback(args.host) and not api_key:
+        raise SdaccelError(f"listening on {args.host} (not loopback) needs an API key: --api-key or ${API_KEY_ENV}")
+    if not 0 <= args.port <= 65535:
+        raise SdaccelError(f"--port must be from 0 to 65535, got {args.port}")
+    if args.timeout <= 0:
+        raise SdaccelError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    warm = parse_warm(args.warm)
+    try:
+        import uvicorn
+
+        from .app import create_app
+        from .metrics import Metrics
+    except ModuleNotFoundError as exc:
+        raise SdaccelError(f"sdaccel serve needs {exc.name}: pip install 'sdaccel[serve]'") from None
+    from ..device import resolve_device
+    from ..models.registry import default_model
+    from .worker import Worker
+
+    device = resolve_device(args.device)
+    models = parse_models(args.model, default_model(device.type))
+    engine = (args.engine or ("fast" if device.type == "cuda" else "eager")).strip().lower()
+    options = engine_options(engine, args)
+    _log_to_stderr()
+    metrics = Metrics()
+    worker = Worker(models, engine=engine, engine_options=options, device=str(device), dtype=args.dtype,
+                    max_batch=args.max_batch, batch_window_ms=args.batch_window_ms, max_queue=args.max_queue,
+                    warm=warm, events=metrics)
+    worker.start()  # loads and warms on its thread while the server starts: /ready says when it is done
+    app = create_app(worker, api_key=api_key, request_timeout_s=args.timeout, metrics=metrics)
+    config = uvicorn.Config(app, host=args.host, port=args.port, access_log=False, log_level="info",
+                            timeout_graceful_shutdown=None, lifespan="on")
+    server = uvicorn.Server(config)
+    status(f"serving {', '.join(f'{n} ({r})' if n != r else n for n, r in models.items())} on the {engine} engine "
+           f"({device}) at http://{args.host}:{args.port}")
+    # uvicorn re-raises the signal it shut down on once done: a SIGTERM that drained cleanly then exits 0.
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        server.run()
+    except SystemExit:  # uvicorn's exit when it cannot bind, after logging why
+        if not server.started:
+            raise SdaccelError(f"could not listen on {args.host}:{args.port} (in use?)") from None
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 0
+
+
+def _log_to_stderr() -> None:
+    """The server's own logs (one JSON line per request, the worker's loading lines) on stderr."""
+    logger = logging.getLogger("sdaccel.serve")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False

@@ -1,0 +1,77 @@
+"""What a server request asks the worker for (Job), what it gets back (JobResult), and which jobs may share one
+pipeline call (batch_key).
+
+Jobs of the same model, size, steps, scheduler and guidance run as one batched call, each with its own prompt,
+negative prompt, seed and image count: its initial noise is drawn from its own seed exactly as a call of its own
+would draw it, so a batched job gets the images it would get alone. Schedulers that draw fresh noise at every step
+(euler_a, LCM, TCD...) draw it from one generator per call; their jobs run alone, as do jobs with an init image or
+mask and jobs on a model with ControlNets.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+# Pipeline.generate keywords a job may set, besides prompt, negative_prompt, seed and n (batch_size).
+SETTINGS = ("steps", "guidance", "height", "width", "scheduler", "timestep_spacing", "prediction_type", "preset",
+            "image", "mask", "mask_blur", "strength", "keep_unmasked", "control_image", "controlnet_scale",
+            "control_start", "control_end")
+# Settings that never let a job share a call with others (they are per-request inputs).
+ALONE = ("image", "mask", "control_image")
+
+
+class QueueFullError(Exception):
+    """The worker's queue holds its limit of jobs: answer 429 with Retry-After."""
+
+    def __init__(self, retry_after_s: float):
+        super().__init__(f"the server is busy: retry in {retry_after_s:.0f} s")
+        self.retry_after_s = retry_after_s
+
+
+class DeadlineExceededError(Exception):
+    """The job waited past its deadline before it could start: answer 503 (the client asked for no later result)."""
+
+
+class CancelledJobError(Exception):
+    """The job was cancelled (its client went away) before it ran."""
+
+
+@dataclass
+class Job:
+    """One request: `n` images of one prompt on one model."""
+
+    model: str
+    prompt: str
+    negative_prompt: str = ""
+    n: int = 1
+    seed: int = 0
+    settings: dict[str, Any] = field(default_factory=dict)  # Pipeline.generate keywords (SETTINGS)
+    deadline: float | None = None  # time.monotonic() after which it must not start
+    submitted: float = field(default_factory=time.monotonic)
+    future: Future = field(default_factory=Future)  # set by the worker: a JobResult or an exception
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        """The client is gone: a job not started yet is dropped; one running finishes with its batch."""
+        self.cancelled.set()
+
+
+@dataclass
+class JobResult:
+    images: list  # PIL images, `n` of them
+    params: list[dict[str, Any]]  # per image: its settings (its own prompt and seed), as PNGs record them
+    timings: dict[str, float]  # the batched call's stage times, seconds
+    batch_images: int  # how many images the call that made these computed
+    queued_s: float  # from submission to the start of the call
+
+
+def batch_key(job: Job, stochastic_scheduler: bool) -> tuple | None:
+    """The key jobs must share to run in one call; None when the job must run alone."""
+    if stochastic_scheduler or any(job.settings.get(name) is not None for name in ALONE):
+        return None
+    settings = {k: v for k, v in job.settings.items() if v is not None}
+    return (job.model, tuple(sorted((k, repr(v)) for k, v in settings.items())))

@@ -1,0 +1,299 @@
+"""`sdaccel loadtest`: concurrent clients against an sdaccel server, and what they got: images/min, latency
+percentiles, errors by status, memory before and after, and how fast an overloaded server says 429.
+
+    sdaccel loadtest --url http://127.0.0.1:7860 --clients 32 --requests 320 --steps 50
+    sdaccel loadtest --serve "--model synthetic:sd15 --engine fast --max-batch 8" --clients 32 --bench
+
+With --serve the command starts `sdaccel serve` with those arguments on a free loopback port, waits for /ready, and
+stops it (SIGTERM, drained) at the end; with --bench it first runs `sdaccel bench` on the same model and engine
+(batch 1 and the server's max batch), so the served figures sit beside the engine's own in one run.
+
+Each client sends POST /v1/generate requests one after another (the prompt differs per request, the settings do
+not, so the server can batch them) until --requests have been sent or --duration has passed. Memory is read from the
+server's /metrics (process resident memory, GPU memory allocated) after the warm-up requests and at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+
+
+@dataclass
+class LoadResult:
+    clients: int
+    requests: int
+    ok: int
+    errors: dict[str, int]  # HTTP status (or exception type) -> count
+    images: int
+    seconds: float
+    images_per_min: float
+    latency_p50_s: float | None
+    latency_p90_s: float | None
+    latency_p99_s: float | None
+    mean_batch_images: float | None  # what the server batched, as it reported per response
+    memory_start: dict[str, float] = field(default_factory=dict)  # after warm-up, from /metrics
+    memory_end: dict[str, float] = field(default_factory=dict)
+    overload_429: int = 0
+    overload_429_p50_ms: float | None = None
+
+    def memory_growth(self) -> dict[str, float]:
+        """Relative growth of each memory figure from the warm-up to the end (0.01 = 1%)."""
+        return {k: self.memory_end[k] / v - 1 for k, v in self.memory_start.items() if v and k in self.memory_end}
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+_MEMORY_METRICS = {"process_resident_memory_bytes": "host_rss_bytes",
+                   "sdaccel_gpu_memory_allocated_bytes": "gpu_allocated_bytes"}
+
+
+def memory_from_metrics(text: str) -> dict[str, float]:
+    """The memory figures of a Prometheus exposition (the server's /metrics)."""
+    found = {}
+    for line in text.splitlines():
+        match = re.match(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+([-+0-9.eE]+|NaN)$", line.strip())
+        if match and match.group(1) in _MEMORY_METRICS:
+            found[_MEMORY_METRICS[match.group(1)]] = float(match.group(3))
+    return found
+
+
+async def run_load(url: str, *, clients: int, requests: int, duration_s: float, payload: dict[str, Any],
+                   api_key: str | None = None, warmup: int = 2, timeout_s: float = 600) -> LoadResult:
+    """`clients` concurrent clients sending `requests` requests in all (or until `duration_s`), after `warmup`
+    requests sent one at a time."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout_s) as client:
+        for i in range(warmup):
+            response = await client.post("/v1/generate", json=dict(payload, prompt=f"warm-up {i}"))
+            if response.status_code != 200:
+                raise UsageError(f"warm-up request failed: {response.status_code} {response.text[:200]}")
+        memory_start = memory_from_metrics((await client.get("/metrics")).text)
+        latencies: list[float] = []
+        batches: list[int] = []
+        errors: dict[str, int] = {}
+        counter = iter(range(requests))
+        images = 0
+        start = time.perf_counter()
+        stop_at = start + duration_s
+
+        async def one_client() -> None:
+            nonlocal images
+            for index in counter:
+                if time.perf_counter() > stop_at:
+                    return
+                sent = time.perf_counter()
+                try:
+                    response = await client.post("/v1/generate", json=dict(payload, prompt=f"request {index}",
+                                                                             seed=index))
+                except httpx.HTTPError as exc:
+                    errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                    continue
+                if response.status_code == 200:
+                    latencies.append(time.perf_counter() - sent)
+                    body = response.json()
+                    images += len(body.get("images", []))
+                    if "batch_images" in body:
+                        batches.append(int(body["batch_images"]))
+                else:
+                    errors[str(response.status_code)] = errors.get(str(response.status_code), 0) + 1
+
+        await asyncio.gather(*(one_client() for _ in range(clients)))
+        seconds = time.perf_counter() - start
+        memory_end = memory_from_metrics((await client.get("/metrics")).text)
+    return LoadResult(clients=clients, requests=len(latencies) + sum(errors.values()), ok=len(latencies),
+                      errors=errors, images=images, seconds=seconds, images_per_min=images / seconds * 60,
+                      latency_p50_s=percentile(latencies, 0.5), latency_p90_s=percentile(latencies, 0.9),
+                      latency_p99_s=percentile(latencies, 0.99),
+                      mean_batch_images=statistics.fmean(batches) if batches else None,
+                      memory_start=memory_start, memory_end=memory_end)
+
+
+async def overload(url: str, payload: dict[str, Any], burst: int, api_key: str | None = None) -> tuple[int, list[float]]:
+    """Send `burst` requests at once; how many were refused with 429, and how fast each refusal came (seconds)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    refused: list[float] = []
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600) as client:
+        async def one(i: int) -> None:
+            sent = time.perf_counter()
+            response = await client.post("/v1/generate", json=dict(payload, prompt=f"burst {i}", seed=i))
+            if response.status_code == 429:
+                refused.append(time.perf_counter() - sent)
+
+        await asyncio.gather(*(one(i) for i in range(burst)))
+    return len(refused), refused
+
+
+# ------------------------------------------------------------------------------------------------- the command
+
+
+def register(sub) -> None:
+    p = sub.add_parser("loadtest", help="concurrent clients against an sdaccel server: images/min, latency, errors",
+                       description=__doc__.split("\n\n")[0])
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="a running server (http://HOST:PORT)")
+    where.add_argument("--serve", metavar="ARGS",
+                       help="start `sdaccel serve ARGS` on a free loopback port for the test, stop it after")
+    p.add_argument("--clients", type=int, default=32, help="concurrent clients (default: 32)")
+    p.add_argument("--requests", type=int, default=320, help="requests in all (default: 320)")
+    p.add_argument("--duration", type=float, default=600, help="stop sending after this many seconds (default: 600)")
+    p.add_argument("--steps", type=int, help="denoising steps of each request (default: the model's)")
+    p.add_argument("--size", metavar="WxH", help="image size (default: the model's)")
+    p.add_argument("--model", help="the served model's name to request (default: the server's first)")
+    p.add_argument("--overload", type=int, default=0, metavar="N",
+                   help="after the load, send N requests at once and time the 429 answers (default: off)")
+    p.add_argument("--bench", action="store_true",
+                   help="with --serve: first run `sdaccel bench` on the same model and engine (batch 1 and the "
+                        "server's --max-batch) for comparison")
+    p.add_argument("--api-key", default=os.environ.get("SDACCEL_API_KEY"), help="the server's API key")
+    p.add_argument("--out", type=Path, help="write the results as JSON here")
+    p.set_defaults(func=cmd_loadtest)
+
+
+def _payload(args) -> dict[str, Any]:
+    payload: dict[str, Any] = {"n": 1}
+    if args.steps is not None:
+        payload["steps"] = args.steps
+    if args.size:
+        match = re.fullmatch(r"(\d+)x(\d+)", args.size)
+        if not match:
+            raise UsageError(f"--size must be WxH, got {args.size!r}")
+        payload["width"], payload["height"] = int(match.group(1)), int(match.group(2))
+    if args.model:
+        payload["model"] = args.model
+    return payload
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_option(serve_args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(serve_args):
+        if arg == flag and i + 1 < len(serve_args):
+            return serve_args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _bench(serve_args: list[str], payload: dict[str, Any]) -> dict[str, Any]:
+    """`sdaccel bench` on the served model and engine: batch 1 and the server's max batch."""
+    import tempfile
+
+    model = _serve_option(serve_args, "--model")
+    model = model.split("=", 1)[1] if model and "=" in model and not model.startswith("synthetic:") else model
+    engine = _serve_option(serve_args, "--engine")
+    batches = sorted({1, int(_serve_option(serve_args, "--max-batch") or 8)})
+    out = Path(tempfile.mkdtemp(prefix="sdaccel-loadtest-bench-"))
+    cmd = [sys.executable, "-m", "sdaccel", "bench", "--batch-sizes", ",".join(map(str, batches)), "--out", str(out)]
+    cmd += ["--model", model] if model else []
+    cmd += ["--engines", engine] if engine else []
+    cmd += ["--steps", str(payload["steps"])] if "steps" in payload else []
+    if "width" in payload:
+        cmd += ["--width", str(payload["width"]), "--height", str(payload["height"])]
+    subprocess.run(cmd, check=True)
+    rows = json.loads(next(out.glob("bench-*.json")).read_text())["rows"]
+    ok = [r for r in rows if r.get("status") == "ok"]
+    return {f"batch_{r['batch_size']}": dict(median_s=r["latency_median_s"], images_per_min=r["images_per_min"])
+            for r in ok}
+
+
+def cmd_loadtest(args) -> int:
+    import shlex
+    import urllib.request
+
+    if args.clients < 1 or args.requests < 1:
+        raise UsageError("--clients and --requests must be >= 1")
+    if args.bench and not args.serve:
+        raise UsageError("--bench needs --serve (it benchmarks the model and engine the test serves)")
+    payload = _payload(args)
+    server = None
+    url = args.url
+    report: dict[str, Any] = {"payload": payload}
+    serve_args = shlex.split(args.serve) if args.serve else []
+    if args.bench:
+        report["bench"] = _bench(serve_args, payload)
+    if args.serve:
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        server = subprocess.Popen([sys.executable, "-m", "sdaccel", "serve", *serve_args, "--host", "127.0.0.1",
+                                   "--port", str(port)])
+        deadline = time.monotonic() + 1800
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/ready", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise UsageError(f"the server did not become ready (exit code {server.poll()})")
+            time.sleep(1)
+    try:
+        result = asyncio.run(run_load(url, clients=args.clients, requests=args.requests, duration_s=args.duration,
+                                      payload=payload, api_key=args.api_key))
+        if args.overload:
+            refused, times = asyncio.run(overload(url, payload, args.overload, args.api_key))
+            result.overload_429 = refused
+            result.overload_429_p50_ms = None if not times else percentile(times, 0.5) * 1000
+    finally:
+        if server is not None:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=600)
+    report["load"] = asdict(result)
+    report["memory_growth"] = result.memory_growth()
+    print(_table(result, report.get("bench")))
+    if args.out:
+        from ..atomic import write_text
+
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        write_text(args.out, json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return 0 if not result.errors else 1
+
+
+def _table(result: LoadResult, bench: dict[str, Any] | None) -> str:
+    def ms(value: float | None) -> str:
+        return "—" if value is None else f"{value * 1000:.0f}"
+
+    lines = ["| clients | requests | ok | errors | images/min | p50 ms | p90 ms | p99 ms | mean batch |",
+             "|---|---|---|---|---|---|---|---|---|",
+             f"| {result.clients} | {result.requests} | {result.ok} | "
+             f"{', '.join(f'{k}: {v}' for k, v in result.errors.items()) or 0} | {result.images_per_min:.1f} | "
+             f"{ms(result.latency_p50_s)} | {ms(result.latency_p90_s)} | {ms(result.latency_p99_s)} | "
+             f"{'—' if result.mean_batch_images is None else f'{result.mean_batch_images:.1f}'} |"]
+    growth = result.memory_growth()
+    if growth:
+        lines.append("memory growth after warm-up: " + ", ".join(f"{k} {v:+.1%}" for k, v in growth.items()))
+    if result.overload_429:
+        lines.append(f"overload: {result.overload_429} answered 429, median {result.overload_429_p50_ms:.1f} ms")
+    if bench:
+        lines.append("sdaccel bench, same model and engine: " + ", ".join(
+            f"{k.replace('_', ' ')} {v['median_s']:.3f} s, {v['images_per_min']:.1f} images/min"
+            for k, v in bench.items()))
+    return "\n".join(lines)

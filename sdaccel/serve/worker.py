@@ -1,0 +1,318 @@
+"""The worker: one device's pipelines and the one thread that runs their calls, fed by a bounded queue with dynamic
+batching.
+
+The GPU runs one call at a time, so one thread owns it: the HTTP layer submits jobs (submit returns a Future) and
+never computes. The thread takes the oldest job, then for up to `batch_window_ms` gathers queued jobs with the same
+batch key (jobs.py) until `max_batch` images, and runs them as one pipeline call: the fast engine's captured graphs
+for that batch size replay for all of them. A job that waited past its deadline, or whose client went away, is
+dropped before it runs. A full queue refuses new jobs at once (QueueFullError, the HTTP layer's 429), with a
+Retry-After from the recent time per image. stop(drain=True) refuses new jobs and finishes every queued one.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any, Callable, Mapping
+
+from ..errors import UsageError
+from ..presets import get_preset
+from ..schedulers import STOCHASTIC_SCHEDULERS, canonical
+from .jobs import CancelledJobError, DeadlineExceededError, Job, JobResult, QueueFullError, batch_key
+
+log = logging.getLogger("sdaccel.serve")
+
+
+class WorkerEvents:
+    """What the worker reports as it runs (metrics.py implements it); every method is optional."""
+
+    def batch_done(self, model: str, jobs: int, images: int, seconds: float, timings: dict[str, float]) -> None: ...
+
+    def job_dropped(self, reason: str) -> None: ...  # "deadline", "cancelled"
+
+    def job_failed(self, model: str, error: BaseException) -> None: ...
+
+
+def _fail(job: Job, error: BaseException) -> None:
+    """Fail a job's future unless its waiter cancelled it (setting a cancelled future raises)."""
+    if not job.future.done():
+        job.future.set_exception(error)
+
+
+class Progress:
+    """The call running now, for /sdapi/v1/progress: its jobs, step and steps (read from other threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state: dict[str, Any] = {}
+
+    def start(self, jobs: list[Job], steps: int) -> None:
+        with self._lock:
+            self._state = dict(jobs=len(jobs), images=sum(j.n for j in jobs), step=0, steps=steps,
+                               started=time.monotonic())
+
+    def step(self, index: int) -> None:
+        with self._lock:
+            if self._state:
+                self._state["step"] = index + 1
+
+    def finish(self) -> None:
+        with self._lock:
+            self._state = {}
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._state)
+
+
+class Worker:
+    """Models on one device behind a queue. `models`: {name: model reference (as sdaccel.load takes)}; each is loaded
+    on `engine` with `engine_options`. `warm`: (height, width, images) shapes each model runs once at start, so
+    their kernels and graphs are ready before the first request (ready() turns true after)."""
+
+    def __init__(self, models: Mapping[str, str], engine: str = "eager", engine_options: Mapping[str, Any] | None = None,
+                 device: str | None = None, dtype: str | None = None, max_batch: int = 8,
+                 batch_window_ms: float = 5.0, max_queue: int = 64, warm: tuple[tuple[int, int, int], ...] = (),
+                 events: WorkerEvents | None = None, loader: Callable[..., Any] | None = None):
+        if not models:
+            raise UsageError("no model to serve")
+        if max_batch < 1 or max_queue < 1 or batch_window_ms < 0:
+            raise UsageError("max_batch and max_queue must be >= 1 and batch_window_ms >= 0")
+        self.models = dict(models)
+        self.engine, self.engine_options = engine, dict(engine_options or {})
+        self.device, self.dtype = device, dtype
+        self.max_batch, self.window_s, self.max_queue = max_batch, batch_window_ms / 1000, max_queue
+        self.warm = tuple(warm)
+        self.events = events or WorkerEvents()
+        self._loader = loader
+        self.pipes: dict[str, Any] = {}
+        self.progress = Progress()
+        self._queue: collections.deque[Job] = collections.deque()
+        self._cv = threading.Condition()
+        self._accepting = True
+        self._stopping = False
+        self._busy = False
+        self._ready = threading.Event()
+        self._failed: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._seconds_per_image = 1.0  # recent time per image, for Retry-After
+
+    # ------------------------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Load the models and warm their shapes on the worker's thread; ready() says when that is done."""
+        self._thread = threading.Thread(target=self._main, name="sdaccel-worker", daemon=True)
+        self._thread.start()
+
+    def ready(self) -> bool:
+        return self._ready.is_set() and self._failed is None
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why loading or warming failed (the worker then refuses every job)."""
+        return self._failed
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        self._ready.wait(timeout)
+        if self._failed is not None:
+            raise self._failed
+        return self._ready.is_set()
+
+    def stop(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Refuse new jobs; with `drain` finish the queued and running ones first, else fail the queued ones."""
+        with self._cv:
+            self._accepting = False
+            if not drain:
+                while self._queue:
+                    _fail(self._queue.popleft(), CancelledJobError("the server is shutting down"))
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # ----------------------------------------------------------------------------------------------- jobs
+
+    def queue_depth(self) -> int:
+        with self._cv:
+            return len(self._queue)
+
+    def busy(self) -> bool:
+        return self._busy
+
+    def submit(self, job: Job):
+        """Queue `job`; returns its Future (a JobResult, or the job's error). Raises UsageError for an unknown
+        model or settings no call could run, QueueFullError when the queue is full, and RuntimeError when the
+        worker is stopping or failed."""
+        if job.model not in self.models:
+            raise UsageError(f"unknown model {job.model!r}; served: {', '.join(self.models)}")
+        if self._failed is not None:
+            raise RuntimeError(f"the worker failed to start: {self._failed}")
+        pipe = self.pipes.get(job.model)
+        if pipe is not None:
+            self._check(pipe, job)
+        with self._cv:
+            if not self._accepting:
+                raise RuntimeError("the server is shutting down")
+            if len(self._queue) >= self.max_queue:
+                waiting = sum(j.n for j in self._queue)
+                raise QueueFullError(max(1.0, waiting * self._seconds_per_image / self.max_batch))
+            self._queue.append(job)
+            self._cv.notify_all()
+        return job.future
+
+    @staticmethod
+    def _check(pipe, job: Job) -> None:
+        """The job's settings, checked as the pipeline will check them (a UsageError now, a 4xx, not later)."""
+        from ..request import resolve_request
+
+        base = getattr(pipe, "base", pipe)  # a base + refiner pair: the base's settings
+        spec = base.spec
+        resolve_request(spec, job.prompt, job.negative_prompt, batch_size=job.n, seed=job.seed,
+                        controlnets=len(getattr(base.components, "controlnets", [])),
+                        **{k: v for k, v in job.settings.items() if v is not None})
+
+    # ------------------------------------------------------------------------------------------ the thread
+
+    def _main(self) -> None:
+        try:
+            self._load()
+        except BaseException as exc:  # noqa: BLE001 - reported by ready()/submit(); the thread must not die silently
+            log.exception("loading the models failed")
+            self._failed = exc
+            self._ready.set()
+            with self._cv:
+                while self._queue:
+                    _fail(self._queue.popleft(), RuntimeError(f"the worker failed to start: {exc}"))
+            return
+        self._ready.set()
+        while True:
+            jobs = self._next_batch()
+            if jobs is None:
+                return
+            if jobs:
+                self._run(jobs)
+
+    def _load(self) -> None:
+        import sdaccel
+
+        load = self._loader or sdaccel.load
+        for name, ref in self.models.items():
+            log.info("loading %s (%s) on the %s engine", name, ref, self.engine)
+            self.pipes[name] = load(ref, engine=self.engine, device=self.device, dtype=self.dtype,
+                                    **self.engine_options)
+        for name, pipe in self.pipes.items():
+            for height, width, images in self.warm:
+                log.info("warming %s at %dx%d x%d", name, width, height, images)
+                pipe("warm-up", height=height, width=width, batch_size=images, output="latent")
+
+    def _next_batch(self) -> list[Job] | None:
+        """The next call's jobs (oldest first, then same-key jobs for up to the batching window); None to stop."""
+        with self._cv:
+            while True:
+                while not self._queue:
+                    if self._stopping:
+                        return None
+                    self._cv.wait()
+                first = self._queue.popleft()
+                if self._usable(first):
+                    break
+            key = self._key(first)
+            batch, images = [first], first.n
+            if key is None:
+                return batch
+            until = time.monotonic() + self.window_s
+            while images < self.max_batch:
+                for job in list(self._queue):
+                    if images + job.n <= self.max_batch and self._key(job) == key:
+                        self._queue.remove(job)
+                        if self._usable(job):
+                            batch.append(job)
+                            images += job.n
+                left = until - time.monotonic()
+                if images >= self.max_batch or left <= 0 or self._stopping:
+                    break
+                self._cv.wait(left)
+            return batch
+
+    def _usable(self, job: Job) -> bool:
+        """False (and the job's future failed) for a job whose client left or whose deadline passed. True marks its
+        future running: from then on its waiter cannot cancel it, and the worker sets its result."""
+        if job.cancelled.is_set() or job.future.cancelled():
+            _fail(job, CancelledJobError("cancelled before it ran"))
+            self.events.job_dropped("cancelled")
+            return False
+        if job.deadline is not None and time.monotonic() > job.deadline:
+            _fail(job, DeadlineExceededError("the request's deadline passed before it could run"))
+            self.events.job_dropped("deadline")
+            return False
+        return job.future.set_running_or_notify_cancel()
+
+    def _key(self, job: Job) -> tuple | None:
+        """The job's batch key; None (it runs alone, where the pipeline reports a bad setting as its own error)
+        when it must run alone or its settings cannot be read."""
+        try:
+            return self._batch_key(job)
+        except Exception:  # noqa: BLE001 - a bad scheduler or preset name fails this job's call, not the thread
+            return None
+
+    def _batch_key(self, job: Job) -> tuple | None:
+        pipe = self.pipes[job.model]
+        base = getattr(pipe, "base", pipe)
+        if getattr(base.components, "controlnets", None) or pipe is not base:
+            return None  # per-request control images; a refiner pair: one call each
+        name = job.settings.get("scheduler")
+        if name is None and job.settings.get("preset"):
+            name = get_preset(job.settings["preset"]).settings().get("scheduler")
+        return batch_key(job, canonical(name or base.spec.default_scheduler) in STOCHASTIC_SCHEDULERS)
+
+    def _run(self, jobs: list[Job]) -> None:
+        pipe = self.pipes[jobs[0].model]
+        settings = {k: v for k, v in jobs[0].settings.items() if v is not None}
+        started = time.monotonic()
+        self._busy = True
+        self.progress.start(jobs, settings.get("steps") or getattr(pipe, "spec").steps)
+        try:
+            if len(jobs) == 1:
+                job = jobs[0]
+                result = pipe(job.prompt, job.negative_prompt, batch_size=job.n, seed=job.seed,
+                              callback=lambda i, t, latents: self.progress.step(i), **settings)
+            else:
+                result = self._batched(pipe, jobs, settings)
+        except BaseException as exc:  # noqa: BLE001 - each job gets the error; the worker goes on
+            log.warning("a call of %d job(s) failed: %s", len(jobs), exc)
+            for job in jobs:
+                _fail(job, exc)
+                self.events.job_failed(job.model, exc)
+            return
+        finally:
+            self._busy = False
+            self.progress.finish()
+        seconds = time.monotonic() - started
+        images = sum(job.n for job in jobs)
+        self._seconds_per_image = 0.8 * self._seconds_per_image + 0.2 * seconds / images
+        timings = result.timings.as_dict()
+        self.events.batch_done(jobs[0].model, len(jobs), images, seconds, timings)
+        at = 0
+        for job in jobs:
+            params = dict(result.params, prompt=job.prompt, negative_prompt=job.negative_prompt, seed=job.seed,
+                          batch_size=job.n)
+            job.future.set_result(JobResult(images=result.images[at:at + job.n], params=[params] * job.n,
+                                            timings=timings, batch_images=images, queued_s=started - job.submitted))
+            at += job.n
+
+    def _batched(self, pipe, jobs: list[Job], settings: dict[str, Any]):
+        """One call for several jobs: their prompts side by side, each job's initial noise drawn from its own seed
+        as its own call would draw it."""
+        import torch
+
+        from ..image_start import initial_noise
+
+        spec = pipe.spec
+        height, width = settings.get("height") or spec.height, settings.get("width") or spec.width
+        prompts = [job.prompt for job in jobs for _ in range(job.n)]
+        negatives = [job.negative_prompt for job in jobs for _ in range(job.n)]
+        latents = torch.cat([initial_noise(spec, height, width, job.seed, job.n) for job in jobs])
+        return pipe(prompts, negatives, latents=latents, seed=jobs[0].seed,
+                    callback=lambda i, t, lat: self.progress.step(i), **settings)

@@ -1,0 +1,478 @@
+"""`sdaccel serve` end to end on the CPU: a real uvicorn server on a loopback port, the tiny synthetic SD1.5, the
+eager engine and 2-3 steps; driven by httpx, the openai client and webuiapi (A1111's client)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("prometheus_client")
+uvicorn = pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+import numpy as np  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from sdaccel.serve.app import create_app  # noqa: E402
+from sdaccel.serve.metrics import Metrics  # noqa: E402
+from sdaccel.serve.schemas import Limits  # noqa: E402
+from sdaccel.serve.worker import Worker  # noqa: E402
+
+KEY = "test-key-123"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+MODEL = "synthetic:sd15-tiny"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@functools.lru_cache(maxsize=1)
+def _pipe():
+    import sdaccel
+
+    return sdaccel.load(MODEL, engine="eager", device="cpu")
+
+
+def _loader(ref, **kwargs):
+    """Every worker of this module shares one loaded pipeline (the workers never run at the same time)."""
+    return _pipe()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Server:
+    """A Worker behind the app on a uvicorn server in a thread, as `sdaccel serve` runs it."""
+
+    def __init__(self, models: dict[str, str], *, api_key: str | None = None, limits: Limits = Limits(),
+                 **worker_args):
+        self.metrics = Metrics()
+        self.worker = Worker(models, engine="eager", device="cpu", loader=_loader, events=self.metrics,
+                             **worker_args)
+        self.worker.start()
+        assert self.worker.wait_ready(300)
+        app = create_app(self.worker, api_key=api_key, limits=limits, request_timeout_s=120, metrics=self.metrics)
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+        assert not self.worker._thread.is_alive()  # the lifespan's shutdown stopped the worker
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = _Server({"tiny": MODEL, "tiny2": MODEL}, api_key=KEY, limits=Limits(max_body_bytes=2 * 2**20, max_n=4),
+                max_batch=8, batch_window_ms=300, max_queue=16)
+    yield s
+    s.close()
+
+
+def _png(b64: str) -> Image.Image:
+    return Image.open(io.BytesIO(base64.b64decode(b64)))
+
+
+def _pixels(b64: str) -> np.ndarray:
+    return np.asarray(_png(b64).convert("RGB"), dtype=np.int16)
+
+
+def _b64_image(size=(32, 32), color=(120, 80, 200), mode="RGB") -> str:
+    buffer = io.BytesIO()
+    Image.new(mode, size, color).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _generate(server, **body):
+    body = {"prompt": "a red cube", "steps": 2, "width": 32, "height": 32, "scheduler": "ddim", **body}
+    return httpx.post(f"{server.url}/v1/generate", json=body, headers=AUTH, timeout=120)
+
+
+# ------------------------------------------------------------------------------------------------ access
+
+
+def test_health_ready_and_api_key(server):
+    assert httpx.get(f"{server.url}/health").status_code == 200  # open without the key
+    ready = httpx.get(f"{server.url}/ready")
+    assert ready.status_code == 200 and ready.json()["models"] == ["tiny", "tiny2"]
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"X-API-Key": "wrong"}):
+        r = httpx.get(f"{server.url}/sdapi/v1/sd-models", headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert httpx.post(f"{server.url}/v1/generate", json={"prompt": "x"}).status_code == 401
+    assert httpx.get(f"{server.url}/metrics").status_code == 401
+    for headers in (AUTH, {"X-API-Key": KEY}):
+        r = httpx.get(f"{server.url}/sdapi/v1/sd-models", headers=headers)
+        assert r.status_code == 200
+        assert [m["title"] for m in r.json()] == ["tiny", "tiny2"]
+
+
+def test_ready_is_503_until_the_worker_is_ready():
+    worker = Worker({"tiny": MODEL}, loader=lambda ref, **kw: time.sleep(30))  # never ready during the test
+    transport = httpx.ASGITransport(app=create_app(worker, stop_worker_on_shutdown=False))
+
+    async def probe():
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.get("/ready"), await client.get("/health")
+
+    ready, health = asyncio.run(probe())
+    assert ready.status_code == 503 and "loading" in ready.json()["error"]["message"]
+    assert health.status_code == 200
+
+
+# ------------------------------------------------------------------------------------------------ OpenAI
+
+
+def test_openai_client_images_and_determinism(server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+
+    def call():
+        return client.images.generate(prompt="a lighthouse", n=2, size="64x64", response_format="b64_json",
+                                      extra_body={"steps": 2, "seed": 3, "scheduler": "ddim"})
+
+    first, second = call(), call()
+    assert len(first.data) == 2
+    images = [_png(d.b64_json) for d in first.data]
+    assert all(im.size == (64, 64) for im in images)
+    text = images[1].text["parameters"]
+    assert text.startswith("a lighthouse") and "Seed: 3" in text and "Steps: 2" in text and "Batch index: 1" in text
+    assert [d.b64_json for d in first.data] == [d.b64_json for d in second.data]  # same seed, same PNG bytes
+    assert first.data[0].b64_json != first.data[1].b64_json
+
+    with pytest.raises(openai.BadRequestError, match="b64_json"):
+        client.images.generate(prompt="x", size="64x64", response_format="url", extra_body={"steps": 2})
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong").images.generate(prompt="x")
+
+
+# ------------------------------------------------------------------------------------------------- A1111
+
+
+def test_webuiapi_txt2img_seeds_like_a1111(server):
+    webuiapi = pytest.importorskip("webuiapi")
+    api = webuiapi.WebUIApi(host="127.0.0.1", port=server.port, username="user", password=KEY)
+    result = api.txt2img(prompt="a forest", negative_prompt="fog", seed=5, steps=2, width=32, height=32,
+                         batch_size=2, sampler_name="DPM++ 2M Karras", cfg_scale=6)
+    assert len(result.images) == 2 and all(im.size == (32, 32) for im in result.images)
+    assert result.info["all_seeds"] == [5, 6] and result.info["seed"] == 5
+    assert result.info["sampler_name"] == "dpmpp_2m_karras" and result.info["cfg_scale"] == 6
+    assert "Negative prompt: fog" in result.images[1].info["parameters"]
+    # Each image is the one its own seed gives alone, as in A1111.
+    alone = api.txt2img(prompt="a forest", negative_prompt="fog", seed=6, steps=2, width=32, height=32,
+                        sampler_name="DPM++ 2M Karras", cfg_scale=6)
+    diff = np.abs(np.asarray(alone.image, np.int16) - np.asarray(result.images[1], np.int16)).max()
+    assert diff <= 1
+
+
+def test_a1111_options_models_and_progress(server):
+    url = f"{server.url}/sdapi/v1"
+    assert httpx.get(f"{url}/options", headers=AUTH).json()["sd_model_checkpoint"] == "tiny"
+    assert httpx.post(f"{url}/options", json={"sd_model_checkpoint": "tiny2"}, headers=AUTH).status_code == 200
+    assert httpx.get(f"{url}/options", headers=AUTH).json()["sd_model_checkpoint"] == "tiny2"
+    r = httpx.post(f"{url}/txt2img", json={"prompt": "x", "steps": 2, "width": 32, "height": 32, "seed": 1},
+                   headers=AUTH, timeout=120)
+    assert r.status_code == 200 and json.loads(r.json()["info"])["sd_model_name"] == "tiny2"
+    r = httpx.post(f"{url}/options", json={"sd_model_checkpoint": "nope"}, headers=AUTH)
+    assert r.status_code == 404 and "nope" in r.json()["error"]["message"]
+    assert httpx.post(f"{url}/options", json={"sd_model_checkpoint": "tiny"}, headers=AUTH).status_code == 200
+    progress = httpx.get(f"{url}/progress", headers=AUTH).json()
+    assert progress["progress"] == 0 and progress["state"]["job_count"] == 0
+
+
+def test_a1111_img2img_and_inpainting(server):
+    mask = Image.new("L", (32, 32), 0)
+    mask.paste(255, (0, 0, 16, 32))
+    buffer = io.BytesIO()
+    mask.save(buffer, format="PNG")
+    body = {"init_images": [_b64_image()], "denoising_strength": 0.5, "steps": 2, "width": 32, "height": 32,
+            "seed": 4, "mask": base64.b64encode(buffer.getvalue()).decode(), "mask_blur": 0}
+    r = httpx.post(f"{server.url}/sdapi/v1/img2img", json=body, headers=AUTH, timeout=120)
+    assert r.status_code == 200, r.text
+    image = _png(r.json()["images"][0])
+    assert image.size == (32, 32)
+    assert "Denoising strength: 0.5" in image.text["parameters"] and "Workload: inpaint" in image.text["parameters"]
+
+
+# --------------------------------------------------------------------------------------- sdaccel's own API
+
+
+def test_concurrent_requests_batch_and_match_alone(server):
+    requests = [dict(prompt="a red cube", seed=11, n=1), dict(prompt="a blue sphere", seed=12, n=2,
+                                                                negative_prompt="blur"),
+                dict(prompt="a green cone", seed=13, n=1)]
+
+    async def together():
+        async with httpx.AsyncClient(headers=AUTH, timeout=120) as client:
+            return await asyncio.gather(*(client.post(
+                f"{server.url}/v1/generate", json={"steps": 2, "width": 32, "height": 32, "scheduler": "ddim", **r})
+                for r in requests))
+
+    batched = [r.json() for r in asyncio.run(together())]
+    assert all(b["batch_images"] > 1 for b in batched), [b["batch_images"] for b in batched]
+    for request, got in zip(requests, batched):
+        alone = _generate(server, **request).json()
+        assert alone["batch_images"] == request["n"] and len(alone["images"]) == request["n"]
+        assert [p["seed"] for p in got["parameters"]] == [request["seed"]] * request["n"]
+        for a, b in zip(alone["images"], got["images"]):
+            assert np.abs(_pixels(a) - _pixels(b)).max() <= 1
+
+
+def test_generate_png_format_and_random_seed(server):
+    r = _generate(server, response_format="png", seed=7)
+    assert r.status_code == 200 and r.headers["content-type"] == "image/png"
+    image = Image.open(io.BytesIO(r.content))
+    assert image.size == (32, 32) and "Seed: 7" in image.text["parameters"]
+    seeds = {_generate(server).json()["parameters"][0]["seed"] for _ in range(2)}
+    assert len(seeds) == 2  # no seed given: a random one per request, reported
+
+
+@pytest.mark.parametrize("path, body, status, words", [
+    ("/v1/images/generations", {"prompt": "x", "size": "64"}, 400, "WIDTHxHEIGHT"),
+    ("/v1/images/generations", {"prompt": "x", "size": "60x60"}, 400, "multiple of 8"),
+    ("/v1/images/generations", {"prompt": "x", "response_format": "url"}, 400, "b64_json"),
+    ("/v1/images/generations", {"prompt": "x", "model": "dall-e-3"}, 404, "dall-e-3"),
+    ("/v1/generate", {"prompt": "x", "n": 5}, 400, "n must be"),
+    ("/v1/generate", {"prompt": "x", "steps": 0}, 400, "steps"),
+    ("/v1/generate", {"prompt": "x", "steps": 151}, 400, "steps"),
+    ("/v1/generate", {"prompt": "x", "width": 4096}, 400, "width"),
+    ("/v1/generate", {"prompt": "x" * 4001}, 400, "prompt"),
+    ("/v1/generate", {"prompt": "x", "model": "nope"}, 404, "nope"),
+    ("/v1/generate", {"prompt": "x", "image": "not base64!"}, 400, "base64"),
+    ("/v1/generate", {"prompt": "x", "image": base64.b64encode(b"not a png").decode()}, 400, "image"),
+    ("/v1/generate", {"prompt": "x", "scheduler": "bogus"}, 400, "scheduler"),
+    ("/v1/images/generations", {"prompt": "x", "scheduler": "bogus"}, 400, "scheduler"),
+    ("/v1/generate", {"prompt": "x", "preset": "nope"}, 400, "preset"),
+    ("/v1/generate", {"prompt": "x", "timestep_spacing": "odd"}, 400, "timestep_spacing"),
+    ("/v1/generate", {"prompt": "x", "guidance": -1}, 400, "guidance"),
+    ("/v1/generate", {"prompt": "x", "seed": -3}, 400, "seed"),
+    ("/v1/generate", {"prompt": "x", "stepz": 2}, 422, "stepz"),
+    ("/v1/generate", {"n": 1}, 422, "prompt"),
+    ("/v1/generate", {"prompt": "x", "n": "two"}, 422, "n"),
+    ("/v1/generate", {"prompt": "x", "response_format": "png", "n": 2}, 400, "n = 1"),
+    ("/sdapi/v1/txt2img", {"prompt": "x", "enable_hr": True}, 400, "enable_hr"),
+    ("/sdapi/v1/txt2img", {"prompt": "x", "sampler_name": "Nope Sampler"}, 400, "scheduler"),
+    ("/sdapi/v1/txt2img", {"prompt": "x", "override_settings": {"sd_model_checkpoint": "other"}}, 404, "other"),
+    ("/sdapi/v1/img2img", {"prompt": "x", "init_images": []}, 400, "one image"),
+    ("/nowhere", {"prompt": "x"}, 404, "Not Found"),
+])
+def test_bad_requests_are_4xx_json(server, path, body, status, words):
+    r = httpx.post(f"{server.url}{path}", json=body, headers=AUTH, timeout=60)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert words in error["message"] and error["type"]
+
+
+def test_bad_json_and_too_large_bodies(server):
+    r = httpx.post(f"{server.url}/v1/generate", content=b"{not json", headers={**AUTH, "Content-Type":
+                                                                                "application/json"})
+    assert r.status_code == 422 and r.json()["error"]["message"]
+    big = {"prompt": "x", "image": "A" * (3 * 2**20)}
+    r = httpx.post(f"{server.url}/v1/generate", json=big, headers=AUTH, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
+
+    def chunks():  # no Content-Length: counted as it arrives
+        yield b'{"prompt": "x", "image": "'
+        for _ in range(3):
+            yield b"A" * 2**20
+        yield b'"}'
+
+    r = httpx.post(f"{server.url}/v1/generate", content=chunks(), headers={**AUTH, "Content-Type":
+                                                                             "application/json"}, timeout=60)
+    assert r.status_code == 413, r.text
+
+
+def test_metrics(server):
+    _generate(server, seed=1)
+    text = httpx.get(f"{server.url}/metrics", headers=AUTH).text
+    assert 'sdaccel_requests_total{endpoint="/v1/generate",status="200"}' in text
+    assert 'sdaccel_requests_total{endpoint="/v1/generate",status="400"}' in text
+    assert "sdaccel_queue_depth 0.0" in text
+    for name in ('sdaccel_batch_images_bucket{le="1.0",model="tiny"}', 'stage="denoise"', 'stage="decode"',
+                 'stage="text"', 'stage="total"', 'sdaccel_images_total{model="tiny"}'):
+        assert name in text, name
+
+
+# ---------------------------------------------------------------------------------- overload, cancellation
+
+
+@pytest.fixture(scope="module")
+def small_server():
+    s = _Server({"tiny": MODEL}, max_batch=1, batch_window_ms=0, max_queue=1)
+    yield s
+    s.close()
+
+
+def test_overload_is_429_and_a_gone_client_has_its_job_dropped(small_server):
+    s = small_server
+    slow = {}
+
+    def run_slow():
+        slow["response"] = httpx.post(f"{s.url}/v1/generate", timeout=120, json={
+            "prompt": "slow", "steps": 40, "width": 32, "height": 32, "scheduler": "ddim"})
+
+    thread = threading.Thread(target=run_slow)
+    thread.start()
+    _wait(lambda: s.worker.busy(), "the slow job to start")
+
+    def run_impatient():  # queued behind the slow job; its client gives up after 0.5 s
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{s.url}/v1/generate", json={"prompt": "gone", "steps": 2, "width": 32, "height": 32},
+                       timeout=httpx.Timeout(60, read=0.5))
+
+    impatient = threading.Thread(target=run_impatient)
+    impatient.start()
+    _wait(lambda: s.worker.queue_depth() == 1, "the second job to queue")
+    for _ in range(3):
+        r = httpx.post(f"{s.url}/v1/generate", json={"prompt": "more", "steps": 2, "width": 32, "height": 32})
+        assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
+        assert r.json()["error"]["type"] == "rate_limit_error"
+    impatient.join(30)
+    thread.join(120)
+    assert slow["response"].status_code == 200
+    _wait(lambda: 'sdaccel_jobs_dropped_total{reason="cancelled"} 1.0' in httpx.get(f"{s.url}/metrics").text,
+          "the gone client's job to be dropped")
+    text = httpx.get(f"{s.url}/metrics").text
+    assert 'sdaccel_requests_total{endpoint="/v1/generate",status="429"} 3.0' in text
+    assert 'sdaccel_requests_total{endpoint="/v1/generate",status="499"} 1.0' in text
+    assert 'sdaccel_images_total{model="tiny"} 1.0' in text  # the dropped job never ran
+
+
+def test_a_job_past_its_deadline_is_503(small_server):
+    s = small_server
+    app = create_app(s.worker, request_timeout_s=0.3, metrics=s.metrics, stop_worker_on_shutdown=False)
+    thread = threading.Thread(target=lambda: httpx.post(f"{s.url}/v1/generate", timeout=120, json={
+        "prompt": "slow", "steps": 40, "width": 32, "height": 32}))
+    thread.start()
+    _wait(lambda: s.worker.busy(), "the slow job to start")
+
+    async def late():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as client:
+            return await client.post("/v1/generate", json={"prompt": "late", "steps": 2, "width": 32, "height": 32})
+
+    r = asyncio.run(late())
+    thread.join(120)
+    assert r.status_code == 503 and "deadline" in r.json()["error"]["message"]
+    assert 'sdaccel_jobs_dropped_total{reason="deadline"} 1.0' in httpx.get(f"{s.url}/metrics").text
+
+
+def _wait(condition, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+# ------------------------------------------------------------------------------------------ the command
+
+
+def test_sigterm_drains_in_flight_requests(tmp_path):
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    log = open(tmp_path / "serve.log", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "sdaccel", "serve", "--model", MODEL, "--device", "cpu",
+                             "--engine", "eager", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
+                            env=env, cwd=tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def ready():
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                return httpx.get(f"{url}/ready").status_code == 200
+            except httpx.TransportError:
+                return False
+
+        _wait(ready, "the server to be ready", timeout=120)
+        result = {}
+        thread = threading.Thread(target=lambda: result.update(r=httpx.post(
+            f"{url}/v1/generate", json={"prompt": "x", "steps": 40, "width": 32, "height": 32}, timeout=120)))
+        thread.start()
+        _wait(lambda: httpx.get(f"{url}/sdapi/v1/progress").json()["state"]["job_count"] > 0, "the job to start")
+        proc.send_signal(signal.SIGTERM)
+        thread.join(120)
+        assert result["r"].status_code == 200 and len(result["r"].json()["images"]) == 1
+        assert proc.wait(60) == 0, (tmp_path / "serve.log").read_text()
+        lines = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines()
+                 if line.startswith("{")]
+        assert {"method": "POST", "path": "/v1/generate", "status": 200, "images": 1}.items() <= \
+            next(line for line in lines if line["path"] == "/v1/generate").items()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+
+
+def test_non_loopback_host_needs_an_api_key():
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("SDACCEL_API_KEY", None)
+    proc = subprocess.run([sys.executable, "-m", "sdaccel", "serve", "--host", "0.0.0.0"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 2 and "API key" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_parse_warm_and_models():
+    from sdaccel.errors import SdaccelError
+    from sdaccel.serve.cli import parse_models, parse_warm
+
+    assert parse_warm(["512x768:1,2,4", "64x64"]) == ((512, 768, 1), (512, 768, 2), (512, 768, 4), (64, 64, 1))
+    assert parse_models(["a=synthetic:sd15-tiny", "synthetic:sd21-tiny"], "d") == {
+        "a": "synthetic:sd15-tiny", "synthetic:sd21-tiny": "synthetic:sd21-tiny"}
+    assert parse_models([], "synthetic:sd15-tiny") == {"synthetic:sd15-tiny": "synthetic:sd15-tiny"}
+    for bad in ("512:1", "500x512:1", "512x512:0"):
+        with pytest.raises(SdaccelError):
+            parse_warm([bad])
+
+
+def test_the_page_is_served_without_the_key(server):
+    response = httpx.get(f"{server.url}/")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    assert 'id="form"' in response.text and "/v1/generate" in response.text
+
+
+def test_loadtest_reports_what_the_clients_got(server):
+    from sdaccel.serve.loadtest import overload, run_load
+
+    payload = dict(steps=2, width=32, height=32, scheduler="ddim")
+    result = asyncio.run(run_load(server.url, clients=3, requests=6, duration_s=120, payload=payload, api_key=KEY,
+                                  warmup=1))
+    assert result.ok == 6 and result.images == 6 and not result.errors
+    assert result.latency_p50_s is not None and result.latency_p50_s <= result.latency_p99_s
+    assert result.images_per_min > 0 and result.mean_batch_images >= 1
+    assert result.memory_start["host_rss_bytes"] > 0 and "host_rss_bytes" in result.memory_growth()
+    refused, _ = asyncio.run(overload(server.url, payload, 0, KEY))
+    assert refused == 0
+
+
+def test_loadtest_command_serves_measures_and_drains(tmp_path):
+    out = tmp_path / "load.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "sdaccel", "loadtest", "--serve", f"--model {MODEL} --engine eager --device cpu",
+         "--clients", "2", "--requests", "4", "--steps", "2", "--size", "32x32", "--overload", "6", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["load"]["ok"] == 4 and report["load"]["images"] == 4
+    assert "| clients |" in done.stdout
