@@ -49,6 +49,14 @@ def register(sub) -> None:
                                      f"${API_KEY_ENV}); /health and /ready stay open")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds a request may wait for its call to start; later it is answered 503 (default: 600)")
+    p.add_argument("--ray", action="store_true",
+                   help="run the server as a Ray Serve application: --replicas copies of the worker and app, one GPU "
+                        "each, behind Ray Serve's HTTP proxy at --host:--port (needs 'ray[serve]')")
+    p.add_argument("--replicas", type=int, default=1, help="with --ray: how many replicas (default: 1)")
+    p.add_argument("--gpus-per-replica", type=float, metavar="G",
+                   help="with --ray: GPUs each replica holds (default: 1 with a GPU, 0 on CPU)")
+    p.add_argument("--ray-address", metavar="ADDRESS",
+                   help="with --ray: a running Ray cluster to join ('auto' finds the local one; default: start one)")
     p.set_defaults(func=cmd_serve)
 
 
@@ -114,6 +122,8 @@ def cmd_serve(args) -> int:
     engine = (args.engine or ("fast" if device.type == "cuda" else "eager")).strip().lower()
     options = engine_options(engine, args)
     _log_to_stderr()
+    if args.ray:
+        return _serve_on_ray(args, models, engine, options, device, warm, api_key)
     metrics = Metrics()
     worker = Worker(models, engine=engine, engine_options=options, device=str(device), dtype=args.dtype,
                     max_batch=args.max_batch, batch_window_ms=args.batch_window_ms, max_queue=args.max_queue,
@@ -135,6 +145,27 @@ def cmd_serve(args) -> int:
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+    return 0
+
+
+def _serve_on_ray(args, models: dict[str, str], engine: str, options: dict, device, warm, api_key) -> int:
+    if args.replicas < 1:
+        raise SdaccelError(f"--replicas must be >= 1, got {args.replicas}")
+    try:
+        from .ray_app import ReplicaSettings, run
+        import ray.serve  # noqa: F401
+    except ModuleNotFoundError as exc:
+        raise SdaccelError(f"--ray needs {exc.name}: pip install 'ray[serve]'") from None
+    gpus = args.gpus_per_replica if args.gpus_per_replica is not None else (1.0 if device.type == "cuda" else 0.0)
+    settings = ReplicaSettings(models=models, engine=engine, engine_options=options,
+                               device="cuda" if device.type == "cuda" else str(device), dtype=args.dtype,
+                               max_batch=args.max_batch, batch_window_ms=args.batch_window_ms,
+                               max_queue=args.max_queue, warm=warm, api_key=api_key,
+                               request_timeout_s=args.timeout)
+    status(f"serving {', '.join(models)} on Ray Serve: {args.replicas} replica(s) of the {engine} engine, "
+           f"{gpus:g} GPU each, at http://{args.host}:{args.port}")
+    run(settings, replicas=args.replicas, gpus_per_replica=gpus, host=args.host, port=args.port,
+        address=args.ray_address)
     return 0
 
 

@@ -1,0 +1,130 @@
+"""Scale-out on Ray Serve: `sdaccel serve --ray --replicas N` runs N replicas of the same worker and HTTP app, one
+GPU each (`num_gpus=1`: Ray sets each replica's CUDA_VISIBLE_DEVICES), behind Ray Serve's HTTP proxy, which spreads
+requests over them. Each replica batches its own requests as a single server does; nothing here schedules or
+places work itself: that is Ray's. Needs `pip install 'ray[serve]'`; runs locally (a Ray instance started for it) or
+on a cluster (`--ray-address auto`, or a Serve config file: see docs).
+
+Ray hands a replica each request as a Starlette Request; the replica passes it through its app as ASGI (the same
+routes, limits, API key and errors as `sdaccel serve`) and returns the app's response.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class ReplicaSettings:
+    """What every replica builds its worker and app from (plain values: Ray sends them to each replica)."""
+
+    models: dict[str, str]
+    engine: str = "fast"
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    device: str | None = None
+    dtype: str | None = None
+    max_batch: int = 8
+    batch_window_ms: float = 5.0
+    max_queue: int = 64
+    warm: tuple[tuple[int, int, int], ...] = ()
+    api_key: str | None = None
+    request_timeout_s: float = 600.0
+
+
+class Replica:
+    """One replica: a Worker on its device and the HTTP app in front of it (the class Ray Serve deploys)."""
+
+    def __init__(self, settings: dict[str, Any]):
+        from .app import create_app
+        from .metrics import Metrics
+        from .worker import Worker
+
+        s = ReplicaSettings(**settings)
+        metrics = Metrics()
+        self.worker = Worker(s.models, engine=s.engine, engine_options=s.engine_options, device=s.device,
+                             dtype=s.dtype, max_batch=s.max_batch, batch_window_ms=s.batch_window_ms,
+                             max_queue=s.max_queue, warm=tuple(map(tuple, s.warm)), events=metrics)
+        self.worker.start()
+        self.worker.wait_ready()  # a replica is healthy once its models are loaded and warm
+        self.app = create_app(self.worker, api_key=s.api_key, request_timeout_s=s.request_timeout_s,
+                              metrics=metrics, stop_worker_on_shutdown=False)
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+
+    async def __call__(self, request):
+        from starlette.responses import Response
+
+        start: dict[str, Any] = {}
+        body: list[bytes] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                start.update(message)
+            elif message["type"] == "http.response.body":
+                body.append(message.get("body", b""))
+
+        await self.app(request.scope, request.receive, send)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in start.get("headers", [])}
+        headers.pop("content-length", None)  # set again for the joined body
+        headers["x-sdaccel-replica"] = self.name  # which replica answered (Ray spreads requests over them)
+        return Response(b"".join(body), status_code=start.get("status", 500), headers=headers)
+
+    def check_health(self) -> None:
+        """Ray's periodic health check: a replica whose worker failed is restarted."""
+        if self.worker.failure is not None:
+            raise RuntimeError(f"the worker failed: {self.worker.failure}")
+
+    def __del__(self) -> None:
+        worker = getattr(self, "worker", None)
+        if worker is not None:
+            worker.stop(drain=True, timeout=600)
+
+
+def deployment(settings: ReplicaSettings, replicas: int, gpus_per_replica: float):
+    """The Ray Serve application: `replicas` copies of Replica, each holding `gpus_per_replica` GPUs."""
+    from ray import serve
+
+    deployed = serve.deployment(
+        Replica, name="sdaccel", num_replicas=replicas,
+        ray_actor_options={"num_gpus": gpus_per_replica},
+        # Ray may hand a replica as many requests as its queue and a running batch hold; beyond, Ray queues them.
+        max_ongoing_requests=settings.max_queue + settings.max_batch,
+        health_check_period_s=10)
+    return deployed.bind(asdict(settings))
+
+
+def build_app(args: dict[str, Any]):
+    """The application builder a Ray Serve config file names (`import_path: sdaccel.serve.ray_app:build_app`):
+    `args` holds ReplicaSettings' fields plus `replicas` (default 1) and `gpus_per_replica` (default 1)."""
+    args = dict(args)
+    replicas, gpus = int(args.pop("replicas", 1)), float(args.pop("gpus_per_replica", 1))
+    return deployment(ReplicaSettings(**args), replicas, gpus)
+
+
+def run(settings: ReplicaSettings, *, replicas: int, gpus_per_replica: float, host: str, port: int,
+        address: str | None = None, blocking: bool = True) -> None:
+    """Start (or join, with `address`) Ray, deploy the replicas behind Ray Serve's HTTP proxy on host:port, and with
+    `blocking` serve until SIGTERM or Ctrl-C, then shut Serve down (each replica drains its queue)."""
+    import signal
+    import threading
+
+    import ray
+    from ray import serve
+
+    ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(deployment(settings, replicas, gpus_per_replica), name="sdaccel", route_prefix="/")
+    if not blocking:
+        return
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    try:
+        while not stop.wait(1):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        serve.shutdown()
+        ray.shutdown()
