@@ -331,7 +331,7 @@ def test_overload_is_429_and_a_gone_client_has_its_job_dropped(small_server):
 
     def run_slow():
         slow["response"] = httpx.post(f"{s.url}/v1/generate", timeout=120, json={
-            "prompt": "slow", "steps": 40, "width": 32, "height": 32, "scheduler": "ddim"})
+            "prompt": "slow", "steps": 150, "width": 64, "height": 64, "scheduler": "ddim"})
 
     thread = threading.Thread(target=run_slow)
     thread.start()
@@ -364,7 +364,7 @@ def test_a_job_past_its_deadline_is_503(small_server):
     s = small_server
     app = create_app(s.worker, request_timeout_s=0.3, metrics=s.metrics, stop_worker_on_shutdown=False)
     thread = threading.Thread(target=lambda: httpx.post(f"{s.url}/v1/generate", timeout=120, json={
-        "prompt": "slow", "steps": 40, "width": 32, "height": 32}))
+        "prompt": "slow", "steps": 150, "width": 64, "height": 64}))
     thread.start()
     _wait(lambda: s.worker.busy(), "the slow job to start")
 
@@ -408,7 +408,7 @@ def test_sigterm_drains_in_flight_requests(tmp_path):
         _wait(ready, "the server to be ready", timeout=120)
         result = {}
         thread = threading.Thread(target=lambda: result.update(r=httpx.post(
-            f"{url}/v1/generate", json={"prompt": "x", "steps": 40, "width": 32, "height": 32}, timeout=120)))
+            f"{url}/v1/generate", json={"prompt": "x", "steps": 150, "width": 64, "height": 64}, timeout=120)))
         thread.start()
         _wait(lambda: httpx.get(f"{url}/sdapi/v1/progress").json()["state"]["job_count"] > 0, "the job to start")
         proc.send_signal(signal.SIGTERM)
