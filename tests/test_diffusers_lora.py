@@ -11,7 +11,7 @@ import sdaccel
 from sdaccel.engines import ENGINES
 from sdaccel.errors import UsageError
 
-from sd_fixtures import diffusers_pipeline
+from sd_fixtures import diffusers_pipeline, sdxl_kohya_lora
 from test_lora import ATTN, CONV, TEXT, diffusers_lora, factors, kohya_lora
 
 
@@ -319,17 +319,7 @@ def test_an_engine_that_cannot_take_new_weights_refuses_and_changes_nothing(lora
 
 def test_sdxl_with_a_kohya_lora_and_a_call_scale(tmp_path, tokenizer_dir):
     """SDXL: a kohya file naming the original repositories' blocks and the second text encoder (lora_te2_)."""
-    g = torch.Generator().manual_seed(0)
-    a1, b1 = torch.randn(4, 64, generator=g) * 0.1, torch.randn(64, 4, generator=g) * 0.1
-    a2, b2 = torch.randn(4, 48, generator=g) * 0.1, torch.randn(48, 4, generator=g) * 0.1
-    unet_key = "lora_unet_input_blocks_3_1_transformer_blocks_0_attn1_to_q"
-    text_key = "lora_te2_text_model_encoder_layers_0_self_attn_q_proj"
-    path = tmp_path / "xl.safetensors"
-    save_file({f"{unet_key}.lora_down.weight": a1, f"{unet_key}.lora_up.weight": b1, f"{unet_key}.alpha":
-               torch.tensor(2.0), f"{text_key}.lora_down.weight": a2, f"{text_key}.lora_up.weight": b2,
-               f"{text_key}.alpha": torch.tensor(8.0)}, str(path))
-    deltas = {("unet", "down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q"): b1 @ a1 * (2 / 4),
-              ("text_encoder_2", "text_model.encoder.layers.0.self_attn.q_proj"): b2 @ a2 * (8 / 4)}
+    path, deltas = sdxl_kohya_lora(tmp_path / "xl.safetensors")
     pipe = diffusers_pipeline("sdxl-tiny", tokenizer_dir)
     sdaccel.accelerate(pipe)
     pipe.load_lora_weights(str(path), adapter_name="xl")

@@ -12,6 +12,9 @@ import sdaccel
 from sdaccel.errors import UsageError
 from sdaccel.models import build_synthetic, get_spec
 from sdaccel.pipeline import Pipeline
+from sd_fixtures import sdxl_kohya_lora
+
+ATTN_XL = "down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q"
 
 ATTN = "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"  # Linear 32 -> 32
 CONV = "down_blocks.0.resnets.0.conv1"  # Conv2d 32 -> 32, 3x3 (a LoCon layer)
@@ -194,22 +197,14 @@ def test_fast_engine_switches_loras_without_recapturing(tmp_path):
 def test_kohya_sdxl_names_of_the_original_repositories(tmp_path):
     """Most SDXL kohya LoRAs name the UNet's blocks as the SGM repository did (input_blocks_3_1 is the tiny SDXL's
     down_blocks.1.attentions.0) and its second text encoder lora_te2_."""
-    g = torch.Generator().manual_seed(0)
-    a1, b1 = torch.randn(4, 64, generator=g) * 0.1, torch.randn(64, 4, generator=g) * 0.1  # 64 wide: down_blocks.1
-    a2, b2 = torch.randn(4, 48, generator=g) * 0.1, torch.randn(48, 4, generator=g) * 0.1  # the 48-wide encoder
-    unet_key = "lora_unet_input_blocks_3_1_transformer_blocks_0_attn1_to_q"
-    text_key = "lora_te2_text_model_encoder_layers_0_self_attn_q_proj"
-    path = tmp_path / "xl.safetensors"
-    save_file({f"{unet_key}.lora_down.weight": a1, f"{unet_key}.lora_up.weight": b1, f"{unet_key}.alpha":
-               torch.tensor(2.0), f"{text_key}.lora_down.weight": a2, f"{text_key}.lora_up.weight": b2,
-               f"{text_key}.alpha": torch.tensor(8.0)}, str(path))
+    path, deltas = sdxl_kohya_lora(tmp_path / "xl.safetensors")
     pipe = Pipeline(build_synthetic(get_spec("sdxl-tiny")), engine="eager", device="cpu")
-    attn = pipe.components.unet.get_submodule("down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q").weight
+    attn = pipe.components.unet.get_submodule(ATTN_XL).weight
     bigg = pipe.components.text_encoders[1]
     inner = "text_model." if hasattr(bigg, "text_model") else ""
     text = bigg.get_submodule(inner + "encoder.layers.0.self_attn.q_proj").weight
-    want_attn = attn.detach().clone() + 0.5 * (b1 @ a1) * (2 / 4)
-    want_text = text.detach().clone() + 0.5 * (b2 @ a2) * (8 / 4)
+    want_attn = attn.detach().clone() + 0.5 * deltas[("unet", ATTN_XL)]
+    want_text = text.detach().clone() + 0.5 * deltas[("text_encoder_2", "text_model.encoder.layers.0.self_attn.q_proj")]
     assert pipe.set_loras({str(path): 0.5})["layers"] == 2
     torch.testing.assert_close(attn, want_attn, rtol=0, atol=1e-6)
     torch.testing.assert_close(text, want_text, rtol=0, atol=1e-6)

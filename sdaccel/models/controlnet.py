@@ -16,9 +16,8 @@ import torch
 from torch import nn
 
 from ..errors import ModelLoadError, UsageError
+from .loading import SYNTHETIC_PREFIX
 from .registry import CONTROLNET_SPECS, ModelSpec, get_controlnet_spec
-
-SYNTHETIC_PREFIX = "synthetic:"
 
 
 def load_controlnet(ref: str, spec: ModelSpec, *, seed: int = 0, device: str | torch.device = "cpu",
