@@ -247,18 +247,22 @@ class Pipeline:
                                 decoded_finite=decoded_finite, checks=checks, encoded_finite=encoded_finite)
 
     def _control_steps(self, control: Control | None, steps: int, batch: int, cfg: bool) -> _SteeredSteps | None:
-        """The per-step scales and the control images on the device, batched as diffusers' ControlNet pipelines
-        batch them (one image repeated per output; the guidance halves get the same), or None without control."""
+        """The per-step scales and the control images on the device (or the engine's embeddings of them), batched
+        as diffusers' ControlNet pipelines batch them (one image repeated per output; the guidance halves get the
+        same, doubled unless the engine takes them once), or None without control."""
         if control is None:
             return None
         rows = control.step_scales(steps)
         images = []
         for image in control.images:
             image = image.to(self.device, non_blocking=True)
-            image = image.repeat_interleave(batch, dim=0) if len(image) == 1 else image
-            images.append(torch.cat([image, image]) if cfg else image)
+            images.append(image.repeat_interleave(batch, dim=0) if len(image) == 1 else image)
+        if self.stages.embed_controls is not None:  # the same at every step: once per image
+            images = list(self.stages.embed_controls(*images))
+        twice = cfg and not self.stages.control_takes_cfg_once
+        images = [torch.cat([image, image]) if twice else image for image in images]
         scales = torch.tensor(rows, dtype=torch.float32).to(self.device, non_blocking=True)
-        return _SteeredSteps([any(row) for row in rows], scales, images)
+        return _SteeredSteps([any(row) for row in rows], scales, images, twice)
 
     def _denoise(self, sched, start: Start, window: Window, cond: Conditioning, guidance: float, cfg: bool,
                  step_gen: torch.Generator, callback: StepCallback | None, progress: bool, steps: int,
@@ -275,14 +279,14 @@ class Pipeline:
         if extra is not None:
             # The plain UNet's copy (doubled unless it takes the guidance latents once) and the ControlNet steps'.
             extra = {False: torch.cat([extra, extra]) if doubled else extra,
-                     True: torch.cat([extra, extra]) if cfg else extra}
+                     True: torch.cat([extra, extra]) if steered is not None and steered.twice else extra}
         latents = start.latents
         step_kwargs = _step_kwargs(sched, step_gen)
         bar = _progress_bar(steps, evaluations, type(sched).__name__) if progress else None
         for i in range(evaluations):
             t = timesteps_host[i]
             with_control = steered is not None and steered.active[i]
-            twice = cfg if with_control else doubled
+            twice = steered.twice if with_control else doubled
             model_in = sched.scale_model_input(torch.cat([latents, latents]) if twice else latents, t)
             if extra is not None:
                 model_in = torch.cat([model_in, extra[with_control]], dim=1)
@@ -312,7 +316,9 @@ class _SteeredSteps:
 
     active: list[bool]  # per step: does any ControlNet act (else the plain UNet runs)
     scales: torch.Tensor  # (steps, ControlNets)
-    images: list[torch.Tensor]  # per ControlNet: (batch, 3, H, W) in [0, 1], doubled for guidance
+    # per ControlNet: (batch, 3, H, W) in [0, 1], or the engine's embedding of it (Stages.embed_controls)
+    images: list[torch.Tensor]
+    twice: bool  # the latents and images doubled for guidance (else the stage takes them once)
 
 
 def _progress_bar(steps: int, evaluations: int, scheduler: str):

@@ -99,6 +99,28 @@ def test_controlnet_with_an_inpainting_unet_reads_the_latents_alone():
     assert torch.isfinite(steered.latents).all() and (steered.latents - plain.latents).abs().max() > 1e-3
 
 
+def test_a_controlnet_given_its_conditioning_embedding_matches_it_given_the_image():
+    import copy
+
+    from sdaccel.models.components import control_embedding_fn, pass_embedded_conditioning
+
+    net = build_synthetic_controlnet("controlnet-sd15-tiny")
+    g = torch.Generator().manual_seed(1)
+    latents, image, context = torch.randn(2, 4, 32, 32, generator=g), torch.rand(2, 3, 64, 64, generator=g), \
+        torch.randn(2, 77, 32, generator=g)
+    before = net(latents, 10, encoder_hidden_states=context, controlnet_cond=image, return_dict=False)
+    pass_embedded_conditioning(net)
+    (embedding,) = control_embedding_fn([net])(image)
+    for model in (net, copy.deepcopy(net)):
+        for cond in (embedding, image):  # an image is still embedded as before
+            down, mid = model(latents, 10, encoder_hidden_states=context, controlnet_cond=cond, return_dict=False)
+            torch.testing.assert_close(mid, before[1], rtol=1e-5, atol=1e-6)
+            for a, b in zip(down, before[0]):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    copied = copy.deepcopy(net)
+    assert copied.controlnet_cond_embedding.forward.__self__ is copied.controlnet_cond_embedding
+
+
 def test_the_control_image_sets_the_output_size():
     pipe = sdaccel.load("synthetic:sd15-tiny", controlnet="synthetic:controlnet-sd15-tiny", device="cpu")
     result = pipe("a cat", control_image=picture(48), steps=2, batch_size=2)

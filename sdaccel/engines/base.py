@@ -46,8 +46,14 @@ class Stages:
     # computes what every step shares once before it (the fast engine's loop_plan.py). None: each step calls unet.
     plan_loop: Callable[..., UNetStep] | None = None
     # The UNet steered by the model's ControlNets (Components.controlnets), one call per step; None without them.
-    # It takes the latents as the pipeline doubles them for guidance (unet_takes_cfg_once is the plain UNet's).
     control_unet: ControlledUNetStage | None = None
+    # As unet_takes_cfg_once, for control_unet: True, it takes the latents and control inputs once beside the 2B
+    # context; False, the pipeline doubles them for guidance.
+    control_takes_cfg_once: bool = False
+    # Optional: (*control_images) -> each ControlNet's conditioning embedding (control_embedding_fn), which the
+    # pipeline computes once per image and control_unet then takes in place of the images. None: control_unet
+    # takes the images and embeds them at every step, as diffusers' pipelines do.
+    embed_controls: Callable[..., tuple[torch.Tensor, ...]] | None = None
 
     def unet_steps(self, timesteps: torch.Tensor, context: torch.Tensor, text_embeds: torch.Tensor | None = None,
                    time_ids: torch.Tensor | None = None) -> UNetStep:

@@ -87,6 +87,40 @@ def controlled_unet_fn(unet: nn.Module, controlnets: list[nn.Module]) -> Callabl
     return denoise
 
 
+def control_embedding_fn(controlnets: list[nn.Module]) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """(*control_images) -> each ControlNet's conditioning embedding of its image, what the ControlNet adds to its
+    conv_in output. It reads neither the latents nor the timestep, so it is the same at every step of a loop: an
+    engine that computes it once per image (Stages.embed_controls) hands controlled_unet_fn these embeddings in place
+    of the images, after pass_embedded_conditioning on each ControlNet. At 512x512 the embedding is eight
+    convolutions at up to full image resolution, run at every step of diffusers' pipelines for both guidance
+    halves."""
+    embeddings = [type(net.controlnet_cond_embedding).forward.__get__(net.controlnet_cond_embedding)
+                  for net in controlnets]
+
+    def embed(*images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(embedding(image) for embedding, image in zip(embeddings, images))
+
+    return embed
+
+
+def pass_embedded_conditioning(net: nn.Module) -> None:
+    """Make `net`'s conditioning embedding hand back an input that is already an embedding (as wide as its output:
+    control_embedding_fn's) and embed a control image as before. A bound method on the instance: a deepcopy of the
+    model keeps its own."""
+    import types
+
+    embedding = net.controlnet_cond_embedding
+    if embedding.conv_out.out_channels == embedding.conv_in.in_channels:
+        raise ValueError("a conditioning embedding as wide as its input cannot tell an embedding from an image")
+    embedding.forward = types.MethodType(_embedding_or_embedded, embedding)
+
+
+def _embedding_or_embedded(embedding: nn.Module, conditioning: torch.Tensor) -> torch.Tensor:
+    if conditioning.shape[1] == embedding.conv_out.out_channels:
+        return conditioning
+    return type(embedding).forward(embedding, conditioning)
+
+
 def vae_decode_fn(vae: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """Scaled latents -> image in [-1, 1]. Calls the decoder directly: no tiling/slicing branches in the graph."""
 

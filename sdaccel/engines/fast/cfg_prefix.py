@@ -21,7 +21,9 @@ from .vae import FusedUpsample2D, GroupNormSiLU
 _PREFIX_SAFE_FUSED = (FusedResnetBlock, FusedTransformer2D, FusedUpsample2D, GroupNormSiLU,
                       TimeEmbeddingProjections, ContextProjections, Fp8Scales)
 _PREFIX_SAFE_PLAIN = {"ModuleList", "Conv2d", "Linear", "SiLU", "Identity", "Timesteps", "TimestepEmbedding",
-                      "Downsample2D", "DownBlock2D", "CrossAttnDownBlock2D", "UNetMidBlock2DCrossAttn"}
+                      "Downsample2D", "DownBlock2D", "CrossAttnDownBlock2D", "UNetMidBlock2DCrossAttn",
+                      # A ControlNet's: the control image (or its embedding) is the same for both halves.
+                      "ControlNetConditioningEmbedding"}
 
 
 # How cfg_prefix_refusal's answer begins for a UNet whose halves differ from the start (SDXL's time embedding takes
@@ -30,8 +32,8 @@ PREFIX_NEVER_SHARED = "its time embedding takes"
 
 
 def cfg_prefix_refusal(unet: nn.Module) -> str | None:
-    """Why a fused UNet cannot take classifier-free guidance's latents once, B samples beside the 2B context
-    (uncond first), and compute what both halves share once (None: it can).
+    """Why a fused UNet (or ControlNet) cannot take classifier-free guidance's latents once, B samples beside the
+    2B context (uncond first), and compute what both halves share once (None: it can).
 
     Both halves of a CFG call get the same latents and timestep; they differ only through the text, which enters at
     the first cross-attention. Up to there (SD1.x/2.x: conv_in, the first ResNet block, the first transformer's
@@ -40,8 +42,8 @@ def cfg_prefix_refusal(unet: nn.Module) -> str | None:
     and while every module that meets the context or a skip connection is a fused one that widens the batch where
     it has to; diffusers' own attention would silently fold the 2B context into B samples."""
     config = getattr(unet, "config", None)
-    if type(unet).__name__ != "UNet2DConditionModel" or config is None:
-        return f"{type(unet).__name__} is not a diffusers UNet2DConditionModel"
+    if type(unet).__name__ not in ("UNet2DConditionModel", "ControlNetModel") or config is None:
+        return f"{type(unet).__name__} is not a diffusers UNet2DConditionModel or ControlNetModel"
     for key in ("class_embed_type", "addition_embed_type"):
         if getattr(config, key, None) is not None:
             return f"{PREFIX_NEVER_SHARED} {key}={getattr(config, key)!r}, which differs between the halves"

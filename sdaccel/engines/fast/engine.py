@@ -22,7 +22,7 @@ import torch
 from ...cache import cache_dir
 from ...errors import EngineUnavailableError, UsageError
 from ...kernels.recording import supported as recording_supported
-from ...models.components import Components
+from ...models.components import Components, control_embedding_fn, pass_embedded_conditioning
 from ..base import Engine, Stages, restore_weight_storages, weight_storages
 from ..eager import cast_stages, place_modules
 from ..fp32_encoder import Fp32Encoder, fp32_encode_stage
@@ -230,18 +230,31 @@ class FastEngine(Engine):
                 # Said aloud, not only in info: a UNet that silently loses the prefix loses what it saves.
                 self.notes.append(f"CFG prefix not shared ({refusal}): each step computes what both guidance "
                                   "halves share twice")
+        control_once = cfg_once
+        for i, net in enumerate(components.controlnets):
+            net_refusal = cfg_prefix_refusal(net)
+            if control_once and net_refusal is not None:
+                control_once = False
+                self.notes.append(f"CFG prefix not shared in ControlNet steps (controlnet{i}: {net_refusal})")
         no_plan = "off"
         if c.loop_plan:
             no_plan = plan_refusal(components.unet) if c.fused else "needs the fused blocks"
         encoders = [builds.first_calls(f"text_encoder{i}", encode) for i, encode in enumerate(stages.text_encoders)]
-        control_unet = None if stages.control_unet is None else builds.first_calls("control_unet",
-                                                                                  stages.control_unet)
+        control_unet = embed_controls = None
+        if stages.control_unet is not None:
+            control_unet = builds.first_calls("control_unet", stages.control_unet)
+            for net in components.controlnets:
+                pass_embedded_conditioning(net)
+            embed = control_embedding_fn(components.controlnets)
+            embed_controls = builds.first_calls("embed_controls",
+                                                lambda *images: embed(*(image.to(dtype) for image in images)))
         stages = Stages(encoders, builds.first_calls("unet", stages.unet), builds.first_calls("decode", stages.decode),
                         encode=builds.first_calls("encode", stages.encode), control_unet=control_unet,
                         info=dict(stages.info, fusions=self.fusion_counts, parallel_compile=builds.reports,
                                   notes=self.notes, cfg_prefix="shared" if cfg_once else f"not shared: {refusal}",
                                   loop_plan="on" if no_plan is None else f"off: {no_plan}"),
-                        unet_takes_cfg_once=cfg_once)
+                        unet_takes_cfg_once=cfg_once, control_takes_cfg_once=control_once,
+                        embed_controls=embed_controls)
 
         def plan_with(wrap):
             if no_plan is not None:

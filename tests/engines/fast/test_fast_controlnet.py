@@ -1,5 +1,6 @@
-"""The fast engine with ControlNets: the ControlNets' blocks are fused with the UNet's kernels and give eager's
-latents; on a GPU ControlNets and UNet of a step replay as one graph, and new scales or spans recapture nothing."""
+"""The fast engine with ControlNets: the ControlNets' blocks are fused with the UNet's kernels, their steps share the
+guidance prefix and embed the control images once, and give eager's latents; on a GPU ControlNets and UNet of a step
+replay as one graph, and new scales or spans recapture nothing."""
 
 import pytest
 import torch
@@ -38,6 +39,10 @@ def test_fused_controlnets_match_eager(arch, nets, inputs, exact_fp32):
     engine = FastEngine(allow_cpu=True)
     fast = sdaccel.Pipeline(model(arch, nets), engine=engine, dtype="fp32")
     assert engine.fusion_counts["controlnet0_resnet"] >= 2 and engine.fusion_counts["controlnet0_transformer"] >= 1
+    # SD1.x ControlNet steps take the guidance latents and the control embeddings once (computed once per image);
+    # SDXL's halves differ from the start (its time embedding takes the pooled text).
+    assert fast.stages.control_takes_cfg_once == arch.startswith("sd15")
+    assert fast.stages.embed_controls is not None
     kwargs = dict(control_image=control_for(nets), steps=3, scheduler="euler", output="latent", **inputs)
     a, b = eager("a door", **kwargs), fast("a door", **kwargs)
     torch.testing.assert_close(b.latents, a.latents, rtol=1e-4, atol=1e-4)
