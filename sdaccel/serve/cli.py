@@ -1,7 +1,8 @@
-"""`sdaccel serve`: models on one device behind an HTTP server (sdaccel's API, OpenAI's images API, A1111's subset).
+"""`sdaccel serve`: models on one device behind an HTTP server (sdaccel's API, OpenAI's images API, A1111's subset);
+with --gpus, one worker process per GPU behind the one server (workers.py).
 
-uvicorn runs the app; SIGTERM stops accepting connections, lets in-flight requests finish, then stops the worker
-after its queued jobs (the app's lifespan) and exits 0.
+uvicorn runs the app; SIGTERM stops accepting connections, lets in-flight requests finish, then stops the worker (or
+each worker process) after its queued jobs (the app's lifespan) and exits 0.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ def register(sub) -> None:
     p.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="an option of the engine (repeatable; `sdaccel engines NAME` lists them)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
+    p.add_argument("--gpus", metavar="all|0,1,...",
+                   help="one worker process per GPU, each with its own engines, behind one server; all: every "
+                        "visible GPU (--max-queue is per GPU)")
+    p.add_argument("--cpu-workers", type=int, metavar="N",
+                   help="N worker processes on the CPU, as --gpus runs them on GPUs (for CPU-only machines)")
     p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], help="default: fp16 on GPU, fp32 on CPU")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: 127.0.0.1); any other than loopback needs an API key")
@@ -88,6 +94,42 @@ def parse_warm(items: list[str]) -> tuple[tuple[int, int, int], ...]:
     return tuple(shapes)
 
 
+def worker_devices(gpus: str | None, cpu_workers: int | None, device: str | None, ray: bool) -> list[str] | None:
+    """The worker processes' devices that --gpus or --cpu-workers asks for ("cuda:N" or "cpu" each); None: one
+    worker in the server's own process. --gpus all counts the GPUs through NVML where it can (no CUDA context)."""
+    if gpus is None and cpu_workers is None:
+        return None
+    flag = "--gpus" if gpus is not None else "--cpu-workers"
+    if gpus is not None and cpu_workers is not None:
+        raise SdaccelError("--gpus and --cpu-workers exclude each other")
+    if ray:
+        raise SdaccelError(f"{flag} and --ray exclude each other: Ray places its replicas on GPUs itself")
+    if device:
+        raise SdaccelError(f"{flag} chooses the workers' devices: drop --device")
+    if cpu_workers is not None:
+        if cpu_workers < 1:
+            raise SdaccelError(f"--cpu-workers must be >= 1, got {cpu_workers}")
+        return ["cpu"] * cpu_workers
+    text = gpus.strip().lower()
+    indices = None
+    if text != "all":
+        parts = [part.strip() for part in text.split(",")]
+        if not all(part.isdigit() for part in parts):
+            raise SdaccelError(f"--gpus {gpus!r}: expected all or GPU indices such as 0,1")
+        indices = [int(part) for part in parts]
+        if len(set(indices)) != len(indices):
+            raise SdaccelError(f"--gpus {gpus!r}: a GPU is named twice")
+    import torch
+
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise SdaccelError("--gpus: no CUDA GPU is visible")
+    for index in indices or ():
+        if index >= count:
+            raise SdaccelError(f"--gpus {gpus!r}: there is no GPU {index} ({count} visible: 0-{count - 1})")
+    return [f"cuda:{i}" for i in (range(count) if indices is None else indices)]
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -106,6 +148,7 @@ def cmd_serve(args) -> int:
     if args.timeout <= 0:
         raise SdaccelError(f"--timeout must be > 0 seconds, got {args.timeout}")
     warm = parse_warm(args.warm)
+    devices = worker_devices(args.gpus, args.cpu_workers, args.device, args.ray)
     try:
         import uvicorn
 
@@ -116,25 +159,33 @@ def cmd_serve(args) -> int:
     from ..device import resolve_device
     from ..models.registry import default_model
     from .worker import Worker
+    from .workers import ProcessWorkers
 
-    device = resolve_device(args.device)
-    models = parse_models(args.model, default_model(device.type))
-    engine = (args.engine or ("fast" if device.type == "cuda" else "eager")).strip().lower()
+    # With worker processes the front never touches CUDA: their device type is known from the flag.
+    device = resolve_device(args.device) if devices is None else None
+    device_type = device.type if device is not None else devices[0].partition(":")[0]
+    models = parse_models(args.model, default_model(device_type))
+    engine = (args.engine or ("fast" if device_type == "cuda" else "eager")).strip().lower()
     options = engine_options(engine, args)
     _log_to_stderr()
     if args.ray:
         return _serve_on_ray(args, models, engine, options, device, warm, api_key)
     metrics = Metrics()
-    worker = Worker(models, engine=engine, engine_options=options, device=str(device), dtype=args.dtype,
-                    max_batch=args.max_batch, batch_window_ms=args.batch_window_ms, max_queue=args.max_queue,
-                    warm=warm, events=metrics)
-    worker.start()  # loads and warms on its thread while the server starts: /ready says when it is done
+    settings = dict(engine=engine, engine_options=options, dtype=args.dtype, max_batch=args.max_batch,
+                    batch_window_ms=args.batch_window_ms, max_queue=args.max_queue, warm=warm, events=metrics)
+    if devices is None:
+        worker = Worker(models, device=str(device), **settings)
+        where = str(device)
+    else:
+        worker = ProcessWorkers(models, devices=devices, **settings)
+        where = f"{len(devices)} worker processes: {', '.join(devices)}"
+    worker.start()  # loads and warms on its thread(s) while the server starts: /ready says when it is done
     app = create_app(worker, api_key=api_key, request_timeout_s=args.timeout, metrics=metrics)
     config = uvicorn.Config(app, host=args.host, port=args.port, access_log=False, log_level="info",
                             timeout_graceful_shutdown=None, lifespan="on")
     server = uvicorn.Server(config)
     status(f"serving {', '.join(f'{n} ({r})' if n != r else n for n, r in models.items())} on the {engine} engine "
-           f"({device}) at http://{args.host}:{args.port}")
+           f"({where}) at http://{args.host}:{args.port}")
     # uvicorn re-raises the signal it shut down on once done: a SIGTERM that drained cleanly then exits 0.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:

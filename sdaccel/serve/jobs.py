@@ -14,7 +14,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 # Pipeline.generate keywords a job may set, besides prompt, negative_prompt, seed and n (batch_size).
 SETTINGS = ("steps", "guidance", "height", "width", "scheduler", "timestep_spacing", "prediction_type", "preset",
@@ -30,6 +30,9 @@ class QueueFullError(Exception):
     def __init__(self, retry_after_s: float):
         super().__init__(f"the server is busy: retry in {retry_after_s:.0f} s")
         self.retry_after_s = retry_after_s
+
+    def __reduce__(self):  # pickled as its own argument (it crosses to the server from a worker process)
+        return (QueueFullError, (self.retry_after_s,))
 
 
 class DeadlineExceededError(Exception):
@@ -54,10 +57,13 @@ class Job:
     submitted: float = field(default_factory=time.monotonic)
     future: Future = field(default_factory=Future)  # set by the worker: a JobResult or an exception
     cancelled: threading.Event = field(default_factory=threading.Event)
+    on_cancel: Callable[[], None] | None = None  # called by cancel(): a worker process pool tells the job's process
 
     def cancel(self) -> None:
         """The client is gone: a job not started yet is dropped; one running finishes with its batch."""
         self.cancelled.set()
+        if self.on_cancel is not None:
+            self.on_cancel()
 
 
 @dataclass
@@ -67,6 +73,7 @@ class JobResult:
     timings: dict[str, float]  # the batched call's stage times, seconds
     batch_images: int  # how many images the call that made these computed
     queued_s: float  # from submission to the start of the call
+    worker: int | None = None  # the worker process that made it (ProcessWorkers' index); None in process
 
 
 def batch_key(job: Job, stochastic_scheduler: bool) -> tuple | None:

@@ -45,6 +45,10 @@ class LoadResult:
     latency_p90_s: float | None
     latency_p99_s: float | None
     mean_batch_images: float | None  # what the server batched, as it reported per response
+    # Medians of what the server reported per response: its pipeline call and the wait before it. The rest of a
+    # request's latency is the batching window, PNG encoding and HTTP.
+    pipeline_p50_s: float | None = None
+    queued_p50_s: float | None = None
     memory_start: dict[str, float] = field(default_factory=dict)  # after warm-up, from /metrics
     memory_end: dict[str, float] = field(default_factory=dict)
     overload_429: int = 0
@@ -62,35 +66,54 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-_MEMORY_METRICS = {"process_resident_memory_bytes": "host_rss_bytes",
-                   "sdaccel_gpu_memory_allocated_bytes": "gpu_allocated_bytes"}
-
-
 def memory_from_metrics(text: str) -> dict[str, float]:
-    """The memory figures of a Prometheus exposition (the server's /metrics)."""
-    found = {}
+    """The memory figures of a Prometheus exposition (the server's /metrics): host_rss_bytes (the server process),
+    gpu_allocated_bytes (all its devices together), and for a server with worker processes (--gpus) each one's
+    worker{N}_rss_bytes and, with several GPUs, each one's gpu_allocated_bytes_{device}."""
+    found: dict[str, float] = {}
+    gpus: dict[str, float] = {}
     for line in text.splitlines():
         match = re.match(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+([-+0-9.eE]+|NaN)$", line.strip())
-        if match and match.group(1) in _MEMORY_METRICS:
-            found[_MEMORY_METRICS[match.group(1)]] = float(match.group(3))
+        if not match:
+            continue
+        name, value = match.group(1), float(match.group(3))
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+        if name == "process_resident_memory_bytes":
+            found["host_rss_bytes"] = value
+        elif name == "sdaccel_worker_resident_memory_bytes":
+            found[f"worker{labels.get('worker', '')}_rss_bytes"] = value
+        elif name == "sdaccel_gpu_memory_allocated_bytes":
+            gpus[labels.get("device", "")] = value
+    if gpus:
+        found["gpu_allocated_bytes"] = sum(gpus.values())
+        if len(gpus) > 1:
+            found.update({f"gpu_allocated_bytes_{device}": value for device, value in gpus.items()})
     return found
 
 
 async def run_load(url: str, *, clients: int, requests: int, duration_s: float, payload: dict[str, Any],
                    api_key: str | None = None, warmup: int = 2, timeout_s: float = 600) -> LoadResult:
     """`clients` concurrent clients sending `requests` requests in all (or until `duration_s`), after `warmup`
-    requests sent one at a time."""
+    requests sent one at a time and then one round of `clients` at once: the server has then run every batch size
+    the load will give it (a first call at a new size captures its graphs), and the memory figures start there."""
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout_s) as client:
-        for i in range(warmup):
-            response = await client.post("/v1/generate", json=dict(payload, prompt=f"warm-up {i}"))
+        async def warm(i: int) -> None:
+            response = await client.post("/v1/generate", json=dict(payload, prompt=f"warm-up {i}", seed=i))
             if response.status_code != 200:
                 raise UsageError(f"warm-up request failed: {response.status_code} {response.text[:200]}")
+
+        for i in range(warmup):
+            await warm(i)
+        if clients > 1:
+            await asyncio.gather(*(warm(warmup + i) for i in range(clients)))
         memory_start = memory_from_metrics((await client.get("/metrics")).text)
         latencies: list[float] = []
         batches: list[int] = []
+        pipeline: list[float] = []
+        queued: list[float] = []
         errors: dict[str, int] = {}
         counter = iter(range(requests))
         images = 0
@@ -115,6 +138,10 @@ async def run_load(url: str, *, clients: int, requests: int, duration_s: float, 
                     images += len(body.get("images", []))
                     if "batch_images" in body:
                         batches.append(int(body["batch_images"]))
+                    if "total_s" in (body.get("timings") or {}):
+                        pipeline.append(float(body["timings"]["total_s"]))
+                    if body.get("queued_s") is not None:
+                        queued.append(float(body["queued_s"]))
                 else:
                     errors[str(response.status_code)] = errors.get(str(response.status_code), 0) + 1
 
@@ -126,6 +153,7 @@ async def run_load(url: str, *, clients: int, requests: int, duration_s: float, 
                       latency_p50_s=percentile(latencies, 0.5), latency_p90_s=percentile(latencies, 0.9),
                       latency_p99_s=percentile(latencies, 0.99),
                       mean_batch_images=statistics.fmean(batches) if batches else None,
+                      pipeline_p50_s=percentile(pipeline, 0.5), queued_p50_s=percentile(queued, 0.5),
                       memory_start=memory_start, memory_end=memory_end)
 
 
@@ -135,7 +163,9 @@ async def overload(url: str, payload: dict[str, Any], burst: int, api_key: str |
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     refused: list[float] = []
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600) as client:
+    # A connection each: httpx's default pool (100) would make the client itself hold requests back.
+    limits = httpx.Limits(max_connections=burst, max_keepalive_connections=burst)
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600, limits=limits) as client:
         async def one(i: int) -> None:
             sent = time.perf_counter()
             response = await client.post("/v1/generate", json=dict(payload, prompt=f"burst {i}", seed=i))
@@ -287,6 +317,9 @@ def _table(result: LoadResult, bench: dict[str, Any] | None) -> str:
              f"{', '.join(f'{k}: {v}' for k, v in result.errors.items()) or 0} | {result.images_per_min:.1f} | "
              f"{ms(result.latency_p50_s)} | {ms(result.latency_p90_s)} | {ms(result.latency_p99_s)} | "
              f"{'—' if result.mean_batch_images is None else f'{result.mean_batch_images:.1f}'} |"]
+    if result.pipeline_p50_s is not None:
+        lines.append(f"server, medians: pipeline call {ms(result.pipeline_p50_s)} ms, queued "
+                     f"{ms(result.queued_p50_s)} ms (the rest of p50: batching window, PNG encoding, HTTP)")
     growth = result.memory_growth()
     if growth:
         lines.append("memory growth after warm-up: " + ", ".join(f"{k} {v:+.1%}" for k, v in growth.items()))

@@ -2,7 +2,9 @@
 
 Each Metrics holds its own CollectorRegistry, not prometheus_client's global one, so several apps (tests, or two
 servers in one process) never collide. The worker takes its events at construction: create Metrics first and pass it
-to both Worker(events=metrics) and create_app(metrics=metrics). Queue depth and GPU memory are read at scrape time.
+to both Worker(events=metrics) and create_app(metrics=metrics). Queue depth and GPU memory are read at scrape time:
+from torch in this process for a Worker, from the latest figures each process reported for ProcessWorkers (whose
+front never touches CUDA), which also shows each worker process's resident memory.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ class Metrics(WorkerEvents):
                               registry=r)
         self.gpu_memory = Gauge("sdaccel_gpu_memory_allocated_bytes", "torch.cuda.memory_allocated() per device",
                                 ["device"], registry=r)
+        self.worker_memory = Gauge("sdaccel_worker_resident_memory_bytes",
+                                   "resident host memory of each worker process (ProcessWorkers)", ["worker"],
+                                   registry=r)
         ProcessCollector(registry=r)  # process_resident_memory_bytes and the like: loadtest's memory figures
         self._worker: Any = None
 
@@ -80,8 +85,22 @@ class Metrics(WorkerEvents):
 
     def render(self) -> bytes:
         """The registry in Prometheus' text format, GPU memory read now."""
-        self._read_gpu_memory()
+        memory = getattr(self._worker, "memory", None)
+        if callable(memory):
+            self._worker_memory(memory())
+        else:
+            self._read_gpu_memory()
         return generate_latest(self.registry)
+
+    def _worker_memory(self, figures: dict[str, dict[str, Any]]) -> None:
+        """Worker processes' memory as they reported it: {index: {device, rss_bytes, gpu_allocated_bytes}}; a
+        process that exited drops out."""
+        self.worker_memory.clear()
+        self.gpu_memory.clear()
+        for index, figure in figures.items():
+            self.worker_memory.labels(index).set(figure.get("rss_bytes", 0))
+            if str(figure.get("device", "")).startswith("cuda"):
+                self.gpu_memory.labels(figure["device"]).set(figure.get("gpu_allocated_bytes", 0))
 
     def _read_gpu_memory(self) -> None:
         try:

@@ -205,7 +205,9 @@ class Worker:
         for name, pipe in self.pipes.items():
             for height, width, images in self.warm:
                 log.info("warming %s at %dx%d x%d", name, width, height, images)
-                pipe("warm-up", height=height, width=width, batch_size=images, output="latent")
+                # Decoded too (the image stays on the device): the decoder's graph for this batch is captured
+                # now, not by the first request, whose memory would then grow after the warm-up.
+                pipe("warm-up", height=height, width=width, batch_size=images, output="tensor")
 
     def _next_batch(self) -> list[Job] | None:
         """The next call's jobs (oldest first, then same-key jobs for up to the batching window); None to stop."""

@@ -1,0 +1,508 @@
+"""A pool of worker processes, one per device, behind one HTTP server: `sdaccel serve --gpus 0,1`.
+
+Each child process runs its own Worker (worker.py): its own models, engines, queue and batching, on one device. One
+process per GPU keeps each GPU's CUDA context, captured graphs and allocator to itself, and the Python that launches
+its kernels off the other GPUs' GIL. The front process (the HTTP app) never computes and never initialises CUDA: it
+dispatches each job to the child with the fewest outstanding images (ready children first, ties in turn) and sets
+the job's future from the child's answer. ProcessWorkers offers what the app uses of a Worker, so create_app takes
+either.
+
+Children start with multiprocessing's "spawn" (a forked CUDA runtime is unusable); a "cuda:N" child sees only GPU N
+(CUDA_VISIBLE_DEVICES) and runs on "cuda". As with any spawn, a script that builds a pool must guard its entry point
+with `if __name__ == "__main__":`. Each child talks to the front over one duplex Pipe:
+
+    front -> child   ("job", id, fields), ("cancel", id), ("stop", drain)
+    child -> front   ("ready",), ("failed", error), ("result", id, JobResult), ("error", id, error),
+                     ("event", name, args), ("progress", snapshot), ("memory", figures), ("stopped",)
+
+Queue bound: the front refuses a job (QueueFullError, 429) when every child holds `max_queue` jobs beyond its running
+call, so a child's own queue (of the same size) never overflows. Progress: a child reports a call's start and end,
+and its step at most every PROGRESS_S. Memory: a child reports its resident memory and its GPU's allocated memory
+when ready and after each call (metrics.py shows them). A child that dies fails its outstanding jobs and gets no
+more; the others go on serving. Children ignore SIGINT and SIGTERM (a terminal's Ctrl-C, or a service manager's
+SIGTERM to every process, reaches them too): the front stops them once it has drained, and a child whose front
+died sees its pipe close and stops.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import itertools
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import threading
+import time
+from concurrent.futures import InvalidStateError
+from typing import Any, Mapping, Sequence
+
+from ..errors import UsageError
+from .jobs import CancelledJobError, Job, QueueFullError
+from .worker import Progress, WorkerEvents
+
+log = logging.getLogger("sdaccel.serve")
+
+PROGRESS_S = 0.2  # a child's step updates at most this often (start and end are always sent)
+# What of a Job crosses to its process. deadline and submitted are time.monotonic() values, which hold in another
+# process (Linux' CLOCK_MONOTONIC is system-wide).
+JOB_FIELDS = ("model", "prompt", "negative_prompt", "n", "seed", "settings", "deadline", "submitted")
+_ENV_LOCK = threading.Lock()  # CUDA_VISIBLE_DEVICES is set around each child's start: one start at a time
+
+
+# ------------------------------------------------------------------------------------------------- the child
+
+
+def portable(exc: BaseException) -> BaseException:
+    """`exc` if it survives a pickle round trip, else a RuntimeError with its text: what crosses the pipe must
+    unpickle on the other side."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 - any failure to pickle or unpickle
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def process_memory(device: str) -> dict[str, int]:
+    """This process's resident host memory (Linux' /proc; 0 elsewhere) and its GPU memory allocated by torch."""
+    rss = 0
+    try:
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        pass
+    gpu = 0
+    if device.startswith("cuda"):
+        import torch
+
+        gpu = int(torch.cuda.memory_allocated())
+    return {"rss_bytes": rss, "gpu_allocated_bytes": gpu}
+
+
+class _ForwardEvents(WorkerEvents):
+    """A child Worker's events, sent to the front (with the memory figures after each call)."""
+
+    def __init__(self, send, device: str):
+        self._send, self._device = send, device
+
+    def batch_done(self, model: str, jobs: int, images: int, seconds: float, timings: dict[str, float]) -> None:
+        self._send("event", "batch_done", (model, jobs, images, seconds, timings))
+        self._send("memory", process_memory(self._device))
+
+    def job_dropped(self, reason: str) -> None:
+        self._send("event", "job_dropped", (reason,))
+
+    def job_failed(self, model: str, error: BaseException) -> None:
+        self._send("event", "job_failed", (model, portable(error)))
+
+
+class _ForwardProgress(Progress):
+    """A child Worker's progress, sent to the front: each call's start and end, its steps throttled."""
+
+    def __init__(self, send):
+        super().__init__()
+        self._send, self._sent = send, 0.0
+
+    def start(self, jobs: list[Job], steps: int) -> None:
+        super().start(jobs, steps)
+        self._send("progress", self.snapshot())
+        self._sent = time.monotonic()
+
+    def step(self, index: int) -> None:
+        super().step(index)
+        if time.monotonic() - self._sent >= PROGRESS_S:
+            self._send("progress", self.snapshot())
+            self._sent = time.monotonic()
+
+    def finish(self) -> None:
+        super().finish()
+        self._send("progress", {})
+
+
+def _child_main(device: str, config: dict[str, Any], conn) -> None:
+    """A worker process: a Worker on `device` fed with the front's jobs until the front says stop or goes away."""
+    # Ctrl-C, and a SIGTERM sent to the whole process group or cgroup, reach this process too: the front drains and
+    # stops it (a front that dies closes the pipe, which stops it too).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    lock = threading.Lock()
+
+    def send(*message) -> None:
+        try:
+            with lock:
+                conn.send(message)
+        except (OSError, ValueError):  # the front is gone: the loop below sees it too
+            pass
+
+    if config.get("threads"):
+        import torch
+
+        torch.set_num_threads(config["threads"])  # CPU workers share the cores rather than each taking them all
+    from .worker import Worker
+
+    try:
+        worker = Worker(config["models"], engine=config["engine"], engine_options=config["engine_options"],
+                        device=device, dtype=config["dtype"], max_batch=config["max_batch"],
+                        batch_window_ms=config["batch_window_ms"], max_queue=config["max_queue"],
+                        warm=config["warm"], events=_ForwardEvents(send, device))
+    except Exception as exc:  # noqa: BLE001 - bad settings: reported as a failed start
+        send("failed", portable(exc))
+        conn.close()
+        return
+    worker.progress = _ForwardProgress(send)
+    worker.start()
+    threading.Thread(target=_report_ready, args=(worker, device, send), name="sdaccel-ready", daemon=True).start()
+    jobs: dict[int, Job] = {}  # submitted here, not answered yet: for ("cancel", id)
+
+    def done(job_id: int, future) -> None:
+        jobs.pop(job_id, None)
+        if future.cancelled():
+            send("error", job_id, CancelledJobError("cancelled before it ran"))
+        elif future.exception() is not None:
+            send("error", job_id, portable(future.exception()))
+        else:
+            try:
+                send("result", job_id, future.result())
+            except Exception as exc:  # noqa: BLE001 - a result that does not pickle fails its job, not the thread
+                send("error", job_id, RuntimeError(f"the result could not be sent to the server: {exc}"))
+
+    drain = False
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                break  # the front went away: stop without draining
+            if message[0] == "job":
+                job_id, job = message[1], Job(**message[2])
+                jobs[job_id] = job
+                try:
+                    future = worker.submit(job)
+                except Exception as exc:  # noqa: BLE001 - QueueFullError, UsageError, RuntimeError: answered now
+                    jobs.pop(job_id, None)
+                    send("error", job_id, portable(exc))
+                    continue
+                future.add_done_callback(functools.partial(done, job_id))
+            elif message[0] == "cancel":
+                job = jobs.get(message[1])
+                if job is not None:
+                    job.cancel()
+            elif message[0] == "stop":
+                drain = message[1]
+                break
+    finally:
+        worker.stop(drain)
+        send("stopped")
+        conn.close()
+
+
+def _report_ready(worker, device: str, send) -> None:
+    try:
+        worker.wait_ready()
+    except BaseException as exc:  # noqa: BLE001 - reported to the front, which refuses jobs from then on
+        send("failed", portable(exc))
+        return
+    send("memory", process_memory(device))
+    send("ready")
+
+
+def child_device(device: str) -> tuple[str, str | None]:
+    """The device a child runs on, and the CUDA_VISIBLE_DEVICES it gets: "cuda:N" is ("cuda", GPU N), GPU N counted
+    among the front's own visible GPUs; other devices are kept as they are."""
+    if not device.startswith("cuda"):
+        return device, None
+    index = int(device.partition(":")[2] or 0)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return "cuda", str(index)
+    entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
+    if index >= len(entries):
+        raise UsageError(f"{device}: CUDA_VISIBLE_DEVICES={visible!r} has no GPU {index}")
+    return "cuda", entries[index]
+
+
+# ------------------------------------------------------------------------------------------------- the front
+
+
+class _Child:
+    """The front's view of one worker process."""
+
+    def __init__(self, index: int, device: str, process, conn):
+        self.index, self.device, self.process, self.conn = index, device, process, conn
+        self.send_lock = threading.Lock()
+        self.jobs: dict[int, Job] = {}  # sent to it and not answered yet
+        self.ready = False
+        self.gone = False  # exited, or stopped: no more jobs
+        self.progress: dict[str, Any] = {}  # its running call (Progress.snapshot()), {} when idle
+        self.memory: dict[str, int] = {}  # its latest memory figures
+        self.reader: threading.Thread | None = None
+
+    def queued(self) -> int:
+        """Jobs it holds beyond its running call (an overestimate while answers are on their way: safe)."""
+        return max(0, len(self.jobs) - self.progress.get("jobs", 0))
+
+    def images(self) -> int:
+        return sum(job.n for job in self.jobs.values())
+
+    def send(self, message: tuple) -> None:
+        with self.send_lock:
+            self.conn.send(message)
+
+
+class _PoolProgress:
+    """The pool's progress for /sdapi/v1/progress: the call of a busy worker process, if any."""
+
+    def __init__(self, children: list[_Child]):
+        self._children = children
+
+    def snapshot(self) -> dict[str, Any]:
+        return next((dict(c.progress) for c in self._children if c.progress and not c.gone), {})
+
+
+class ProcessWorkers:
+    """Workers in child processes, one per device in `devices` ("cuda:0", "cuda:1", or "cpu" several times), each
+    loading `models` on `engine` as Worker does; the other settings are Worker's, `max_queue` per process."""
+
+    def __init__(self, models: Mapping[str, str], engine: str = "eager",
+                 engine_options: Mapping[str, Any] | None = None, devices: Sequence[str] = ("cpu",),
+                 dtype: str | None = None, max_batch: int = 8, batch_window_ms: float = 5.0, max_queue: int = 64,
+                 warm: tuple[tuple[int, int, int], ...] = (), events: WorkerEvents | None = None):
+        if not models:
+            raise UsageError("no model to serve")
+        if not devices:
+            raise UsageError("no device to run workers on")
+        if max_batch < 1 or max_queue < 1 or batch_window_ms < 0:
+            raise UsageError("max_batch and max_queue must be >= 1 and batch_window_ms >= 0")
+        self.models = dict(models)
+        self.devices = [str(d) for d in devices]
+        self.engine, self.dtype, self.max_batch, self.max_queue = engine, dtype, max_batch, max_queue
+        self.events = events or WorkerEvents()  # read at each event: the app may replace it (create_app)
+        self._config = dict(models=self.models, engine=engine, engine_options=dict(engine_options or {}), dtype=dtype,
+                            max_batch=max_batch, batch_window_ms=batch_window_ms, max_queue=max_queue,
+                            warm=tuple(warm))
+        self._children: list[_Child] = []
+        self.progress = _PoolProgress(self._children)
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._turn = 0
+        self._stopping = False
+        self._failed: BaseException | None = None
+        self._settled = threading.Event()  # every child ready, or one failed
+        self._seconds_per_image = 1.0  # recent time per image, for Retry-After
+
+    # ------------------------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Start one process per device; each loads and warms its models, and ready() says when all have."""
+        ctx = multiprocessing.get_context("spawn")
+        cpus = sum(1 for d in self.devices if d == "cpu")
+        plan = [child_device(device) for device in self.devices]  # every device checked before any process starts
+        for index, (device, (local, visible)) in enumerate(zip(self.devices, plan)):
+            config = dict(self._config, threads=max(1, (os.cpu_count() or 1) // cpus) if local == "cpu" else None)
+            front, back = ctx.Pipe()
+            process = ctx.Process(target=_child_main, args=(local, config, back), name=f"sdaccel-worker-{index}")
+            with _ENV_LOCK:
+                previous = os.environ.get("CUDA_VISIBLE_DEVICES")
+                if visible is not None:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = visible
+                try:
+                    process.start()
+                finally:
+                    if previous is None:
+                        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+                    else:
+                        os.environ["CUDA_VISIBLE_DEVICES"] = previous
+            back.close()
+            child = _Child(index, device, process, front)
+            with self._lock:
+                self._children.append(child)
+            child.reader = threading.Thread(target=self._read, args=(child,), name=f"sdaccel-worker-{index}-reader",
+                                            daemon=True)
+            child.reader.start()
+        atexit.register(self._at_exit)  # runs before multiprocessing's own exit handler, which joins children
+
+    def ready(self) -> bool:
+        """Every process loaded and warmed its models, and one at least is still running."""
+        with self._lock:
+            return (self._failed is None and len(self._children) == len(self.devices)
+                    and all(c.ready for c in self._children) and any(not c.gone for c in self._children))
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why a process failed to start (the pool then refuses every job)."""
+        return self._failed
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        self._settled.wait(timeout)
+        if self._failed is not None:
+            raise self._failed
+        return self.ready()
+
+    def stop(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Refuse new jobs; each process finishes its queued jobs with `drain` (else fails them) and exits. A process
+        still running after `timeout` is killed (it ignores SIGTERM). Jobs left unanswered fail with
+        CancelledJobError."""
+        with self._lock:
+            self._stopping = True
+            children = list(self._children)
+        for child in children:
+            if not child.gone:
+                try:
+                    child.send(("stop", drain))
+                except (OSError, ValueError):
+                    pass  # already gone
+        until = None if timeout is None else time.monotonic() + timeout
+        for child in children:
+            child.process.join(None if until is None else max(0.0, until - time.monotonic()))
+            if child.process.is_alive():
+                log.warning("worker process %d did not stop in time: killing it", child.index)
+                child.process.kill()
+                child.process.join(10)
+        for child in children:
+            if child.reader is not None:
+                child.reader.join(10)
+            self._gone(child)  # whatever is left unanswered
+        atexit.unregister(self._at_exit)
+
+    def _at_exit(self) -> None:
+        self.stop(drain=False, timeout=10)  # a pool never stopped: its processes must not outlive the front
+
+    # ----------------------------------------------------------------------------------------------- jobs
+
+    def queue_depth(self) -> int:
+        with self._lock:
+            return sum(c.queued() for c in self._children if not c.gone)
+
+    def busy(self) -> bool:
+        return any(c.progress for c in self._children if not c.gone)
+
+    def memory(self) -> dict[str, dict[str, Any]]:
+        """Each running process's latest memory figures by its index: {device, rss_bytes, gpu_allocated_bytes}."""
+        with self._lock:
+            return {str(c.index): dict(c.memory, device=c.device) for c in self._children
+                    if c.memory and not c.gone}
+
+    def submit(self, job: Job):
+        """Hand `job` to a process; returns its Future (a JobResult, or the job's error: a UsageError for settings
+        no call could run). Raises UsageError for an unknown model, QueueFullError when every process's queue is
+        full, and RuntimeError when the pool is stopping or failed."""
+        if job.model not in self.models:
+            raise UsageError(f"unknown model {job.model!r}; served: {', '.join(self.models)}")
+        if self._failed is not None:
+            raise RuntimeError(f"the worker failed to start: {self._failed}")
+        with self._lock:
+            if self._stopping:
+                raise RuntimeError("the server is shutting down")
+            if not self._children:
+                raise RuntimeError("the worker processes are not started (start())")
+            live = [c for c in self._children if not c.gone]
+            if not live:
+                raise RuntimeError("every worker process has exited")
+            open_ = [c for c in live if c.queued() < self.max_queue]
+            if not open_:
+                waiting = sum(c.images() for c in live)
+                raise QueueFullError(max(1.0, waiting * self._seconds_per_image / (self.max_batch * len(live))))
+            self._turn += 1
+            turn = self._turn % len(open_)
+            child = min(open_[turn:] + open_[:turn], key=lambda c: (not c.ready, c.images()))
+            job_id = next(self._ids)
+            child.jobs[job_id] = job
+        try:
+            child.send(("job", job_id, {name: getattr(job, name) for name in JOB_FIELDS}))
+        except Exception as exc:  # noqa: BLE001 - settings that do not pickle, or the process just exited
+            with self._lock:
+                child.jobs.pop(job_id, None)
+            raise RuntimeError(f"could not hand the job to worker process {child.index}: {exc}") from None
+        job.on_cancel = functools.partial(self._cancel, child, job_id)
+        job.future.add_done_callback(lambda future: future.cancelled() and self._cancel(child, job_id))
+        if job.cancelled.is_set():
+            self._cancel(child, job_id)
+        return job.future
+
+    def _cancel(self, child: _Child, job_id: int) -> None:
+        """Tell the job's process to drop it (a job already running finishes with its call)."""
+        if job_id in child.jobs and not child.gone:
+            try:
+                child.send(("cancel", job_id))
+            except (OSError, ValueError):
+                pass
+
+    # ------------------------------------------------------------------------------------------ the readers
+
+    def _read(self, child: _Child) -> None:
+        """One child's messages until it exits."""
+        while True:
+            try:
+                message = child.conn.recv()
+            except (EOFError, OSError):
+                break
+            try:
+                self._handle(child, message)
+            except Exception:  # noqa: BLE001 - a failing event handler must not stop the answers
+                log.exception("handling worker process %d's %r failed", child.index, message[0])
+        self._gone(child)
+
+    def _handle(self, child: _Child, message: tuple) -> None:
+        kind = message[0]
+        if kind in ("result", "error"):
+            with self._lock:
+                job = child.jobs.pop(message[1], None)
+            if job is None or job.future.done():
+                return  # its waiter cancelled it meanwhile
+            try:
+                if kind == "result":
+                    message[2].worker = child.index
+                    job.future.set_result(message[2])
+                else:
+                    job.future.set_exception(message[2])
+            except InvalidStateError:
+                pass
+        elif kind == "event":
+            name, args = message[1], message[2]
+            if name == "batch_done":
+                images, seconds = args[2], args[3]
+                self._seconds_per_image = 0.8 * self._seconds_per_image + 0.2 * seconds / max(1, images)
+            getattr(self.events, name)(*args)
+        elif kind == "progress":
+            child.progress = message[1]
+        elif kind == "memory":
+            child.memory = message[1]
+        elif kind == "ready":
+            child.ready = True
+            with self._lock:
+                if len(self._children) == len(self.devices) and all(c.ready for c in self._children):
+                    self._settled.set()
+        elif kind == "failed":
+            log.error("worker process %d (%s) failed to start: %s", child.index, child.device, message[1])
+            with self._lock:
+                self._failed = self._failed or message[1]
+            self._settled.set()
+
+    def _gone(self, child: _Child) -> None:
+        """The child exited (or stopped): fail what it had not answered, and send it nothing more."""
+        child.process.join(5)
+        code = child.process.exitcode
+        with self._lock:
+            expected = self._stopping
+            first = not child.gone
+            child.gone, child.progress = True, {}
+            jobs = list(child.jobs.values())
+            child.jobs.clear()
+            if not expected and not child.ready and self._failed is None:
+                self._failed = RuntimeError(f"worker process {child.index} exited (code {code}) before it was ready")
+                self._settled.set()
+        if first and not expected:
+            log.error("worker process %d (%s) exited (code %s): %d job(s) failed", child.index, child.device, code,
+                      len(jobs))
+        if first:
+            child.conn.close()
+        for job in jobs:
+            error = (CancelledJobError("the server is shutting down") if expected
+                     else RuntimeError(f"worker process {child.index} exited (code {code})"))
+            if not job.future.done():
+                try:
+                    job.future.set_exception(error)
+                except InvalidStateError:
+                    pass
