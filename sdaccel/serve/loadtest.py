@@ -51,8 +51,11 @@ class LoadResult:
     queued_p50_s: float | None = None
     memory_start: dict[str, float] = field(default_factory=dict)  # after warm-up, from /metrics
     memory_end: dict[str, float] = field(default_factory=dict)
-    overload_429: int = 0
+    overload_429: int = 0  # of the --overload burst
     overload_429_p50_ms: float | None = None
+    overload_probe_429: int = 0  # of the probes sent one at a time while the server is full
+    overload_probe_429_p50_ms: float | None = None
+    overload_probe_429_max_ms: float | None = None
 
     def memory_growth(self) -> dict[str, float]:
         """Relative growth of each memory figure from the warm-up to the end (0.01 = 1%)."""
@@ -157,23 +160,58 @@ async def run_load(url: str, *, clients: int, requests: int, duration_s: float, 
                       memory_start=memory_start, memory_end=memory_end)
 
 
-async def overload(url: str, payload: dict[str, Any], burst: int, api_key: str | None = None) -> tuple[int, list[float]]:
-    """Send `burst` requests at once; how many were refused with 429, and how fast each refusal came (seconds)."""
+PROBE_WAIT_S = 1.0  # a probe not answered within this long was accepted: the next one goes
+
+
+@dataclass
+class Overload:
+    """What --overload measured: a burst of requests at once, then probes one at a time while the queue it filled
+    is still full."""
+
+    burst_429: int  # of the burst, refused with 429
+    burst_429_s: list[float]  # how fast each refusal came: the event loop works through the herd in turn
+    probe_429: int  # of the probes, refused with 429
+    probe_429_s: list[float]  # how fast a client of a full server hears 429
+
+
+async def overload(url: str, payload: dict[str, Any], burst: int, api_key: str | None = None,
+                   probes: int = 20) -> Overload:
+    """Send `burst` requests at once; once the server refuses (its queue is full) and the burst's refusals have all
+    arrived, send `probes` requests one at a time. How many of each were refused with 429, and how fast."""
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     refused: list[float] = []
+    answered = 0
+    full = asyncio.Event()
     # A connection each: httpx's default pool (100) would make the client itself hold requests back.
-    limits = httpx.Limits(max_connections=burst, max_keepalive_connections=burst)
+    limits = httpx.Limits(max_connections=burst + 1, max_keepalive_connections=burst + 1)
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600, limits=limits) as client:
-        async def one(i: int) -> None:
+        async def one(i: int, times: list[float]) -> None:
+            nonlocal answered
             sent = time.perf_counter()
-            response = await client.post("/v1/generate", json=dict(payload, prompt=f"burst {i}", seed=i))
+            response = await client.post("/v1/generate", json=dict(payload, prompt=f"overload {i}", seed=i))
+            answered += 1
             if response.status_code == 429:
-                refused.append(time.perf_counter() - sent)
+                times.append(time.perf_counter() - sent)
+                full.set()
 
-        await asyncio.gather(*(one(i) for i in range(burst)))
-    return len(refused), refused
+        herd = asyncio.ensure_future(asyncio.gather(*(one(i, refused) for i in range(burst))))
+        probed: list[float] = []
+        await asyncio.wait([herd, asyncio.ensure_future(full.wait())], return_when=asyncio.FIRST_COMPLETED)
+        if full.is_set():
+            while True:  # the refusals come at once; the accepted requests wait for their images
+                seen = answered
+                await asyncio.sleep(0.2)
+                if answered == seen:
+                    break
+            pending = []
+            for i in range(probes):  # one at a time: each answered, or accepted (then it waits for its image)
+                pending.append(asyncio.ensure_future(one(burst + i, probed)))
+                await asyncio.wait([pending[-1]], timeout=PROBE_WAIT_S)
+            await asyncio.gather(*pending)
+        await herd
+    return Overload(len(refused), refused, len(probed), probed)
 
 
 # ------------------------------------------------------------------------------------------------- the command
@@ -193,7 +231,8 @@ def register(sub) -> None:
     p.add_argument("--size", metavar="WxH", help="image size (default: the model's)")
     p.add_argument("--model", help="the served model's name to request (default: the server's first)")
     p.add_argument("--overload", type=int, default=0, metavar="N",
-                   help="after the load, send N requests at once and time the 429 answers (default: off)")
+                   help="after the load, send N requests at once, then 20 one at a time while the server is "
+                        "still full, and time the 429 answers (default: off)")
     p.add_argument("--bench", action="store_true",
                    help="with --serve: first run `sdaccel bench` on the same model and engine (batch 1 and the "
                         "server's --max-batch) for comparison")
@@ -288,9 +327,13 @@ def cmd_loadtest(args) -> int:
         result = asyncio.run(run_load(url, clients=args.clients, requests=args.requests, duration_s=args.duration,
                                       payload=payload, api_key=args.api_key))
         if args.overload:
-            refused, times = asyncio.run(overload(url, payload, args.overload, args.api_key))
-            result.overload_429 = refused
-            result.overload_429_p50_ms = None if not times else percentile(times, 0.5) * 1000
+            found = asyncio.run(overload(url, payload, args.overload, args.api_key))
+            result.overload_429 = found.burst_429
+            result.overload_429_p50_ms = None if not found.burst_429_s else percentile(found.burst_429_s, 0.5) * 1000
+            result.overload_probe_429 = found.probe_429
+            if found.probe_429_s:
+                result.overload_probe_429_p50_ms = percentile(found.probe_429_s, 0.5) * 1000
+                result.overload_probe_429_max_ms = max(found.probe_429_s) * 1000
     finally:
         if server is not None:
             server.send_signal(signal.SIGTERM)
@@ -324,7 +367,11 @@ def _table(result: LoadResult, bench: dict[str, Any] | None) -> str:
     if growth:
         lines.append("memory growth after warm-up: " + ", ".join(f"{k} {v:+.1%}" for k, v in growth.items()))
     if result.overload_429:
-        lines.append(f"overload: {result.overload_429} answered 429, median {result.overload_429_p50_ms:.1f} ms")
+        lines.append(f"overload: {result.overload_429} of the burst answered 429, median {result.overload_429_p50_ms:.1f} "
+                     "ms")
+    if result.overload_probe_429:
+        lines.append(f"while full: {result.overload_probe_429} probes one at a time answered 429, median "
+                     f"{result.overload_probe_429_p50_ms:.1f} ms, max {result.overload_probe_429_max_ms:.1f} ms")
     if bench:
         lines.append("sdaccel bench, same model and engine: " + ", ".join(
             f"{k.replace('_', ' ')} {v['median_s']:.3f} s, {v['images_per_min']:.1f} images/min"

@@ -360,6 +360,17 @@ def test_overload_is_429_and_a_gone_client_has_its_job_dropped(small_server):
     assert 'sdaccel_images_total{model="tiny"} 1.0' in text  # the dropped job never ran
 
 
+def test_loadtest_overload_probes_a_full_server(small_server):
+    from sdaccel.serve.loadtest import overload
+
+    # A job runs (150 steps), at most one waits, the rest of the burst is refused. Then the probes: one that finds
+    # the queue free is accepted and fills it, so at most one of them is not refused.
+    payload = dict(steps=150, width=64, height=64, scheduler="ddim")
+    found = asyncio.run(overload(small_server.url, payload, 4, probes=3))
+    assert found.burst_429 >= 2 and len(found.burst_429_s) == found.burst_429
+    assert found.probe_429 >= 2 and all(0 < t < 30 for t in found.probe_429_s)
+
+
 def test_a_job_past_its_deadline_is_503(small_server):
     s = small_server
     app = create_app(s.worker, request_timeout_s=0.3, metrics=s.metrics, stop_worker_on_shutdown=False)
@@ -462,8 +473,8 @@ def test_loadtest_reports_what_the_clients_got(server):
     assert result.latency_p50_s is not None and result.latency_p50_s <= result.latency_p99_s
     assert result.images_per_min > 0 and result.mean_batch_images >= 1
     assert result.memory_start["host_rss_bytes"] > 0 and "host_rss_bytes" in result.memory_growth()
-    refused, _ = asyncio.run(overload(server.url, payload, 0, KEY))
-    assert refused == 0
+    found = asyncio.run(overload(server.url, payload, 0, KEY))
+    assert found.burst_429 == 0 and found.probe_429 == 0  # nothing sent: no queue filled, no probe
 
 
 def test_loadtest_command_serves_measures_and_drains(tmp_path):
