@@ -4,7 +4,8 @@ batching.
 The GPU runs one call at a time, so one thread owns it: the HTTP layer submits jobs (submit returns a Future) and
 never computes. The thread takes the oldest job, then for up to `batch_window_ms` gathers queued jobs with the same
 batch key (jobs.py) until `max_batch` images, and runs them as one pipeline call: the fast engine's captured graphs
-for that batch size replay for all of them. A job that waited past its deadline, or whose client went away, is
+for that batch size replay for all of them. Where shapes were warmed at start (`warm`), a batch keeps to an image
+count warmed for its size, so a new count's graphs are not captured while requests wait. A job that waited past its deadline, or whose client went away, is
 dropped before it runs. A full queue refuses new jobs at once (QueueFullError, the HTTP layer's 429), with a
 Retry-After from the recent time per image. stop(drain=True) refuses new jobs and finishes every queued one.
 """
@@ -236,7 +237,29 @@ class Worker:
                 if images >= self.max_batch or left <= 0 or self._stopping:
                     break
                 self._cv.wait(left)
+            return self._warmed_part(batch)
+
+    def _warmed_part(self, batch: list[Job]) -> list[Job]:
+        """The batch cut to an image count warmed at start for its size, the jobs cut off put back at the head of
+        the queue for the next call: a count never run before would capture its graphs (about a second, and the
+        memory of a new shape) on the request path. Unchanged when its size has no warmed counts or the first job
+        alone is not one."""
+        counts = self._warmed_counts(batch[0])
+        images = sum(job.n for job in batch)
+        kept = list(batch)
+        while len(kept) > 1 and counts and images not in counts:
+            images -= kept.pop().n
+        if images not in counts:
             return batch
+        for job in reversed(batch[len(kept):]):
+            self._queue.appendleft(job)  # already marked running: _usable lets it through again
+        return kept
+
+    def _warmed_counts(self, job: Job) -> set[int]:
+        spec = self.pipes[job.model].spec
+        height = job.settings.get("height") or spec.height
+        width = job.settings.get("width") or spec.width
+        return {n for h, w, n in self.warm if (h, w) == (height, width)}
 
     def _usable(self, job: Job) -> bool:
         """False (and the job's future failed) for a job whose client left or whose deadline passed. True marks its
@@ -249,7 +272,8 @@ class Worker:
             _fail(job, DeadlineExceededError("the request's deadline passed before it could run"))
             self.events.job_dropped("deadline")
             return False
-        return job.future.set_running_or_notify_cancel()
+        # A job put back by _warmed_part is running already: its waiter could not cancel it since.
+        return job.future.running() or job.future.set_running_or_notify_cancel()
 
     def _key(self, job: Job) -> tuple | None:
         """The job's batch key; None (it runs alone, where the pipeline reports a bad setting as its own error)

@@ -70,3 +70,19 @@ def test_cancelled_and_expired_jobs_are_dropped_and_a_full_queue_refuses(worker)
     for future in fillers:
         assert future.result(120).images
     assert worker.submit(job()).result(120).images  # still serving
+
+
+def test_batches_keep_to_the_counts_warmed_for_their_size():
+    w = Worker({"tiny": "synthetic:sd15-tiny"}, engine="eager", device="cpu", max_batch=4, batch_window_ms=300,
+               max_queue=8, warm=((32, 32, 1), (32, 32, 2)))
+    w.start()
+    try:
+        assert w.wait_ready(300)
+        futures = [w.submit(job(f"a cat {i}", seed=i)) for i in range(3)]
+        # Three gathered: two run together (a warmed count), the third waits for the next call rather than a
+        # call of three capturing a new shape on the request path.
+        assert [f.result(120).batch_images for f in futures] == [2, 2, 1]
+        other = [w.submit(job(f"a dog {i}", seed=i, height=40, width=40)) for i in range(3)]
+        assert [f.result(120).batch_images for f in other] == [3, 3, 3]  # nothing warmed at 40x40: one call
+    finally:
+        w.stop()
