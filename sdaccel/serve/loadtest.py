@@ -369,8 +369,8 @@ def _table(result: LoadResult, bench: dict[str, Any] | None) -> str:
     if growth:
         lines.append("memory growth after warm-up: " + ", ".join(f"{k} {v:+.1%}" for k, v in growth.items()))
     if result.overload_429:
-        lines.append(f"overload: {result.overload_429} of the burst answered 429, median {result.overload_429_p50_ms:.1f} "
-                     "ms")
+        lines.append(f"overload: {result.overload_429} of the burst answered 429, "
+                     f"median {result.overload_429_p50_ms:.1f} ms")
     if result.overload_probe_429:
         lines.append(f"while full: {result.overload_probe_429} probes one at a time answered 429, median "
                      f"{result.overload_probe_429_p50_ms:.1f} ms, max {result.overload_probe_429_max_ms:.1f} ms")

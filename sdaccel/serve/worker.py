@@ -5,9 +5,10 @@ The GPU runs one call at a time, so one thread owns it: the HTTP layer submits j
 never computes. The thread takes the oldest job, then for up to `batch_window_ms` gathers queued jobs with the same
 batch key (jobs.py) until `max_batch` images, and runs them as one pipeline call: the fast engine's captured graphs
 for that batch size replay for all of them. Where shapes were warmed at start (`warm`), a batch keeps to an image
-count warmed for its size, so a new count's graphs are not captured while requests wait. A job that waited past its deadline, or whose client went away, is
-dropped before it runs. A full queue refuses new jobs at once (QueueFullError, the HTTP layer's 429), with a
-Retry-After from the recent time per image. stop(drain=True) refuses new jobs and finishes every queued one.
+count warmed for its size, so a new count's graphs are not captured while requests wait. A job that waited past its
+deadline, or whose client went away, is dropped before it runs. A full queue refuses new jobs at once
+(QueueFullError, the HTTP layer's 429), with a Retry-After from the recent time per image. stop(drain=True) refuses
+new jobs and finishes every queued one.
 """
 
 from __future__ import annotations
