@@ -82,6 +82,9 @@ def create_app(worker, *, api_key: str | None = None, limits: Limits = Limits(),
         _check_names(body.scheduler, body.timestep_spacing, body.preset)
         if body.response_format == "png" and body.n != 1:
             raise ApiError(400, "response_format png returns one image: use n = 1, or b64_json")
+        if body.response_format == "png" and body.output_format != "png":
+            raise ApiError(400, f"response_format png returns a PNG: use b64_json for output_format "
+                                f"{body.output_format}")
         image = _decode_image(body.image, "image", limits) if body.image else None
         mask = _decode_image(body.mask, "mask", limits) if body.mask else None
         settings = dict(steps=body.steps, guidance=body.guidance, height=body.height, width=body.width,
@@ -93,11 +96,11 @@ def create_app(worker, *, api_key: str | None = None, limits: Limits = Limits(),
                   seed=_seed(body.seed), settings=settings)
         (result,) = await run(request, [job])
         request.state.images = len(result.images)
-        pngs = await asyncio.to_thread(_pngs, result)
+        files = await asyncio.to_thread(_encoded, result, body.output_format, body.output_compression)
         if body.response_format == "png":
-            return Response(pngs[0], media_type="image/png")
-        return {"images": [_b64(p) for p in pngs], "parameters": [_jsonable(dict(p, batch_index=i))
-                                                                   for i, p in enumerate(result.params)],
+            return Response(files[0], media_type="image/png")
+        return {"images": [_b64(p) for p in files], "output_format": body.output_format,
+                "parameters": [_jsonable(dict(p, batch_index=i)) for i, p in enumerate(result.params)],
                 "timings": result.timings, "batch_images": result.batch_images, "queued_s": result.queued_s}
 
     # ------------------------------------------------------------------------------------------------- OpenAI
@@ -115,9 +118,9 @@ def create_app(worker, *, api_key: str | None = None, limits: Limits = Limits(),
                                                        width=width, scheduler=body.scheduler))
         (result,) = await run(request, [job])
         request.state.images = len(result.images)
-        pngs = await asyncio.to_thread(_pngs, result)
-        return {"created": int(time.time()), "data": [{"b64_json": _b64(p), "revised_prompt": body.prompt}
-                                                      for p in pngs]}
+        files = await asyncio.to_thread(_encoded, result, body.output_format, body.output_compression)
+        return {"created": int(time.time()), "output_format": body.output_format,
+                "data": [{"b64_json": _b64(p), "revised_prompt": body.prompt} for p in files]}
 
     # --------------------------------------------------------------------------------------------------- A1111
 
@@ -371,6 +374,20 @@ def _lanczos():
     from PIL import Image
 
     return Image.Resampling.LANCZOS
+
+
+def _encoded(result: JobResult, output_format: str = "png", quality: int = 100) -> list[bytes]:
+    """The result's images as files: PNG with its 'parameters' text (_pngs), or JPEG or WebP at `quality`, whose
+    parameters travel in the JSON answer. For a 512x512 image of noise on one CPU core: JPEG at quality 90 3.6 ms,
+    at 100 18.6 ms, PNG 29 ms, WebP 130-180 ms (the smallest files on photographs, not the fastest)."""
+    if output_format == "png":
+        return _pngs(result)
+    out = []
+    for image in result.images:
+        buffer = io.BytesIO()
+        image.save(buffer, format=output_format.upper(), quality=quality)
+        out.append(buffer.getvalue())
+    return out
 
 
 def _pngs(result: JobResult) -> list[bytes]:

@@ -230,6 +230,8 @@ def register(sub) -> None:
     p.add_argument("--steps", type=int, help="denoising steps of each request (default: the model's)")
     p.add_argument("--size", metavar="WxH", help="image size (default: the model's)")
     p.add_argument("--model", help="the served model's name to request (default: the server's first)")
+    p.add_argument("--output-format", choices=("png", "jpeg", "webp"),
+                   help="the image format each request asks for (default: the server's, png)")
     p.add_argument("--overload", type=int, default=0, metavar="N",
                    help="after the load, send N requests at once, then 20 one at a time while the server is "
                         "still full, and time the 429 answers (default: off)")
@@ -252,6 +254,8 @@ def _payload(args) -> dict[str, Any]:
         payload["width"], payload["height"] = int(match.group(1)), int(match.group(2))
     if args.model:
         payload["model"] = args.model
+    if args.output_format:
+        payload["output_format"] = args.output_format
     return payload
 
 

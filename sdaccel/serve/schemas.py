@@ -45,7 +45,9 @@ class GenerateRequest(BaseModel):
     strength: float | None = None
     mask_blur: float = 0
     keep_unmasked: bool = False
-    response_format: Literal["b64_json", "png"] = "b64_json"  # png: the image itself (n = 1)
+    response_format: Literal["b64_json", "png"] = "b64_json"  # png: the image itself (n = 1, output_format png)
+    output_format: Literal["png", "jpeg", "webp"] = "png"  # as OpenAI's images API
+    output_compression: int = Field(100, ge=0, le=100)  # jpeg/webp quality, as OpenAI's: 100 keeps the most
 
 
 class OpenAIImageRequest(BaseModel):
@@ -58,6 +60,8 @@ class OpenAIImageRequest(BaseModel):
     n: int = 1
     size: str | None = None  # "WxH" or "auto"
     response_format: str | None = None  # b64_json only
+    output_format: Literal["png", "jpeg", "webp"] = "png"
+    output_compression: int = Field(100, ge=0, le=100)  # jpeg/webp quality: 100 keeps the most
     steps: int | None = None
     seed: int | None = None
     negative_prompt: str = ""

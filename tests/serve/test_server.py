@@ -162,6 +162,16 @@ def test_openai_client_images_and_determinism(server):
     assert [d.b64_json for d in first.data] == [d.b64_json for d in second.data]  # same seed, same PNG bytes
     assert first.data[0].b64_json != first.data[1].b64_json
 
+    jpeg = client.images.generate(prompt="a lighthouse", n=1, size="64x64", output_format="jpeg",
+                                  output_compression=90, extra_body={"steps": 2, "seed": 3, "scheduler": "ddim"})
+    assert jpeg.output_format == "jpeg"
+    decoded = Image.open(io.BytesIO(base64.b64decode(jpeg.data[0].b64_json)))
+    assert decoded.format == "JPEG" and decoded.size == (64, 64)
+    # The PNG of the same seed, encoded as JPEG at the same quality here: the same pixels.
+    local = io.BytesIO()
+    images[0].convert("RGB").save(local, format="JPEG", quality=90)
+    assert np.array_equal(np.asarray(decoded), np.asarray(Image.open(local)))
+
     with pytest.raises(openai.BadRequestError, match="b64_json"):
         client.images.generate(prompt="x", size="64x64", response_format="url", extra_body={"steps": 2})
     with pytest.raises(openai.AuthenticationError):
@@ -247,6 +257,10 @@ def test_generate_png_format_and_random_seed(server):
     assert image.size == (32, 32) and "Seed: 7" in image.text["parameters"]
     seeds = {_generate(server).json()["parameters"][0]["seed"] for _ in range(2)}
     assert len(seeds) == 2  # no seed given: a random one per request, reported
+    webp = _generate(server, output_format="webp", output_compression=80, seed=7).json()
+    assert webp["output_format"] == "webp" and webp["parameters"][0]["seed"] == 7
+    decoded = Image.open(io.BytesIO(base64.b64decode(webp["images"][0])))
+    assert decoded.format == "WEBP" and decoded.size == (32, 32)
 
 
 @pytest.mark.parametrize("path, body, status, words", [
@@ -271,6 +285,9 @@ def test_generate_png_format_and_random_seed(server):
     ("/v1/generate", {"prompt": "x", "stepz": 2}, 422, "stepz"),
     ("/v1/generate", {"n": 1}, 422, "prompt"),
     ("/v1/generate", {"prompt": "x", "n": "two"}, 422, "n"),
+    ("/v1/generate", {"prompt": "x", "response_format": "png", "output_format": "jpeg"}, 400, "b64_json"),
+    ("/v1/generate", {"prompt": "x", "output_format": "gif"}, 422, "output_format"),
+    ("/v1/images/generations", {"prompt": "x", "output_compression": 101}, 422, "output_compression"),
     ("/v1/generate", {"prompt": "x", "response_format": "png", "n": 2}, 400, "n = 1"),
     ("/sdapi/v1/txt2img", {"prompt": "x", "enable_hr": True}, 400, "enable_hr"),
     ("/sdapi/v1/txt2img", {"prompt": "x", "sampler_name": "Nope Sampler"}, 400, "scheduler"),
