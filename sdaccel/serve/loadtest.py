@@ -232,6 +232,8 @@ def register(sub) -> None:
     p.add_argument("--model", help="the served model's name to request (default: the server's first)")
     p.add_argument("--output-format", choices=("png", "jpeg", "webp"),
                    help="the image format each request asks for (default: the server's, png)")
+    p.add_argument("--output-compression", type=int, metavar="Q",
+                   help="with --output-format jpeg or webp: the quality asked for, 0-100 (default: the server's, 100)")
     p.add_argument("--overload", type=int, default=0, metavar="N",
                    help="after the load, send N requests at once, then 20 one at a time while the server is "
                         "still full, and time the 429 answers (default: off)")
@@ -256,6 +258,10 @@ def _payload(args) -> dict[str, Any]:
         payload["model"] = args.model
     if args.output_format:
         payload["output_format"] = args.output_format
+    if args.output_compression is not None:
+        if not 0 <= args.output_compression <= 100 or args.output_format in (None, "png"):
+            raise UsageError("--output-compression takes 0-100, with --output-format jpeg or webp")
+        payload["output_compression"] = args.output_compression
     return payload
 
 

@@ -461,6 +461,24 @@ def test_non_loopback_host_needs_an_api_key():
     assert proc.returncode == 2 and "API key" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_loadtest_payload_carries_the_request_settings():
+    from types import SimpleNamespace
+
+    from sdaccel.errors import UsageError
+    from sdaccel.serve.loadtest import _payload
+
+    def args(**kw):
+        return SimpleNamespace(**dict(dict(steps=None, size=None, model=None, output_format=None,
+                                           output_compression=None), **kw))
+
+    assert _payload(args(steps=20, size="512x768", output_format="jpeg", output_compression=90)) == dict(
+        n=1, steps=20, width=512, height=768, output_format="jpeg", output_compression=90)
+    for bad in (args(output_compression=90), args(output_format="jpeg", output_compression=101),
+                args(size="512")):
+        with pytest.raises(UsageError):
+            _payload(bad)
+
+
 def test_parse_warm_and_models():
     from sdaccel.errors import SdaccelError
     from sdaccel.serve.cli import parse_models, parse_warm
