@@ -168,10 +168,16 @@ class Overload:
     """What --overload measured: a burst of requests at once, then probes one at a time while the queue it filled
     is still full."""
 
-    burst_429: int  # of the burst, refused with 429
-    burst_429_s: list[float]  # how fast each refusal came: the event loop works through the herd in turn
-    probe_429: int  # of the probes, refused with 429
-    probe_429_s: list[float]  # how fast a client of a full server hears 429
+    burst_429_s: list[float]  # per refusal of the burst: how fast it came (the event loop answers the herd in turn)
+    probe_429_s: list[float]  # per refused probe: how fast a client of a full server hears 429
+
+    @property
+    def burst_429(self) -> int:
+        return len(self.burst_429_s)
+
+    @property
+    def probe_429(self) -> int:
+        return len(self.probe_429_s)
 
 
 async def overload(url: str, payload: dict[str, Any], burst: int, api_key: str | None = None,
@@ -211,7 +217,7 @@ async def overload(url: str, payload: dict[str, Any], burst: int, api_key: str |
                 await asyncio.wait([pending[-1]], timeout=PROBE_WAIT_S)
             await asyncio.gather(*pending)
         await herd
-    return Overload(len(refused), refused, len(probed), probed)
+    return Overload(refused, probed)
 
 
 # ------------------------------------------------------------------------------------------------- the command
@@ -265,7 +271,8 @@ def _payload(args) -> dict[str, Any]:
     return payload
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free loopback port (free when asked: the caller binds it next)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -318,7 +325,7 @@ def cmd_loadtest(args) -> int:
     if args.bench:
         report["bench"] = _bench(serve_args, payload)
     if args.serve:
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         started = time.monotonic()
         server = subprocess.Popen([sys.executable, "-m", "sdaccel", "serve", *serve_args, "--host", "127.0.0.1",

@@ -69,6 +69,19 @@ class Progress:
             return dict(self._state)
 
 
+def check_settings(models: Mapping[str, str], max_batch: int, max_queue: int, batch_window_ms: float) -> None:
+    """A worker's (or worker pool's) settings, refused with a UsageError before anything loads."""
+    if not models:
+        raise UsageError("no model to serve")
+    if max_batch < 1 or max_queue < 1 or batch_window_ms < 0:
+        raise UsageError("max_batch and max_queue must be >= 1 and batch_window_ms >= 0")
+
+
+def output_size(spec, settings: Mapping[str, Any]) -> tuple[int, int]:
+    """(height, width) a job's settings ask of a model: theirs, else the model's default."""
+    return settings.get("height") or spec.height, settings.get("width") or spec.width
+
+
 class Worker:
     """Models on one device behind a queue. `models`: {name: model reference (as sdaccel.load takes)}; each is loaded
     on `engine` with `engine_options`. `warm`: (height, width, images) shapes each model runs once at start, so
@@ -78,10 +91,7 @@ class Worker:
                  device: str | None = None, dtype: str | None = None, max_batch: int = 8,
                  batch_window_ms: float = 5.0, max_queue: int = 64, warm: tuple[tuple[int, int, int], ...] = (),
                  events: WorkerEvents | None = None, loader: Callable[..., Any] | None = None):
-        if not models:
-            raise UsageError("no model to serve")
-        if max_batch < 1 or max_queue < 1 or batch_window_ms < 0:
-            raise UsageError("max_batch and max_queue must be >= 1 and batch_window_ms >= 0")
+        check_settings(models, max_batch, max_queue, batch_window_ms)
         self.models = dict(models)
         self.engine, self.engine_options = engine, dict(engine_options or {})
         self.device, self.dtype = device, dtype
@@ -257,10 +267,8 @@ class Worker:
         return kept
 
     def _warmed_counts(self, job: Job) -> set[int]:
-        spec = self.pipes[job.model].spec
-        height = job.settings.get("height") or spec.height
-        width = job.settings.get("width") or spec.width
-        return {n for h, w, n in self.warm if (h, w) == (height, width)}
+        size = output_size(self.pipes[job.model].spec, job.settings)
+        return {n for h, w, n in self.warm if (h, w) == size}
 
     def _usable(self, job: Job) -> bool:
         """False (and the job's future failed) for a job whose client left or whose deadline passed. True marks its
@@ -337,7 +345,7 @@ class Worker:
         from ..image_start import initial_noise
 
         spec = pipe.spec
-        height, width = settings.get("height") or spec.height, settings.get("width") or spec.width
+        height, width = output_size(spec, settings)
         prompts = [job.prompt for job in jobs for _ in range(job.n)]
         negatives = [job.negative_prompt for job in jobs for _ in range(job.n)]
         latents = torch.cat([initial_noise(spec, height, width, job.seed, job.n) for job in jobs])

@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import UsageError
 from .jobs import CancelledJobError, Job, QueueFullError
-from .worker import Progress, WorkerEvents
+from .worker import Progress, WorkerEvents, check_settings
 
 log = logging.getLogger("sdaccel.serve")
 
@@ -269,12 +269,9 @@ class ProcessWorkers:
                  engine_options: Mapping[str, Any] | None = None, devices: Sequence[str] = ("cpu",),
                  dtype: str | None = None, max_batch: int = 8, batch_window_ms: float = 5.0, max_queue: int = 64,
                  warm: tuple[tuple[int, int, int], ...] = (), events: WorkerEvents | None = None):
-        if not models:
-            raise UsageError("no model to serve")
+        check_settings(models, max_batch, max_queue, batch_window_ms)
         if not devices:
             raise UsageError("no device to run workers on")
-        if max_batch < 1 or max_queue < 1 or batch_window_ms < 0:
-            raise UsageError("max_batch and max_queue must be >= 1 and batch_window_ms >= 0")
         self.models = dict(models)
         self.devices = [str(d) for d in devices]
         self.engine, self.dtype, self.max_batch, self.max_queue = engine, dtype, max_batch, max_queue

@@ -10,12 +10,10 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -30,12 +28,13 @@ from PIL import Image  # noqa: E402
 from sdaccel.serve.app import create_app  # noqa: E402
 from sdaccel.serve.metrics import Metrics  # noqa: E402
 from sdaccel.serve.schemas import Limits  # noqa: E402
+from sdaccel.serve.loadtest import free_port  # noqa: E402
 from sdaccel.serve.worker import Worker  # noqa: E402
+from serve_helpers import REPO, serve_process, wait_for  # noqa: E402
 
 KEY = "test-key-123"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 MODEL = "synthetic:sd15-tiny"
-REPO = Path(__file__).resolve().parents[2]
 
 
 @functools.lru_cache(maxsize=1)
@@ -50,12 +49,6 @@ def _loader(ref, **kwargs):
     return _pipe()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _Server:
     """A Worker behind the app on a uvicorn server in a thread, as `sdaccel serve` runs it."""
 
@@ -67,7 +60,7 @@ class _Server:
         self.worker.start()
         assert self.worker.wait_ready(300)
         app = create_app(self.worker, api_key=api_key, limits=limits, request_timeout_s=120, metrics=self.metrics)
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                     lifespan="on"))
@@ -352,7 +345,7 @@ def test_overload_is_429_and_a_gone_client_has_its_job_dropped(small_server):
 
     thread = threading.Thread(target=run_slow)
     thread.start()
-    _wait(lambda: s.worker.busy(), "the slow job to start")
+    wait_for(lambda: s.worker.busy(), "the slow job to start")
 
     def run_impatient():  # queued behind the slow job; its client gives up after 0.5 s
         with pytest.raises(httpx.ReadTimeout):
@@ -361,7 +354,7 @@ def test_overload_is_429_and_a_gone_client_has_its_job_dropped(small_server):
 
     impatient = threading.Thread(target=run_impatient)
     impatient.start()
-    _wait(lambda: s.worker.queue_depth() == 1, "the second job to queue")
+    wait_for(lambda: s.worker.queue_depth() == 1, "the second job to queue")
     for _ in range(3):
         r = httpx.post(f"{s.url}/v1/generate", json={"prompt": "more", "steps": 2, "width": 32, "height": 32})
         assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
@@ -369,7 +362,7 @@ def test_overload_is_429_and_a_gone_client_has_its_job_dropped(small_server):
     impatient.join(30)
     thread.join(120)
     assert slow["response"].status_code == 200
-    _wait(lambda: 'sdaccel_jobs_dropped_total{reason="cancelled"} 1.0' in httpx.get(f"{s.url}/metrics").text,
+    wait_for(lambda: 'sdaccel_jobs_dropped_total{reason="cancelled"} 1.0' in httpx.get(f"{s.url}/metrics").text,
           "the gone client's job to be dropped")
     text = httpx.get(f"{s.url}/metrics").text
     assert 'sdaccel_requests_total{endpoint="/v1/generate",status="429"} 3.0' in text
@@ -394,7 +387,7 @@ def test_a_job_past_its_deadline_is_503(small_server):
     thread = threading.Thread(target=lambda: httpx.post(f"{s.url}/v1/generate", timeout=120, json={
         "prompt": "slow", "steps": 150, "width": 64, "height": 64}))
     thread.start()
-    _wait(lambda: s.worker.busy(), "the slow job to start")
+    wait_for(lambda: s.worker.busy(), "the slow job to start")
 
     async def late():
         transport = httpx.ASGITransport(app=app)
@@ -407,50 +400,25 @@ def test_a_job_past_its_deadline_is_503(small_server):
     assert 'sdaccel_jobs_dropped_total{reason="deadline"} 1.0' in httpx.get(f"{s.url}/metrics").text
 
 
-def _wait(condition, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 # ------------------------------------------------------------------------------------------ the command
 
 
 def test_sigterm_drains_in_flight_requests(tmp_path):
-    port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    log = open(tmp_path / "serve.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "sdaccel", "serve", "--model", MODEL, "--device", "cpu",
-                             "--engine", "eager", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                            env=env, cwd=tmp_path)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def ready():
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
-            try:
-                return httpx.get(f"{url}/ready").status_code == 200
-            except httpx.TransportError:
-                return False
-
-        _wait(ready, "the server to be ready", timeout=120)
+    with serve_process(tmp_path, "--model", MODEL, "--device", "cpu", "--engine", "eager") as served:
         result = {}
         thread = threading.Thread(target=lambda: result.update(r=httpx.post(
-            f"{url}/v1/generate", json={"prompt": "x", "steps": 150, "width": 64, "height": 64}, timeout=120)))
+            f"{served.url}/v1/generate", json={"prompt": "x", "steps": 150, "width": 64, "height": 64},
+            timeout=120)))
         thread.start()
-        _wait(lambda: httpx.get(f"{url}/sdapi/v1/progress").json()["state"]["job_count"] > 0, "the job to start")
-        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: httpx.get(f"{served.url}/sdapi/v1/progress").json()["state"]["job_count"] > 0,
+              "the job to start")
+        served.proc.send_signal(signal.SIGTERM)
         thread.join(120)
         assert result["r"].status_code == 200 and len(result["r"].json()["images"]) == 1
-        assert proc.wait(60) == 0, (tmp_path / "serve.log").read_text()
-        lines = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines()
-                 if line.startswith("{")]
+        assert served.proc.wait(60) == 0, served.log.read_text()
+        lines = [json.loads(line) for line in served.log.read_text().splitlines() if line.startswith("{")]
         assert {"method": "POST", "path": "/v1/generate", "status": 200, "images": 1}.items() <= \
             next(line for line in lines if line["path"] == "/v1/generate").items()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
 
 
 def test_non_loopback_host_needs_an_api_key():

@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,9 +26,9 @@ from sdaccel.serve.loadtest import memory_from_metrics  # noqa: E402
 from sdaccel.serve.metrics import Metrics  # noqa: E402
 from sdaccel.serve.worker import Worker  # noqa: E402
 from sdaccel.serve.workers import ProcessWorkers, child_device  # noqa: E402
+from serve_helpers import serve_process, wait_for  # noqa: E402
 
 MODEL = "synthetic:sd15-tiny"
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -55,13 +51,6 @@ def job(prompt="a cat", seed=0, **settings):
 def slow_job(seed=0, steps=60):
     """A job that holds its process for seconds (64x64, many steps)."""
     return job(f"slow {seed}", seed=seed, steps=steps, height=64, width=64)
-
-
-def _wait(condition, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _children(pid: int) -> list[int]:
@@ -140,14 +129,14 @@ def test_cancelled_jobs_are_dropped_before_they_run(served):
     with pytest.raises(CancelledJobError):
         gone_future.result(120)
     assert all(f.result(120).images for f in slow)
-    _wait(lambda: dropped() >= before + 2, "both jobs to be dropped in their processes")
+    wait_for(lambda: dropped() >= before + 2, "both jobs to be dropped in their processes")
     assert pool.queue_depth() == 0 and not pool.busy()
 
 
 def test_the_front_refuses_when_every_process_queue_is_full(served):
     pool = served.pool
     slow = [pool.submit(slow_job(seed=i, steps=40)) for i in range(2)]
-    _wait(lambda: all(c.progress for c in pool._children), "both processes to run their slow job")
+    wait_for(lambda: all(c.progress for c in pool._children), "both processes to run their slow job")
     accepted = []
     with pytest.raises(QueueFullError) as refused:
         for i in range(3 * pool.max_queue):
@@ -179,7 +168,7 @@ def test_a_killed_process_fails_its_jobs_and_the_other_serves_on(served):
     pool = served.pool
     slow = pool.submit(slow_job(seed=1, steps=300))
     child = next(c for c in pool._children if c.jobs)
-    _wait(lambda: child.progress, "the slow job to start")
+    wait_for(lambda: child.progress, "the slow job to start")
     os.kill(child.process.pid, signal.SIGKILL)
     with pytest.raises(RuntimeError, match=rf"worker process {child.index} exited \(code -9\)"):
         slow.result(60)
@@ -263,38 +252,20 @@ def test_gpus_counts_the_visible_gpus(monkeypatch, capsys):
 
 
 def test_serve_with_worker_processes_drains_on_sigterm(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    log = open(tmp_path / "serve.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "sdaccel", "serve", "--model", MODEL, "--engine", "eager",
-                             "--cpu-workers", "2", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                            env=env, cwd=tmp_path, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def ready():
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
-            try:
-                return httpx.get(f"{url}/ready").status_code == 200
-            except httpx.TransportError:
-                return False
-
-        _wait(ready, "the server to be ready", timeout=120)
+    with serve_process(tmp_path, "--model", MODEL, "--engine", "eager", "--cpu-workers", "2",
+                       new_session=True) as served:
+        proc, url = served.proc, served.url
         pids = _children(proc.pid)
         assert len(pids) >= 2  # the two workers (and multiprocessing's resource tracker)
         result = {}
         thread = threading.Thread(target=lambda: result.update(r=httpx.post(
             f"{url}/v1/generate", json={"prompt": "x", "steps": 60, "width": 64, "height": 64}, timeout=120)))
         thread.start()
-        _wait(lambda: httpx.get(f"{url}/sdapi/v1/progress").json()["state"]["job_count"] > 0, "the job to start")
+        wait_for(lambda: httpx.get(f"{url}/sdapi/v1/progress").json()["state"]["job_count"] > 0,
+                 "the job to start")
         os.killpg(proc.pid, signal.SIGTERM)  # as a service manager stops it: every process gets SIGTERM
         thread.join(120)
         assert result["r"].status_code == 200 and len(result["r"].json()["images"]) == 1
-        assert proc.wait(60) == 0, (tmp_path / "serve.log").read_text()
-        assert "2 worker processes: cpu, cpu" in (tmp_path / "serve.log").read_text()
-        _wait(lambda: not any(_running(pid) for pid in pids), "the worker processes to exit", timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
+        assert proc.wait(60) == 0, served.log.read_text()
+        assert "2 worker processes: cpu, cpu" in served.log.read_text()
+        wait_for(lambda: not any(_running(pid) for pid in pids), "the worker processes to exit", timeout=30)
