@@ -233,6 +233,8 @@ class CompileWorkers:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()  # else its garbage collection warns "unclosed file", one line per worker
 
     def close(self) -> None:
         with self._lock:

@@ -117,6 +117,15 @@ def test_workers_stay_for_the_next_build_survive_a_lost_worker_and_close_when_id
         pool.close()
 
 
+def test_close_leaves_no_pipe_open():
+    """A closed pool's pipes are closed too: garbage collection would otherwise warn once per worker."""
+    pool = compile_workers.CompileWorkers(2, target=H100)
+    procs = list(pool._procs)
+    pool.close()
+    assert pool.alive == 0 and len(procs) == 2
+    assert all(p.returncode is not None and p.stdin.closed and p.stdout.closed for p in procs)
+
+
 def test_workers_write_where_this_process_looks_when_it_builds(tmp_path, monkeypatch):
     specs = _record_without_gpu()[:1]
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "at-start"))
