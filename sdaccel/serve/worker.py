@@ -77,6 +77,11 @@ def check_settings(models: Mapping[str, str], max_batch: int, max_queue: int, ba
         raise UsageError("max_batch and max_queue must be >= 1 and batch_window_ms >= 0")
 
 
+def recent_seconds_per_image(previous: float, seconds: float, images: int) -> float:
+    """The recent time per image (a moving average, for Retry-After) after a call of `images` in `seconds`."""
+    return 0.8 * previous + 0.2 * seconds / max(1, images)
+
+
 def output_size(spec, settings: Mapping[str, Any]) -> tuple[int, int]:
     """(height, width) a job's settings ask of a model: theirs, else the model's default."""
     return settings.get("height") or spec.height, settings.get("width") or spec.width
@@ -326,7 +331,7 @@ class Worker:
             self.progress.finish()
         seconds = time.monotonic() - started
         images = sum(job.n for job in jobs)
-        self._seconds_per_image = 0.8 * self._seconds_per_image + 0.2 * seconds / images
+        self._seconds_per_image = recent_seconds_per_image(self._seconds_per_image, seconds, images)
         timings = result.timings.as_dict()
         self.events.batch_done(jobs[0].model, len(jobs), images, seconds, timings)
         at = 0

@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import UsageError
 from .jobs import CancelledJobError, Job, QueueFullError
-from .worker import Progress, WorkerEvents, check_settings
+from .worker import Progress, WorkerEvents, check_settings, recent_seconds_per_image
 
 log = logging.getLogger("sdaccel.serve")
 
@@ -121,7 +121,7 @@ class _ForwardProgress(Progress):
         self._send("progress", {})
 
 
-def _child_main(device: str, config: dict[str, Any], conn) -> None:
+def _child_main(device: str, config: dict[str, Any], threads: int | None, conn) -> None:
     """A worker process: a Worker on `device` fed with the front's jobs until the front says stop or goes away."""
     # Ctrl-C, and a SIGTERM sent to the whole process group or cgroup, reach this process too: the front drains and
     # stops it (a front that dies closes the pipe, which stops it too).
@@ -136,17 +136,14 @@ def _child_main(device: str, config: dict[str, Any], conn) -> None:
         except (OSError, ValueError):  # the front is gone: the loop below sees it too
             pass
 
-    if config.get("threads"):
+    if threads:
         import torch
 
-        torch.set_num_threads(config["threads"])  # CPU workers share the cores rather than each taking them all
+        torch.set_num_threads(threads)  # CPU workers share the cores rather than each taking them all
     from .worker import Worker
 
     try:
-        worker = Worker(config["models"], engine=config["engine"], engine_options=config["engine_options"],
-                        device=device, dtype=config["dtype"], max_batch=config["max_batch"],
-                        batch_window_ms=config["batch_window_ms"], max_queue=config["max_queue"],
-                        warm=config["warm"], events=_ForwardEvents(send, device))
+        worker = Worker(device=device, events=_ForwardEvents(send, device), **config)
     except Exception as exc:  # noqa: BLE001 - bad settings: reported as a failed start
         send("failed", portable(exc))
         conn.close()
@@ -276,6 +273,7 @@ class ProcessWorkers:
         self.devices = [str(d) for d in devices]
         self.engine, self.dtype, self.max_batch, self.max_queue = engine, dtype, max_batch, max_queue
         self.events = events or WorkerEvents()  # read at each event: the app may replace it (create_app)
+        # Each child builds its Worker with these keywords (and its own device and events).
         self._config = dict(models=self.models, engine=engine, engine_options=dict(engine_options or {}), dtype=dtype,
                             max_batch=max_batch, batch_window_ms=batch_window_ms, max_queue=max_queue,
                             warm=tuple(warm))
@@ -297,9 +295,10 @@ class ProcessWorkers:
         cpus = sum(1 for d in self.devices if d == "cpu")
         plan = [child_device(device) for device in self.devices]  # every device checked before any process starts
         for index, (device, (local, visible)) in enumerate(zip(self.devices, plan)):
-            config = dict(self._config, threads=max(1, (os.cpu_count() or 1) // cpus) if local == "cpu" else None)
+            threads = max(1, (os.cpu_count() or 1) // cpus) if local == "cpu" else None
             front, back = ctx.Pipe()
-            process = ctx.Process(target=_child_main, args=(local, config, back), name=f"sdaccel-worker-{index}")
+            process = ctx.Process(target=_child_main, args=(local, self._config, threads, back),
+                                  name=f"sdaccel-worker-{index}")
             with _ENV_LOCK:
                 previous = os.environ.get("CUDA_VISIBLE_DEVICES")
                 if visible is not None:
@@ -460,7 +459,7 @@ class ProcessWorkers:
             name, args = message[1], message[2]
             if name == "batch_done":
                 images, seconds = args[2], args[3]
-                self._seconds_per_image = 0.8 * self._seconds_per_image + 0.2 * seconds / max(1, images)
+                self._seconds_per_image = recent_seconds_per_image(self._seconds_per_image, seconds, images)
             getattr(self.events, name)(*args)
         elif kind == "progress":
             child.progress = message[1]
