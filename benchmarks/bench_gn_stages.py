@@ -8,13 +8,13 @@ SD1.5 UNet call and a 50-step image (text, denoise, decode) with the fast engine
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import statistics
 
 import torch
 
 import sdaccel
+from sdaccel.kernels import group_norm as gn
 from sdaccel.models import build_synthetic, get_spec
 
 
@@ -25,7 +25,7 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out")
     args = ap.parse_args()
-    importlib.import_module("sdaccel.kernels.group_norm").LOOP_STAGES = args.stages
+    gn.LOOP_STAGES = args.stages
     pipe = sdaccel.Pipeline(build_synthetic(get_spec("sd15")), engine="fast", dtype="fp16")
     result = dict(stages=args.stages, gpu=torch.cuda.get_device_name(), torch=torch.__version__, rows=[])
     for batch in map(int, args.batch_sizes.split(",")):

@@ -54,7 +54,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import importlib
 import json
 import statistics
 import time
@@ -158,8 +157,9 @@ def build_variant(name: str, spec, dtype, onnx_folder: str | None = None):
 def kernel_knobs(name: str):
     """GroupNorm tuning constants a variant runs under, from its build through its graphs' capture to its timing
     (captured graphs keep the kernels they were captured with; later variants get the defaults back)."""
-    gn = importlib.import_module("sdaccel.kernels.group_norm")  # the package re-exports the function by this name
-    gn_cluster = importlib.import_module("sdaccel.kernels.group_norm_cluster")
+    from sdaccel.kernels import group_norm as gn
+    from sdaccel.kernels import group_norm_cluster as gn_cluster
+
     rule = gn_cluster.warps_for
 
     def warps_at_16_values(hw, group_size, e4m3=False, concat=False):

@@ -19,7 +19,7 @@ import pickle
 import torch
 
 from sdaccel.models import load_components
-from sdaccel.pipeline import Pipeline
+from sdaccel.pipeline.core import Pipeline
 
 _OURS = ("sdaccel/", "diffusers/", "transformers/")
 

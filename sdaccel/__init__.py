@@ -9,86 +9,11 @@
 
 from __future__ import annotations
 
-import os
-
-from .version import __version__
-
 from .errors import EngineUnavailableError, ModelLoadError, SdaccelError, UsageError
+from .version import __version__
 
 __all__ = ["__version__", "accelerate", "load", "refresh_weights", "Pipeline", "SdaccelError", "UsageError",
            "ModelLoadError", "EngineUnavailableError"]
-
-
-def load(model: str = "synthetic:sd15", engine=None, dtype=None, device=None, *, arch: str | None = None,
-         seed: int = 0, refiner: str | None = None, refiner_start: float = 0.8, controlnet=None, **engine_options):
-    """Load `model` and prepare it on `engine` (a name, with its options as keyword arguments or `config=`, or an
-    engine object). Returns the Pipeline inside the output guard (quality.GuardedPipeline): callable like a diffusers
-    pipeline, each call's output checked once and repaired in fp32 if it came out non-finite.
-
-    model: a diffusers folder, a single-file checkpoint, a Hugging Face repo id (from the local cache when
-    offline), `synthetic:<arch>` (exact architecture, random weights: images are noise by construction), or an ONNX
-    pipeline folder written by `sdaccel optimize` (sdaccel.models.is_onnx_pipeline_folder), which the onnxruntime
-    engine runs as it is, without torch weights.
-    engine: default "eager", or "onnxruntime" for an ONNX pipeline folder (the only engine that runs one).
-    dtype: default the device's own; for an ONNX pipeline folder, the precision it was built for.
-    refiner: an SDXL refiner (same forms as `model`) for an SDXL base: returns a refiner.BaseAndRefiner, whose
-    calls run the base for the first `refiner_start` of the schedule and the refiner for the rest; both models
-    stay loaded, each on its own engine of the same kind and options.
-    controlnet: a ControlNet (a diffusers ControlNetModel folder, a single file, a repo id, or
-    `synthetic:controlnet-<arch>`) or a list of them, made for the model's UNet; calls then take control_image=
-    (one per ControlNet), controlnet_scale=, control_start= and control_end= (Pipeline.generate). The fast engine
-    runs the ControlNets with the UNet's fused blocks, ControlNets and UNet of a step in one CUDA graph.
-    """
-    from .device import resolve_device, resolve_dtype
-    from .models import is_onnx_pipeline_folder, load_components
-    from .pipeline import Pipeline
-    from .quality.guard import GuardedPipeline
-
-    dev = resolve_device(device)
-    if isinstance(model, (str, os.PathLike)) and is_onnx_pipeline_folder(model):
-        engine, dtype = _onnx_folder_defaults(model, engine, dtype, dev)
-    engine = "eager" if engine is None else engine
-    dt = resolve_dtype(dtype, dev)
-    # Load weights in the target dtype straight onto the device: no fp32 copy of SDXL on the host.
-    components = load_components(model, arch=arch, seed=seed, device=dev, dtype=dt)
-    if controlnet is not None:
-        from .models.controlnet import load_controlnet
-
-        refs = [controlnet] if isinstance(controlnet, (str, os.PathLike)) else list(controlnet)
-        components.controlnets = [load_controlnet(ref, components.spec, seed=seed, device=dev, dtype=dt)
-                                  for ref in refs]
-    pipe = GuardedPipeline(Pipeline(components, engine=engine, dtype=dt, device=dev, **engine_options))
-    if refiner is None:
-        return pipe
-    from .engines import Engine
-    from .refiner import BaseAndRefiner
-
-    if isinstance(engine, Engine):  # an engine object serves one model: the refiner gets its twin
-        engine = type(engine)(engine.config)
-    second = load_components(refiner, seed=seed, device=dev, dtype=dt)
-    return BaseAndRefiner(pipe, GuardedPipeline(Pipeline(second, engine=engine, dtype=dt, device=dev,
-                                                         **engine_options)), refiner_start)
-
-
-def _onnx_folder_defaults(folder, engine, dtype, device):
-    """(engine, dtype) for an ONNX pipeline folder: the onnxruntime engine (another one is a one-line UsageError) and
-    the precision its manifest records; a folder built for the CUDA provider needs a CUDA device."""
-    from .engines import ENGINES, Engine
-    from .models.onnx_folder import folder_target
-
-    if engine is None:
-        engine = "onnxruntime"
-    runs = engine.runs_onnx_folders if isinstance(engine, Engine) else \
-        isinstance(engine, str) and engine in ENGINES and ENGINES[engine].runs_onnx_folders
-    if not runs:
-        name = engine.name if isinstance(engine, Engine) else engine
-        raise UsageError(f"{folder} is an ONNX pipeline folder (no torch weights for the {name} engine): use "
-                         f"--engine onnxruntime (engine='onnxruntime')")
-    provider, precision = folder_target(folder)
-    if provider == "cuda" and device.type != "cuda":
-        raise ModelLoadError(f"{folder}: built for onnxruntime's CUDA provider: load it on a CUDA device, or build "
-                             f"a CPU folder with sdaccel optimize --provider cpu")
-    return engine, precision if dtype is None else dtype
 
 
 def accelerate(pipe, engine="eager", dtype=None, **engine_options):
@@ -99,7 +24,7 @@ def accelerate(pipe, engine="eager", dtype=None, **engine_options):
     its scheduler, callbacks and generator: the encoder hands back the latent distribution, which the pipeline
     samples itself. While accelerated the VAE keeps the engine's dtype (diffusers' casts of an SDXL VAE around
     encode and decode are ignored: the engine computes it in the precision it chose for it)."""
-    from .diffusers_integration import accelerate as _accelerate
+    from .diffusers_adapter.accelerate import accelerate as _accelerate
 
     return _accelerate(pipe, engine=engine, dtype=dtype, **engine_options)
 
@@ -108,14 +33,19 @@ def refresh_weights(pipe) -> dict:
     """After changing weights (e.g. fusing a LoRA) of an sdaccel Pipeline or an accelerated diffusers pipeline."""
     if getattr(pipe, "_sdaccel_engine", None) is None and hasattr(pipe, "engine") and hasattr(pipe, "components"):
         return pipe.refresh_weights()
-    from .diffusers_integration import refresh_weights as _refresh
+    from .diffusers_adapter.accelerate import refresh_weights as _refresh
 
     return _refresh(pipe)
 
 
 def __getattr__(name):
+    # Imported on first use: `import sdaccel` (and `sdaccel --help`) stays free of torch.
+    if name == "load":
+        from .pipeline.load import load
+
+        return load
     if name == "Pipeline":
-        from .pipeline import Pipeline
+        from .pipeline.core import Pipeline
 
         return Pipeline
-    raise AttributeError(name)
+    raise AttributeError(f"module 'sdaccel' has no attribute {name!r}")

@@ -140,6 +140,7 @@ _KINDS = ["img2img", "inpaint", "inpaint-plain", "xl-img2img", "xl-refiner", "xl
 
 
 # compile: one SD and one SDXL pipeline (each takes tens of seconds to compile on the CPU).
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, engine", [(kind, "eager") for kind in _KINDS]
                          + [("inpaint", "compile"), ("xl-refiner", "compile")])
 def test_accelerate_serves_img2img_and_inpainting_pipelines(kind, engine, tokenizer_dir):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from sdaccel.cli import main
+from sdaccel.cli.main import main
 
 ONNX = "sd15-cuda-fp16-0123456789abcdef"
 FAST = "0123456789abcdef0123.json"
@@ -165,7 +165,7 @@ def test_bad_values_are_one_line_errors(root, capsys, args, message):
 
 def test_listing_does_not_import_torch(root):
     every_cache(root)
-    code = ("import argparse, sys\nimport sdaccel.cache_cli as c\n"
+    code = ("import argparse, sys\nimport sdaccel.cli.cache as c\n"
             "c.cmd_cache(argparse.Namespace(json=False))\nassert 'torch' not in sys.modules, 'torch imported'\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, SDACCEL_CACHE=str(root)))

@@ -83,6 +83,7 @@ def test_engines_lists_them_and_one_engines_options():
         "compile, eager, fast, onnxruntime"
 
 
+@pytest.mark.slow
 def test_generate_takes_engine_options(tmp_path):
     proc = run("generate", "a cat", "--model", "synthetic:sd15-tiny", "--steps", "1", "--engine-opt",
                "channels_last=0", "--engine-opt", "eager.channels_last=0", "--out", str(tmp_path))
@@ -107,6 +108,7 @@ def test_unusable_out_is_refused_before_any_work(out, tmp_path):
     assert (tmp_path / "a-file").read_text() == "keep me"
 
 
+@pytest.mark.slow
 def test_a_batch_that_cannot_fit_is_refused_saying_what_fits(tmp_path):
     proc = run("generate", "a cat", "--model", "synthetic:sd15-tiny", "--steps", "1", "--batch", "100000000",
                "--out", str(tmp_path))
@@ -114,6 +116,7 @@ def test_a_batch_that_cannot_fit_is_refused_saying_what_fits(tmp_path):
     assert not list(tmp_path.glob("*.png"))
 
 
+@pytest.mark.slow
 def test_later_runs_never_overwrite_earlier_images_unless_asked(tmp_path):
     args = ("--model", "synthetic:sd15-tiny", "--steps", "1", "--no-progress", "--out", str(tmp_path))
     assert run("generate", "a fox", *args).returncode == 0
@@ -128,7 +131,7 @@ def test_later_runs_never_overwrite_earlier_images_unless_asked(tmp_path):
 
 
 def test_every_generate_option_has_help():
-    from sdaccel.cli import build_parser
+    from sdaccel.cli.main import build_parser
 
     generate = build_parser()._subparsers._group_actions[0].choices["generate"]
     missing = [a.dest for a in generate._actions if not a.help]
@@ -136,20 +139,21 @@ def test_every_generate_option_has_help():
 
 
 def test_engine_names_in_help_are_the_registry():
-    from sdaccel.cli import ENGINE_NAMES
+    from sdaccel.cli.common import ENGINE_NAMES
     from sdaccel.engines import ENGINES
 
     assert set(ENGINE_NAMES) == set(ENGINES)
 
 
 def test_help_and_cache_listing_do_not_import_torch(tmp_path):
-    code = ("import sys; from sdaccel import cli; cli.build_parser(); "
+    code = ("import sys; from sdaccel.cli import main as cli; cli.build_parser(); "
             "assert cli.main(['cache']) == 0; assert 'torch' not in sys.modules, 'torch imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "SDACCEL_CACHE": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow
 def test_generate_from_an_image(tmp_path):
     import numpy as np
 
@@ -168,6 +172,7 @@ def test_generate_from_an_image(tmp_path):
         assert proc.returncode == 2 and message in proc.stderr and "loading" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_generate_inpainting_and_its_input_checks(tmp_path):
     source, mask, small = tmp_path / "in.png", tmp_path / "mask.png", tmp_path / "small.png"
     Image.new("RGB", (64, 64), (90, 120, 200)).save(source)

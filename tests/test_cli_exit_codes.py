@@ -5,8 +5,9 @@ import warnings
 import pytest
 
 import sdaccel
-from sdaccel import cli
-from sdaccel.quality.guard import DegenerateImageError, NonFiniteOutputError
+from sdaccel.cli import main as cli
+from sdaccel.pipeline import load as load_module
+from sdaccel.pipeline.guard import DegenerateImageError, NonFiniteOutputError
 
 
 def failing_load(exc):
@@ -27,7 +28,7 @@ def failing_load(exc):
     (KeyboardInterrupt(), 130, "sdaccel: interrupted"),
 ])
 def test_exit_code_says_what_kind_of_failure(exc, code, start, monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(sdaccel, "load", failing_load(exc))
+    monkeypatch.setattr(load_module, "load", failing_load(exc))
     assert cli.main(["generate", "a cat", "--model", "synthetic:sd15-tiny", "--out", str(tmp_path)]) == code
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == start if code in (1, 130) else err[-1].startswith(start)
@@ -35,7 +36,7 @@ def test_exit_code_says_what_kind_of_failure(exc, code, start, monkeypatch, caps
 
 
 def test_debug_shows_the_traceback(monkeypatch, tmp_path):
-    monkeypatch.setattr(sdaccel, "load", failing_load(RuntimeError("bug in a kernel")))
+    monkeypatch.setattr(load_module, "load", failing_load(RuntimeError("bug in a kernel")))
     with pytest.raises(RuntimeError, match="bug in a kernel"):
         cli.main(["generate", "a cat", "--model", "synthetic:sd15-tiny", "--out", str(tmp_path), "--debug"])
 

@@ -8,7 +8,7 @@ import sdaccel
 from sdaccel.errors import ModelLoadError, UsageError
 from sdaccel.models import get_spec, load_components
 from sdaccel.models.controlnet import build_synthetic_controlnet, load_controlnet
-from sdaccel.pipeline import Pipeline
+from sdaccel.pipeline.core import Pipeline
 
 
 def picture(size=64, seed=0):
@@ -194,6 +194,7 @@ def test_the_onnxruntime_engine_refuses_controlnets():
                      device="cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch, nets, cls_name, engine", [
     ("sd15-tiny", 1, "StableDiffusionControlNetPipeline", "eager"),
     ("sd15-tiny", 2, "StableDiffusionControlNetPipeline", "eager"),

@@ -1,4 +1,4 @@
-"""diffusers' LoRA calls on a pipeline given to sdaccel.accelerate() (diffusers_lora.py): merged into the weights the
+"""diffusers' LoRA calls on a pipeline given to sdaccel.accelerate() (diffusers_adapter/lora.py): merged into the weights the
 engine reads, with diffusers' adapter bookkeeping, no peft and no recompilation."""
 
 from pathlib import Path
@@ -223,7 +223,7 @@ def test_a_bad_lora_leaves_the_pipeline_as_it_was(make, message, loras, tmp_path
     assert_weights(pipe, deltas, base)
     assert pipe.get_list_adapters() == {"unet": ["good"], "text_encoder": ["good"]}
     assert pipe.get_active_adapters() == ["good"]
-    owned = pipe._sdaccel_loras._owned
+    owned = pipe._sdaccel_loras.files.owned
     assert owned == {pipe._sdaccel_loras.state.files["good"]}  # the bad one's copy or state dict is gone
     assert len(list(Path(next(iter(owned))).parent.iterdir())) == 1
 
@@ -283,7 +283,7 @@ def test_hotswap_replaces_an_adapter_in_place(loras, tokenizer_dir):
     pipe.load_lora_weights(load_file(str(second)), adapter_name="a", hotswap=True)
     assert pipe.get_active_adapters() == ["a", "b"]
     assert_weights(pipe, combine((0.5, deltas_2)), base)
-    assert len(pipe._sdaccel_loras._owned) == 2  # b's file and the swapped-in state dict, a's first file gone
+    assert len(pipe._sdaccel_loras.files.owned) == 2  # b's file and the swapped-in state dict, a's first file gone
 
 
 def test_an_adapter_keeps_its_weights_when_its_file_is_deleted(loras, tokenizer_dir):
@@ -348,6 +348,7 @@ def test_compile_engine_switches_without_recompiling(loras, tokenizer_dir):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_fast_engine_fused_blocks_read_the_adapters(loras, tokenizer_dir):
     from sdaccel.engines.fast import FastEngine
 

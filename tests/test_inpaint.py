@@ -12,7 +12,7 @@ import sdaccel
 from sdaccel.errors import UsageError
 from sdaccel.models import build_synthetic, get_spec
 from sdaccel.models.tokenizer import HFTokenizerAdapter
-from sdaccel.quality.guard import GuardedPipeline, NonFiniteOutputError, PrecisionFallbackWarning
+from sdaccel.pipeline.guard import GuardedPipeline, NonFiniteOutputError, PrecisionFallbackWarning
 
 
 def picture(size=64, seed=0):

@@ -1,4 +1,4 @@
-"""LoRA files (lora.py): merged in place as W + scale * up @ down * alpha / rank, in the diffusers/PEFT format
+"""LoRA files (models/lora.py): merged in place as W + scale * up @ down * alpha / rank, in the diffusers/PEFT format
 (diffusers' own save_lora_weights writes the test file) and kohya's; stacked, switched, and removed back to the base
 bit for bit; compiled code and the fast engine's fused blocks read the new weights without recompiling."""
 
@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 from safetensors.torch import save_file
+from sd_fixtures import sdxl_kohya_lora
 
 import sdaccel
 from sdaccel.errors import UsageError
 from sdaccel.models import build_synthetic, get_spec
-from sdaccel.pipeline import Pipeline
-from sd_fixtures import sdxl_kohya_lora
+from sdaccel.pipeline.core import Pipeline
 
 ATTN_XL = "down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q"
 
@@ -141,6 +141,7 @@ def test_compiled_code_reads_the_new_weights_without_recompiling(tmp_path):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_fast_engine_fused_blocks_read_the_new_weights(tmp_path):
     from sdaccel.engines.fast import FastEngine
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from sdaccel import memory_estimate
-from sdaccel.memory_estimate import InsufficientMemoryError, activation_bytes, check_fits
 from sdaccel.models.registry import get_spec
+from sdaccel.pipeline import memory_estimate
+from sdaccel.pipeline.memory_estimate import InsufficientMemoryError, activation_bytes, check_fits
 
 
 def test_bound_grows_with_batch_size_and_guidance():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import sdaccel
-from sdaccel.image_start import Start, Window
+from sdaccel.pipeline.image_start import Start, Window
 
 
 @pytest.mark.gpu
@@ -32,8 +32,8 @@ def test_denoising_loop_has_no_host_sync(arch, scheduler):
 @pytest.mark.parametrize("arch", ["sd15-inpaint-tiny", "sd15-tiny"])
 def test_inpainting_loop_has_no_host_sync(arch):
     """The 9-channel UNet's extra inputs and a plain UNet's per-step blend stay on the device."""
-    from sdaccel.image_start import schedule_window, starting_point, ImageEncoder
-    from sdaccel.request import resolve_request
+    from sdaccel.pipeline.image_start import ImageEncoder, schedule_window, starting_point
+    from sdaccel.pipeline.request import resolve_request
 
     pipe = sdaccel.load(f"synthetic:{arch}", device="cuda", dtype="fp16")
     mask = torch.zeros(64, 64)

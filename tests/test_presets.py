@@ -6,8 +6,8 @@ import torch
 import sdaccel
 from sdaccel.errors import UsageError
 from sdaccel.models import get_spec, load_components
-from sdaccel.presets import PRESETS, get_preset
-from sdaccel.schedulers import make_scheduler
+from sdaccel.models.schedulers import make_scheduler
+from sdaccel.pipeline.presets import PRESETS, get_preset
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import sdaccel
 from sdaccel.errors import UsageError
 from sdaccel.models import build_synthetic, get_spec
 from sdaccel.models.tokenizer import HFTokenizerAdapter
-from sdaccel.refiner import BaseAndRefiner
+from sdaccel.pipeline.refiner import BaseAndRefiner
 
 
 def picture(size=64, seed=0):
@@ -44,6 +44,7 @@ def models(tokenizer_dir):
     return made
 
 
+@pytest.mark.slow
 def test_handoff_matches_diffusers_base_then_refiner(models):
     (base, base_ref), (refiner, refiner_ref) = models["sdxl-tiny"], models["sdxl-refiner-tiny"]
     common = dict(num_inference_steps=10, guidance_scale=5.0, output_type="latent")

@@ -18,17 +18,15 @@ then that of y rebuilt from e4m3 (e4m3's rounding: up to 1/16 of |y|).
 """
 
 import argparse
-import importlib
 import json
 
 import torch
 
 from _timing import graph_time_us  # first: it puts the checkout on the path
 from bench_norm_sweep import GROUPS, gn_call
+from sdaccel.kernels import group_norm as gn
 from sdaccel.kernels import group_norm_cluster as cluster
 from sdaccel.kernels.group_norm import launch_group_norm
-
-gn = importlib.import_module("sdaccel.kernels.group_norm")  # the package re-exports the function by this name
 
 # (arch, N, C1, C2, H, W, form, count per UNet call at CFG batch 2; N 1: SD1.x's first blocks, which the engine
 # runs once for both CFG halves)

@@ -18,18 +18,16 @@ call.)
 """
 
 import argparse
-import importlib
 import itertools
 import json
 
 import torch
 
 from _timing import graph_time_us  # first: it puts the checkout on the path
+from sdaccel.kernels import group_norm as gn_module
 from sdaccel.kernels.group_norm import launch_group_norm, pick_channel_block
 from sdaccel.kernels.group_norm_reference import group_norm_reference
 from sdaccel.kernels.layer_norm import launch_layer_norm, layer_norm_reference
-
-gn_module = importlib.import_module("sdaccel.kernels.group_norm")  # the package re-exports the function by this name
 
 GROUPS = 32
 # (N, C1, C2, H, W, form, count per SD1.5 UNet call at CFG batch 2): the 64x64 level, which the split kernels take.

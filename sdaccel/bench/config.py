@@ -20,8 +20,8 @@ from typing import Any
 from ..engines.options import check_engine_label, engine_kind, parse_engine_opts
 from ..errors import UsageError
 from ..models.registry import default_model
-from .workloads import DEFAULT_CONTROL_SCALE, DEFAULT_REFINER_START, DEFAULT_STRENGTH, REFINER_MODELS, \
-    WORKLOAD_MODELS, WORKLOADS
+from .workloads import (DEFAULT_CONTROL_SCALE, DEFAULT_REFINER_START, DEFAULT_STRENGTH, REFINER_MODELS, WORKLOAD_MODELS,
+                        WORKLOADS)
 
 DEFAULT_PROMPT = "an astronaut riding a horse on mars"
 
@@ -89,7 +89,7 @@ class BenchConfig:
 
     def __post_init__(self):
         from ..engines import ENGINES
-        from ..pipeline import validate_request
+        from ..pipeline.core import validate_request
 
         if self.engines is not None:
             engines = parse_name_list(self.engines, "engines") if isinstance(self.engines, str) \
@@ -116,7 +116,7 @@ class BenchConfig:
         self._check_workload()
         self._check_controlnets()
         if self.scheduler:
-            from ..schedulers import canonical
+            from ..models.schedulers import canonical
 
             canonical(self.scheduler)
         if self.compile_mode:
@@ -130,8 +130,8 @@ class BenchConfig:
 
     def _check_workload(self) -> None:
         """The workload and its own settings (each only with the workload that uses it), and the preset."""
-        from ..presets import get_preset
-        from ..request import validate_fraction, validate_request
+        from ..pipeline.presets import get_preset
+        from ..pipeline.request import validate_fraction, validate_request
 
         workload = str(self.workload).strip().lower()
         if workload not in WORKLOADS:
@@ -234,7 +234,7 @@ class BenchConfig:
 
     def _workload_defaults(self) -> dict[str, Any]:
         """strength, refiner_start and the preset's steps when left unset, and notes saying what the run does."""
-        from ..presets import get_preset
+        from ..pipeline.presets import get_preset
 
         fields: dict[str, Any] = {}
         notes = []
@@ -339,9 +339,10 @@ def check_controlnets_fit(model: str, arch: str | None, controlnets: tuple[str, 
     """UsageError when a ControlNet cannot steer `model` (models.controlnet.mismatch), checked from configs alone:
     a synthetic model or a diffusers folder against a synthetic ControlNet or a diffusers ControlNet folder. Other
     forms (single files, repo ids) are checked when the worker loads them."""
+    from ..models.configs import peek_spec
     from ..models.controlnet import mismatch
 
-    spec = _model_spec(model, arch)
+    spec = peek_spec(model, arch)
     if spec is None:
         return
     for ref in controlnets:
@@ -351,34 +352,11 @@ def check_controlnets_fit(model: str, arch: str | None, controlnets: tuple[str, 
             raise UsageError(f"ControlNet {ref} does not fit {model} ({spec.name}): {problem}")
 
 
-def _model_spec(model: str, arch: str | None):
-    """The registry spec of a synthetic model, or of a diffusers folder with its own UNet config; None otherwise."""
-    from pathlib import Path
-
-    from ..models.loading import _read_json, detect_arch, spec_from_configs
-    from ..models.registry import get_spec
-
-    ref = str(model).strip()
-    if ref.startswith("synthetic:"):
-        return get_spec(ref[len("synthetic:"):])
-    folder = Path(ref).expanduser()
-    unet_path = folder / "unet" / "config.json"
-    if not (folder / "model_index.json").is_file() or not unet_path.is_file():
-        return None
-    unet = _read_json(unet_path)
-    sched_path = folder / "scheduler" / "scheduler_config.json"
-    sched = _read_json(sched_path) if sched_path.is_file() else {}
-    base = get_spec(arch or detect_arch(unet, sched))
-    vae_path = folder / "vae" / "config.json"
-    return spec_from_configs(base, unet, _read_json(vae_path) if vae_path.is_file() else None,
-                             [None] * len(base.text_encoders), sched)
-
-
 def _controlnet_config(ref: str) -> dict[str, Any] | None:
     """A ControlNet's config without its weights: a synthetic one's, or a diffusers folder's config.json."""
     from pathlib import Path
 
-    from ..models.loading import _read_json
+    from ..models.configs import read_json
     from ..models.registry import get_controlnet_spec
 
     if ref.startswith("synthetic:"):
@@ -386,5 +364,5 @@ def _controlnet_config(ref: str) -> dict[str, Any] | None:
     folder = Path(ref).expanduser()
     for path in (folder / "controlnet" / "config.json", folder / "config.json"):
         if path.is_file():
-            return _read_json(path)
+            return read_json(path)
     return None

@@ -1,4 +1,4 @@
-"""The `guard` column: what the output guard (sdaccel.quality.guard) did during the runs a row's figures come from.
+"""The `guard` column: what the output guard (sdaccel.pipeline.guard) did during the runs a row's figures come from.
 
 A remedy recomputes part of a generation in fp32, so a remedied row measures another configuration than the one
 asked for; a flagged row measures an engine whose images are black or one flat colour. Values:
@@ -51,7 +51,7 @@ class GuardVerdict:
 
 
 def run_verdict(report) -> GuardVerdict:
-    """One run's verdict from its result.guard (a quality.guard.GuardReport; None: the run was not checked)."""
+    """One run's verdict from its result.guard (a pipeline.guard.GuardReport; None: the run was not checked)."""
     if report is None:
         return GuardVerdict()
     flags = [f for f in FLAGS if any(f in issue for issue in report.image_issues)]

@@ -71,7 +71,7 @@ SOURCE_DESCRIPTIONS = {
 def is_out_of_memory(exc: BaseException) -> bool:
     """A CUDA or CPU allocation failure, or the pipeline's refusal of a batch whose lower bound cannot fit (the
     throughput search stops there as it would at the allocation failure)."""
-    from ..memory_estimate import InsufficientMemoryError
+    from ..pipeline.memory_estimate import InsufficientMemoryError
 
     if isinstance(exc, (torch.cuda.OutOfMemoryError, InsufficientMemoryError)):
         return True

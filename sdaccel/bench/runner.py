@@ -21,20 +21,20 @@ import shutil
 import sys
 import tempfile
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from ..atomic import remove_stale_temps, temp_path, write_text
 from ..engines.options import engine_kind
-from ..output_paths import prepare_output_folder
+from ..outputs import prepare_output_folder
 from .config import BenchConfig, controlnet_refusals
 from .lifeline import WorkerProcess
 from .memory import SOURCE_DESCRIPTIONS
 from .plots import write_plots
-from ..atomic import remove_stale_temps, temp_path, write_text
-from .report import CLOCK_NOTE, CSV_NAME, GUARD_NOTE, add_speedups, append_csv, check_csv_header, \
-    markdown_table, shows_guard, stage_note, write_json
+from .report import (CLOCK_NOTE, CSV_NAME, GUARD_NOTE, add_speedups, append_csv, check_csv_header, markdown_table,
+                     shows_guard, stage_note, write_json)
 from .schema import new_row
 
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # so the worker imports this very sdaccel
@@ -138,8 +138,8 @@ def run_bench(config: BenchConfig, *, isolate: bool = True, log: Callable[[str],
     done so far in bench-<run_id>.partial.json and table-<run_id>.partial.md."""
     import torch
 
-    from ..version import __version__
     from ..engines import available_engines
+    from ..version import __version__
     from .environment import environment, git_commit
 
     cfg = config.resolved()

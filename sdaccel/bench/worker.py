@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from ..engines.options import engine_kind
-from ..refiner import BaseAndRefiner
-from ..timing import STAGES
+from ..pipeline.refiner import BaseAndRefiner
+from ..pipeline.timing import STAGES
 from .config import BenchConfig
 from .gpu_clocks import ClockMonitor
 from .guard_verdict import row_verdict, run_verdict, with_attention_kept
@@ -49,11 +49,11 @@ HOLD_ENV = "SDACCEL_BENCH_TEST_HOLD"
 @dataclass
 class Run:
     wall_s: float  # end-to-end, host clock, after synchronising the device
-    timings: Any  # sdaccel.timing.StageTimings
+    timings: Any  # sdaccel.pipeline.timing.StageTimings
     peak_mb: float | None
     device_mb: float | None
     params: dict
-    guard: Any = None  # what the output guard did (quality.guard.GuardReport)
+    guard: Any = None  # what the output guard did (pipeline.guard.GuardReport)
 
 
 def log(message: str) -> None:
@@ -218,13 +218,8 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
     import diffusers  # noqa: F401 - imported before the clock starts: cold start measures loading, not imports
     import transformers  # noqa: F401
 
-    import sdaccel
-
-    from ..device import gpu_name, resolve_dtype, synchronize
-    from ..models import load_components
-    from ..models.controlnet import load_controlnet
-    from ..pipeline import Pipeline
-    from ..quality.guard import GuardedPipeline
+    from ..device import gpu_name, synchronize
+    from ..pipeline.load import load
 
     device = torch.device(cfg.device)
     probe = MemoryProbe(device)  # device-wide baseline before anything is loaded
@@ -244,22 +239,12 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
             + (f", engine options {json.dumps(options, sort_keys=True)}" if options else ""))
         start = time.perf_counter()
         note = prepare_note(engine, options)
-        if refiner:  # both models, each on an engine object of the same kind and options
-            if note:
-                log(f"[{engine}] {note}")
-            pipe = sdaccel.load(cfg.model, engine=engine_kind(engine), dtype=cfg.dtype, device=device, arch=cfg.arch,
-                                refiner=refiner, refiner_start=cfg.refiner_start,
-                                controlnet=list(cfg.controlnets) or None, **options)
-        else:
-            dtype = resolve_dtype(cfg.dtype, device)
-            components = load_components(cfg.model, arch=cfg.arch, device=device, dtype=dtype)
-            # as sdaccel.load attaches them: checked against the model, in its dtype on its device
-            components.controlnets = [load_controlnet(ref, components.spec, device=device, dtype=dtype)
-                                      for ref in cfg.controlnets]
-            if note:
-                log(f"[{engine}] {note}")
-            pipe = GuardedPipeline(Pipeline(components, engine=engine_kind(engine), dtype=cfg.dtype, device=device,
-                                            **options))
+        if note:
+            log(f"[{engine}] {note}")
+        # with a refiner, both models, each on an engine object of the same kind and options
+        pipe = load(cfg.model, engine=engine_kind(engine), dtype=cfg.dtype, device=device, arch=cfg.arch,
+                    controlnet=list(cfg.controlnets) or None, **(dict(refiner=refiner, refiner_start=cfg.refiner_start)
+                                                                 if refiner else {}), **options)
         synchronize(device)
         load_s = time.perf_counter() - start
         first_call = lead(pipe).engine.first_call
@@ -324,8 +309,7 @@ def psnr_after_timing(pipe, cfg: BenchConfig, batch: int) -> float:
 
     Runs after every timed measurement of this engine, so the fp32 reference's memory never shows in its rows; the
     reference is loaded only once the candidate's image is taken, and released before returning."""
-    import sdaccel
-
+    from ..pipeline.load import load
     from ..quality.bench_column import PROMPT
     from ..quality.metrics import psnr
 
@@ -335,8 +319,8 @@ def psnr_after_timing(pipe, cfg: BenchConfig, batch: int) -> float:
     candidate = pipe(PROMPT, **call).image_tensor.cpu()
     release_memory(device)
     refiner = dict(refiner=cfg.refiner, refiner_start=cfg.refiner_start) if cfg.workload == "refiner" else {}
-    reference = sdaccel.load(cfg.model, engine="eager", dtype="fp32", device=device, arch=cfg.arch,
-                             controlnet=list(cfg.controlnets) or None, **refiner)
+    reference = load(cfg.model, engine="eager", dtype="fp32", device=device, arch=cfg.arch,
+                     controlnet=list(cfg.controlnets) or None, **refiner)
     expected = reference(PROMPT, **call).image_tensor.cpu()
     del reference
     release_memory(device)

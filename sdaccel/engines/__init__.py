@@ -5,21 +5,17 @@ engine's Config dataclass: engines/options.py), and `engine.prepare(components, 
 Everything it decides while it runs (kernel picks, captured graphs, caches) belongs to that object, so several
 engines live side by side in one process.
 
-The registry imports an engine's module when the engine is first asked for: `sdaccel --help` and the fast engine's
-compile workers need none of them.
+The name table (ENGINES, in options.py) imports an engine's module when the engine is first asked for.
 """
 
 from __future__ import annotations
-
-from collections.abc import MutableMapping
-from importlib import import_module
 
 import torch
 
 from ..cache import cache_dir
 from ..errors import EngineUnavailableError, UsageError
 from .base import Engine, Stages
-from .options import EngineConfig
+from .options import ENGINES, EngineConfig
 
 
 def use_persistent_inductor_cache() -> None:
@@ -32,38 +28,6 @@ def use_persistent_inductor_cache() -> None:
 
 
 use_persistent_inductor_cache()
-
-
-class _Registry(MutableMapping):
-    """name -> Engine class, importing the engine's module on first use."""
-
-    def __init__(self, where: dict[str, str]):
-        self._where = dict(where)  # name -> "module:Class", relative to this package
-        self._loaded: dict[str, type[Engine]] = {}
-
-    def __getitem__(self, name: str) -> type[Engine]:
-        if name not in self._loaded:
-            module, _, attribute = self._where[name].partition(":")  # KeyError for an unknown name
-            self._loaded[name] = getattr(import_module(module, __name__), attribute)
-        return self._loaded[name]
-
-    def __iter__(self):
-        return iter(self._where)
-
-    def __len__(self) -> int:
-        return len(self._where)
-
-    def __setitem__(self, name: str, cls: type[Engine]) -> None:
-        self._where[name] = f"{cls.__module__}:{cls.__qualname__}"
-        self._loaded[name] = cls
-
-    def __delitem__(self, name: str) -> None:
-        del self._where[name]
-        self._loaded.pop(name, None)
-
-
-ENGINES = _Registry({"eager": ".eager:EagerEngine", "compile": ".compile:CompileEngine", "fast": ".fast:FastEngine",
-                     "onnxruntime": ".onnxruntime:OnnxRuntimeEngine"})
 
 
 def register(cls: type[Engine]) -> type[Engine]:

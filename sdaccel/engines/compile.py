@@ -14,8 +14,8 @@ import torch
 
 from ..models.components import Components
 from .base import Engine, Stages, restore_weight_storages, weight_storages
-from .eager import cast_stages, place_modules
 from .options import EngineConfig, option
+from .stages import cast_stages, place_modules
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 

@@ -33,8 +33,7 @@ import torch
 
 from ..errors import EngineUnavailableError, ModelLoadError, UsageError, first_line
 from ..models.components import Components
-from ..models.onnx_folder import (TEXT_INPUT, UNET_OUTPUT, VAE_DECODER_INPUT, VAE_DECODER_OUTPUT, text_encoder_names,
-                                  text_encoder_outputs)
+from ..models.onnx_folder import TEXT_INPUT, UNET_OUTPUT, VAE_DECODER_INPUT, VAE_DECODER_OUTPUT, text_encoder_outputs
 from .base import Engine, Stages
 from .options import EngineConfig, option
 
@@ -358,7 +357,7 @@ def _stages(components: Components, manifest: dict, runner, device: torch.device
     (models.onnx_folder); the VAE encoder, when there is one, is not a txt2img stage."""
     spec = components.spec
     encoders = [_text_stage(runner(name), te, list(manifest["components"][name]["outputs"]), device)
-                for name, te in zip(text_encoder_names(spec), spec.text_encoders)]
+                for name, te in zip(spec.text_encoder_names, spec.text_encoders)]
     unet_runner, vae_runner = runner("unet"), runner("vae_decoder")
     multiple = int(manifest.get("unet_size_multiple", 1))
     out_channels = int(spec.unet.get("out_channels", spec.latent_channels))

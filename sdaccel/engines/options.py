@@ -17,10 +17,48 @@ import dataclasses
 import re
 import types
 import typing
+from collections.abc import MutableMapping
 from dataclasses import dataclass
+from importlib import import_module
 from typing import Any, Mapping
 
 from ..errors import UsageError
+
+
+class _Registry(MutableMapping):
+    """name -> Engine class, importing the engine's module on first use (`sdaccel --help` and the fast engine's
+    compile workers import none)."""
+
+    def __init__(self, where: dict[str, str]):
+        self._where = dict(where)  # name -> "module:Class", relative to sdaccel.engines
+        self._loaded: dict[str, type] = {}
+
+    def __getitem__(self, name: str) -> type:
+        if name not in self._loaded:
+            module, _, attribute = self._where[name].partition(":")  # KeyError for an unknown name
+            self._loaded[name] = getattr(import_module(module, __package__), attribute)
+        return self._loaded[name]
+
+    def __iter__(self):
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __setitem__(self, name: str, cls: type) -> None:
+        self._where[name] = f"{cls.__module__}:{cls.__qualname__}"
+        self._loaded[name] = cls
+
+    def __delitem__(self, name: str) -> None:
+        del self._where[name]
+        self._loaded.pop(name, None)
+
+
+# The built-in engines, by the module each lives in: importing one costs its dependencies (torch.compile, Triton,
+# onnxruntime), paid when it is first asked for.
+ENGINES = _Registry({"eager": ".eager:EagerEngine", "compile": ".compile:CompileEngine", "fast": ".fast:FastEngine",
+                     "onnxruntime": ".onnxruntime:OnnxRuntimeEngine"})
+
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -191,8 +229,6 @@ def engine_kind(label: str) -> str:
 
 def check_engine_label(label: str, what: str) -> str:
     """`label` if it is NAME or NAME@TAG with NAME a known engine; a one-line UsageError otherwise."""
-    from . import ENGINES
-
     if not _LABEL.fullmatch(label):
         raise UsageError(f"{what} {label!r}: expected an engine name or NAME@TAG (e.g. fast@fp8; TAG: letters, "
                          "digits, _ and -)")
@@ -233,8 +269,6 @@ def parse_engine_opts(items, what: str = "--engine-opt") -> dict[str, dict[str, 
 
 def _checked_options(label: str, given: dict[str, Any], what: str) -> dict[str, Any]:
     """`given` with text values parsed, after checking them all against the engine's Config."""
-    from . import ENGINES
-
     check_engine_label(label, what)
     config_class = ENGINES[engine_kind(label)].Config
     owner = f"{what}: engine {label!r}"

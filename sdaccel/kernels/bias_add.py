@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from . import compiling, launchable, register_triton_op, use_triton
+from ._triton import compiling, launchable, register_triton_op, use_triton
 
 try:
     import triton

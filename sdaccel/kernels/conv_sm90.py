@@ -36,7 +36,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import sm_count
+from ._triton import sm_count
 from .fp8 import E4M3, scale_refusal
 from .gluon_hopper import (  # noqa: F401 - gluon and available are part of this module's interface
     HALF_DTYPES, available, descriptor, device_refusal, fence_async_shared, gl, gluon, mbarrier, refusal, regs, tma,

@@ -36,7 +36,7 @@ from typing import Optional
 
 import torch
 
-from . import config_name, next_pow2, use_triton  # noqa: F401 - config_name names CONFIGS entries
+from ._triton import config_name, next_pow2, use_triton  # noqa: F401 - config_name names CONFIGS entries
 # Exact attention in fp32, rounded once: the same reference as the short-KV kernel's.
 from .short_kv_attention import qkv_problem
 from .short_kv_attention import short_kv_attention_reference as flash_attention_reference

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from . import interpreter_enabled
+from ._triton import interpreter_enabled
 
 try:
     import triton

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import use_triton
+from ._triton import use_triton
 from .fp8 import E4M3_MAX
 from .recording import is_recording
 

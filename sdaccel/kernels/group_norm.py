@@ -38,10 +38,11 @@ from typing import Optional
 
 import torch
 
-from . import compiling, launchable, next_pow2, parallel_target, register_triton_op, sm_count, use_triton
 from . import group_norm_cluster as cluster
 from . import group_norm_kernels as kernels
-from .fp8 import E4M3, check_fp8_output
+from ._triton import compiling, launchable, next_pow2, parallel_target, register_triton_op, sm_count, use_triton
+from .fp8 import check_fp8_output
+from .group_norm_kernels import GroupNormCall, prepare_call
 from .group_norm_reference import group_norm_reference
 
 __all__ = ["group_norm", "group_norm_reference", "launch_group_norm", "default_path", "cluster_takes",
@@ -161,21 +162,115 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _hw_stride(x: torch.Tensor) -> Optional[int]:
-    """Stride of the merged H*W axis, or None when H and W don't merge."""
-    _, _, H, W = x.shape
-    if H == 1:
-        return x.stride(3)
-    if W == 1 or x.stride(2) == W * x.stride(3):
-        return x.stride(3) if W > 1 else x.stride(2)
-    return None
+def _choose_path(call: GroupNormCall, path: Optional[str], traceable: bool) -> str:
+    """``path`` checked, or the default's choice: ``default_path``, with "looped" sent to "cluster" where
+    ``cluster_takes`` (and there is no skip)."""
+    if path is None:
+        path = default_path(call.HW, call.group_size)
+        # The cluster kernel is Gluon, which torch.compile's tracing (traceable) cannot wrap.
+        if (path == "looped" and call.skip is None and not traceable
+                and cluster_takes(call.x, call.num_groups, call.HW, call.group_size)):
+            path = "cluster"
+    elif path == "cluster":  # asked for by name: checked here, as cluster_takes checks the default's choice
+        problem = cluster.refusal(call.x, call.HW, call.group_size)
+        if problem:
+            raise ValueError(f"group_norm (cluster): {problem}")
+        if call.skip is not None:
+            raise ValueError("the cluster GroupNorm takes no skip")
+    if path not in PATHS:
+        raise ValueError(f"unknown group_norm path {path!r}")
+    return path
 
 
-def _like(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``t`` with exactly x's strides (copying only when they differ)."""
-    if t.stride() == x.stride():
-        return t
-    return torch.empty_strided(x.shape, x.stride(), dtype=t.dtype, device=t.device).copy_(t)
+def _launch_cluster(call: GroupNormCall, num_warps: Optional[int]) -> None:
+    """The "cluster" path: each (sample, group) over a cluster of CTAs (group_norm_cluster.py)."""
+    cluster.launch_group_norm_cluster(call.x, call.concat, call.add, call.s, call.weight, call.bias, call.out,
+                                      call.num_groups, call.eps, call.silu, call.output_scale, call.strides,
+                                      call.add_strides, num_warps, e4m3_scale=call.e4m3_scale,
+                                      e4m3_amax=call.e4m3_amax)
+
+
+def _per_group_arguments(call: GroupNormCall) -> tuple[tuple, dict]:
+    """The arguments and flags of the single-pass and looped kernels (grid: groups x samples), which take the same."""
+    args = (*call.triton_inputs(), *call.triton_affine(), call.out, *call.triton_e4m3(), call.HW, call.C, call.C1,
+            call.C2, call.eps, call.output_scale, *call.strides, *call.add_strides)
+    flags = dict(GROUP_SIZE=call.group_size, WRITE_SUM=call.s is not None, HAS_WEIGHT=call.weight is not None,
+                 HAS_BIAS=call.bias is not None, APPLY_SILU=call.silu, FP8_OUT=call.fp8, **call.triton_flags())
+    return args, flags
+
+
+def _launch_single(call: GroupNormCall, traceable: bool) -> None:
+    """The "single" path: one program per (group, sample) holds its whole group in registers."""
+    if not single_pass_fits(call.HW, call.group_size):
+        raise ValueError(f"a group of {call.HW} x {call.group_size} values is too large for the single-pass kernel")
+    args, flags = _per_group_arguments(call)
+    block_hw, block_c = next_pow2(call.HW), next_pow2(call.group_size)
+    launchable(kernels.group_norm_single_kernel, traceable)[(call.num_groups, call.N)](
+        *args, BLOCK_HW=block_hw, BLOCK_C=block_c, num_warps=8 if block_hw * block_c > 4096 else 4, **flags,
+    )
+
+
+def _launch_looped(call: GroupNormCall, traceable: bool, tile_elems: Optional[int], num_warps: Optional[int],
+                   stages: int) -> None:
+    """The "looped" path: one program per (group, sample) sweeps its group's rows twice, tile by tile."""
+    args, flags = _per_group_arguments(call)
+    block_c = next_pow2(call.group_size)
+    block_hw = max(1, min((tile_elems or LOOPED_TILE_ELEMS) // block_c, next_pow2(call.HW)))
+    if num_warps is None:  # few programs: more warps each to keep loads in flight
+        num_warps = 8 if call.N * call.num_groups < parallel_target(call.x) else 4
+    launchable(kernels.group_norm_looped_kernel, traceable)[(call.num_groups, call.N)](
+        *args, BLOCK_HW=block_hw, BLOCK_C=block_c, num_warps=num_warps, LOOP_STAGES=stages, **flags,
+    )
+
+
+def _launch_split(call: GroupNormCall, traceable: bool, tile_elems: Optional[int], rows_per_chunk: Optional[int],
+                  num_warps: Optional[int], stages: int, channel_block: Optional[tuple[int, int]]) -> None:
+    """The "split" path: a statistics kernel writes each chunk of rows' partial mean and M2 per group, a normalize
+    kernel merges them and writes y; both over (chunks, channel blocks, samples)."""
+    x, N, HW, num_groups = call.x, call.N, call.HW, call.num_groups
+    max_block_c, split_tile = ((SPLIT_MAX_BLOCK_C, SPLIT_TILE_ELEMS) if call.concat is None
+                               else (CONCAT_MAX_BLOCK_C, CONCAT_TILE_ELEMS))
+    block_c, groups_per_block = channel_block or pick_channel_block(call.C, num_groups, max_block_c)
+    num_cblocks = _cdiv(num_groups, groups_per_block)
+    block_g = next_pow2(groups_per_block)
+    # Rows per chunk (one program's share), the larger of:
+    #  - enough programs to fill the GPU (~2 per SM: each loops over its rows,
+    #    which amortizes the fixed per-program cost of merging statistics);
+    #  - few enough chunks that pass 2's gather of chunks x groups partials
+    #    stays under 1/8 of its data: (HW/rows) * block_g * 8 <= rows * block_c,
+    #    and under 4K partials in all.
+    rows_wanted = _cdiv(N * HW * num_cblocks, parallel_target(x))
+    block_hw = max(1, min((tile_elems or split_tile) // block_c, next_pow2(rows_wanted), next_pow2(HW)))
+    max_chunks = max(1, min(256, 4096 // block_g))
+    if rows_per_chunk is None:
+        rows_for_gather = math.isqrt(_cdiv(HW * block_g * 8, block_c)) + 1
+        rows_per_chunk = max(rows_wanted, rows_for_gather, _cdiv(HW, max_chunks))
+    rows_per_chunk = min(_cdiv(rows_per_chunk, block_hw) * block_hw, _cdiv(HW, block_hw) * block_hw)
+    num_chunks = _cdiv(HW, rows_per_chunk)
+    if num_chunks > max(1, 4096 // block_g):
+        raise ValueError(f"rows_per_chunk={rows_per_chunk} gives too many chunks ({num_chunks})")
+
+    part_mean = torch.empty((N, num_chunks, num_groups), dtype=torch.float32, device=x.device)
+    part_m2 = torch.empty_like(part_mean)
+    grid = (num_chunks, num_cblocks, N)
+    inputs = call.triton_inputs()
+    sizes = (HW, call.C, call.C1, call.C2, num_groups, rows_per_chunk, num_chunks)
+    common = dict(
+        GROUP_SIZE=call.group_size, GROUPS_PER_BLOCK=groups_per_block,
+        BLOCK_HW=block_hw, BLOCK_C=block_c, BLOCK_G=block_g, num_warps=num_warps or 4, LOOP_STAGES=stages,
+        **call.triton_flags(),
+    )
+    write_sum = call.s is not None
+    launchable(kernels.group_norm_stats_kernel, traceable)[grid](
+        *inputs, part_mean, part_m2, *sizes, *call.strides, *call.add_strides, WRITE_SUM=write_sum, **common,
+    )
+    launchable(kernels.group_norm_apply_kernel, traceable)[grid](
+        *inputs, *call.triton_affine(), call.out, *call.triton_e4m3(), part_mean, part_m2,
+        *sizes, call.eps, call.output_scale, *call.strides, *call.add_strides,
+        CHUNK_TILE=CHUNK_TILE, READ_SUM=write_sum,
+        HAS_WEIGHT=call.weight is not None, HAS_BIAS=call.bias is not None, APPLY_SILU=call.silu, FP8_OUT=call.fp8,
+        **common,
+    )
 
 
 def launch_group_norm(
@@ -225,142 +320,19 @@ def launch_group_norm(
     kernel's warps a CTA). ``traceable``: called from the
     registered op (see ``launchable``).
     """
-    if x.dim() != 4:
-        raise ValueError(f"group_norm expects (N, C, H, W), got {tuple(x.shape)}")
-    N, C1, H, W = x.shape
-    C2 = 0
-    if concat is not None:
-        if concat.dim() != 4 or concat.shape[0] != N or concat.shape[2:] != x.shape[2:] or concat.dtype != x.dtype:
-            raise ValueError(f"concat {tuple(concat.shape)} {concat.dtype} does not extend x {tuple(x.shape)} "
-                             f"{x.dtype} along channels")
-        if skip is not None:
-            raise ValueError("group_norm takes skip or concat, not both")
-        # Both sources dense channels_last: the kernels address them by channel counts alone.
-        x = x.contiguous(memory_format=torch.channels_last)
-        concat = concat.contiguous(memory_format=torch.channels_last)
-        C2 = concat.shape[1]
-    C = C1 + C2
-    if C % num_groups:
-        raise ValueError(f"{C} channels do not split into {num_groups} groups")
-    if not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)) or _hw_stride(x) is None:
-        x = x.contiguous(memory_format=torch.channels_last)
-    if skip is not None:
-        if skip.shape != x.shape:
-            raise ValueError(f"skip shape {tuple(skip.shape)} != x shape {tuple(x.shape)}")
-        skip = _like(skip, x)
-    if add is not None:
-        add = add.reshape(-1, C)
-        if add.shape[0] not in (1, N):
-            raise ValueError(f"add must hold N*C or C values, got {tuple(add.shape)}")
-        add = add.expand(N, C)
-    weight = weight.contiguous() if weight is not None else None
-    bias = bias.contiguous() if bias is not None else None
-    HW = H * W
-    group_size = C // num_groups
-    dummy = x  # stands in for absent optional pointers (never dereferenced)
-    add_strides = (add.stride(0), add.stride(1)) if add is not None else (0, 0)
-    fp8 = check_fp8_output(e4m3_scale, e4m3_amax, x)
-    out_dtype = E4M3 if fp8 else x.dtype
-    if concat is None:
-        out = torch.empty_strided(x.shape, x.stride(), dtype=out_dtype, device=x.device)
-    else:
-        out = torch.empty((N, C, H, W), dtype=out_dtype, device=x.device, memory_format=torch.channels_last)
-    s = torch.empty_strided(out.shape, out.stride(), dtype=x.dtype, device=x.device) if write_sum else None
-    # The kernels address out, s and skip (and x itself when there is no concat) by out's strides.
-    strides = (out.stride(0), out.stride(1), _hw_stride(out))
-
-    if path is None:
-        path = default_path(HW, group_size)
-        # The cluster kernel is Gluon, which torch.compile's tracing (traceable) cannot wrap.
-        if path == "looped" and skip is None and not traceable and cluster_takes(x, num_groups, HW, group_size):
-            path = "cluster"
-    elif path == "cluster":  # asked for by name: checked here, as cluster_takes checks the default's choice
-        problem = cluster.refusal(x, HW, group_size)
-        if problem:
-            raise ValueError(f"group_norm (cluster): {problem}")
-        if skip is not None:
-            raise ValueError("the cluster GroupNorm takes no skip")
-    if path not in PATHS:
-        raise ValueError(f"unknown group_norm path {path!r}")
-    if path == "cluster":
-        cluster.launch_group_norm_cluster(x, concat, add, s, weight, bias, out, num_groups, eps, silu, output_scale,
-                                          strides, add_strides, num_warps, e4m3_scale=e4m3_scale if fp8 else None,
-                                          e4m3_amax=e4m3_amax if fp8 else None)
-        return out, s
-
-    # Every Triton kernel takes the same input pointers first; absent ones are stood in for by x.
-    inputs = tuple(t if t is not None else dummy for t in (x, concat, skip, add, s))
-    affine = tuple(t if t is not None else dummy for t in (weight, bias))
-    has = dict(HAS_X2=concat is not None, HAS_SKIP=skip is not None, HAS_ADD=add is not None)
-    e4m3 = (e4m3_scale, e4m3_amax) if fp8 else (dummy, dummy)
+    call = prepare_call(x, num_groups, weight, bias, eps, silu, add, skip, write_sum, output_scale, concat, e4m3_scale,
+                        e4m3_amax)
+    path = _choose_path(call, path, traceable)
     stages = LOOP_STAGES if loop_stages is None else loop_stages
-    if path != "split":  # the single-pass and looped kernels (grid: groups x samples) take the same arguments
-        group_args = (*inputs, *affine, out, *e4m3, HW, C, C1, C2, eps, output_scale, *strides, *add_strides)
-        group_flags = dict(GROUP_SIZE=group_size, WRITE_SUM=write_sum, HAS_WEIGHT=weight is not None,
-                           HAS_BIAS=bias is not None, APPLY_SILU=silu, FP8_OUT=fp8, **has)
-    if path == "single":
-        if not single_pass_fits(HW, group_size):
-            raise ValueError(f"a group of {HW} x {group_size} values is too large for the single-pass kernel")
-        block_hw, block_c = next_pow2(HW), next_pow2(group_size)
-        launchable(kernels.group_norm_single_kernel, traceable)[(num_groups, N)](
-            *group_args, BLOCK_HW=block_hw, BLOCK_C=block_c, num_warps=8 if block_hw * block_c > 4096 else 4,
-            **group_flags,
-        )
-        return out, s
-
-    if path == "looped":
-        block_c = next_pow2(group_size)
-        block_hw = max(1, min((tile_elems or LOOPED_TILE_ELEMS) // block_c, next_pow2(HW)))
-        if num_warps is None:  # few programs: more warps each to keep loads in flight
-            num_warps = 8 if N * num_groups < parallel_target(x) else 4
-        launchable(kernels.group_norm_looped_kernel, traceable)[(num_groups, N)](
-            *group_args, BLOCK_HW=block_hw, BLOCK_C=block_c, num_warps=num_warps, LOOP_STAGES=stages,
-            **group_flags,
-        )
-        return out, s
-
-    max_block_c, split_tile = ((SPLIT_MAX_BLOCK_C, SPLIT_TILE_ELEMS) if concat is None
-                               else (CONCAT_MAX_BLOCK_C, CONCAT_TILE_ELEMS))
-    block_c, groups_per_block = channel_block or pick_channel_block(C, num_groups, max_block_c)
-    num_cblocks = _cdiv(num_groups, groups_per_block)
-    block_g = next_pow2(groups_per_block)
-    # Rows per chunk (one program's share), the larger of:
-    #  - enough programs to fill the GPU (~2 per SM: each loops over its rows,
-    #    which amortizes the fixed per-program cost of merging statistics);
-    #  - few enough chunks that pass 2's gather of chunks x groups partials
-    #    stays under 1/8 of its data: (HW/rows) * block_g * 8 <= rows * block_c,
-    #    and under 4K partials in all.
-    rows_wanted = _cdiv(N * HW * num_cblocks, parallel_target(x))
-    block_hw = max(1, min((tile_elems or split_tile) // block_c, next_pow2(rows_wanted), next_pow2(HW)))
-    max_chunks = max(1, min(256, 4096 // block_g))
-    if rows_per_chunk is None:
-        rows_for_gather = math.isqrt(_cdiv(HW * block_g * 8, block_c)) + 1
-        rows_per_chunk = max(rows_wanted, rows_for_gather, _cdiv(HW, max_chunks))
-    rows_per_chunk = min(_cdiv(rows_per_chunk, block_hw) * block_hw, _cdiv(HW, block_hw) * block_hw)
-    num_chunks = _cdiv(HW, rows_per_chunk)
-    if num_chunks > max(1, 4096 // block_g):
-        raise ValueError(f"rows_per_chunk={rows_per_chunk} gives too many chunks ({num_chunks})")
-
-    part_mean = torch.empty((N, num_chunks, num_groups), dtype=torch.float32, device=x.device)
-    part_m2 = torch.empty_like(part_mean)
-    grid = (num_chunks, num_cblocks, N)
-    common = dict(
-        GROUP_SIZE=group_size, GROUPS_PER_BLOCK=groups_per_block,
-        BLOCK_HW=block_hw, BLOCK_C=block_c, BLOCK_G=block_g, num_warps=num_warps or 4, LOOP_STAGES=stages, **has,
-    )
-    launchable(kernels.group_norm_stats_kernel, traceable)[grid](
-        *inputs, part_mean, part_m2,
-        HW, C, C1, C2, num_groups, rows_per_chunk, num_chunks, *strides, *add_strides,
-        WRITE_SUM=write_sum, **common,
-    )
-    launchable(kernels.group_norm_apply_kernel, traceable)[grid](
-        *inputs, *affine, out, *e4m3, part_mean, part_m2,
-        HW, C, C1, C2, num_groups, rows_per_chunk, num_chunks, eps, output_scale, *strides, *add_strides,
-        CHUNK_TILE=CHUNK_TILE, READ_SUM=write_sum,
-        HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, APPLY_SILU=silu, FP8_OUT=fp8,
-        **common,
-    )
-    return out, s
+    if path == "cluster":
+        _launch_cluster(call, num_warps)
+    elif path == "single":
+        _launch_single(call, traceable)
+    elif path == "looped":
+        _launch_looped(call, traceable, tile_elems, num_warps, stages)
+    else:
+        _launch_split(call, traceable, tile_elems, rows_per_chunk, num_warps, stages, channel_block)
+    return call.out, call.s
 
 
 # ------------------------------------------------------------------ public op

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from . import next_pow2
+from ._triton import next_pow2
 from .gluon_hopper import device_refusal, gl, gluon
 
 CTAS = 8  # a cluster: the portable maximum. With 4 warps the best of 2, 4, 8 CTAs x 4, 8 warps wherever it won.

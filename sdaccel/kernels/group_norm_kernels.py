@@ -23,10 +23,18 @@ parallel-variance formula,
 Kernel arguments, in every kernel: x_ptr, x2_ptr (the concatenated channels, HAS_X2), skip_ptr, add_ptr, sum_ptr
 (s, written with WRITE_SUM or read back with READ_SUM); weight_ptr, bias_ptr; out_ptr; output_scale (a float,
 multiplies y after the SiLU); e4m3_scale_ptr and e4m3_amax_ptr (FP8_OUT: y stored as y / e4m3_scale in e4m3, max
-|y| recorded; kernels/fp8.py). Absent pointers are stood in for by x and never read.
+|y| recorded; kernels/fp8.py). Absent pointers are stood in for by x and never read. ``prepare_call`` checks a
+launch's arguments and lays its tensors out so (``GroupNormCall``), for every path, the cluster one too.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .fp8 import E4M3, check_fp8_output
 
 try:
     import triton
@@ -36,6 +44,119 @@ except ImportError:  # pragma: no cover - CPU-only installs use the reference
 else:
     from .fp8 import record_amax, to_e4m3
 
+
+# --------------------------------------------------------------- the operands
+
+def _hw_stride(x: torch.Tensor) -> Optional[int]:
+    """Stride of the merged H*W axis, or None when H and W don't merge."""
+    _, _, H, W = x.shape
+    if H == 1:
+        return x.stride(3)
+    if W == 1 or x.stride(2) == W * x.stride(3):
+        return x.stride(3) if W > 1 else x.stride(2)
+    return None
+
+
+def _like(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``t`` with exactly x's strides (copying only when they differ)."""
+    if t.stride() == x.stride():
+        return t
+    return torch.empty_strided(x.shape, x.stride(), dtype=t.dtype, device=t.device).copy_(t)
+
+
+@dataclass(slots=True)
+class GroupNormCall:
+    """One launch's operands, checked and laid out as these kernels address them (``prepare_call``), and its
+    scalars."""
+
+    x: torch.Tensor
+    concat: Optional[torch.Tensor]
+    skip: Optional[torch.Tensor]  # with exactly x's strides
+    add: Optional[torch.Tensor]  # (N, C), possibly a broadcast view
+    weight: Optional[torch.Tensor]
+    bias: Optional[torch.Tensor]
+    out: torch.Tensor
+    s: Optional[torch.Tensor]  # the sum x + skip + add, written when asked for (write_sum)
+    e4m3_scale: Optional[torch.Tensor]  # with e4m3_amax: None unless out is e4m3 (fp8)
+    e4m3_amax: Optional[torch.Tensor]
+    num_groups: int
+    eps: float
+    silu: bool
+    output_scale: float
+    fp8: bool
+    N: int
+    C: int  # C1 of x, then C2 of concat
+    C1: int
+    C2: int
+    HW: int
+    group_size: int
+    strides: tuple  # out's (sample, channel, merged H*W): s, skip and x itself without a concat share them
+    add_strides: tuple
+
+    # The Triton kernels' pointer arguments; x stands in for absent ones (never dereferenced).
+    def triton_inputs(self) -> tuple:
+        """What every Triton kernel takes first."""
+        return tuple(t if t is not None else self.x for t in (self.x, self.concat, self.skip, self.add, self.s))
+
+    def triton_affine(self) -> tuple:
+        return tuple(t if t is not None else self.x for t in (self.weight, self.bias))
+
+    def triton_e4m3(self) -> tuple:
+        return (self.e4m3_scale, self.e4m3_amax) if self.fp8 else (self.x, self.x)
+
+    def triton_flags(self) -> dict:
+        return dict(HAS_X2=self.concat is not None, HAS_SKIP=self.skip is not None, HAS_ADD=self.add is not None)
+
+
+def prepare_call(x, num_groups, weight, bias, eps, silu, add, skip, write_sum, output_scale, concat, e4m3_scale,
+                 e4m3_amax) -> GroupNormCall:
+    """Check group_norm.launch_group_norm's arguments, lay the tensors out as the kernels read them, allocate out
+    (and s)."""
+    if x.dim() != 4:
+        raise ValueError(f"group_norm expects (N, C, H, W), got {tuple(x.shape)}")
+    N, C1, H, W = x.shape
+    C2 = 0
+    if concat is not None:
+        if concat.dim() != 4 or concat.shape[0] != N or concat.shape[2:] != x.shape[2:] or concat.dtype != x.dtype:
+            raise ValueError(f"concat {tuple(concat.shape)} {concat.dtype} does not extend x {tuple(x.shape)} "
+                             f"{x.dtype} along channels")
+        if skip is not None:
+            raise ValueError("group_norm takes skip or concat, not both")
+        # Both sources dense channels_last: the kernels address them by channel counts alone.
+        x = x.contiguous(memory_format=torch.channels_last)
+        concat = concat.contiguous(memory_format=torch.channels_last)
+        C2 = concat.shape[1]
+    C = C1 + C2
+    if C % num_groups:
+        raise ValueError(f"{C} channels do not split into {num_groups} groups")
+    if not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)) or _hw_stride(x) is None:
+        x = x.contiguous(memory_format=torch.channels_last)
+    if skip is not None:
+        if skip.shape != x.shape:
+            raise ValueError(f"skip shape {tuple(skip.shape)} != x shape {tuple(x.shape)}")
+        skip = _like(skip, x)
+    if add is not None:
+        add = add.reshape(-1, C)
+        if add.shape[0] not in (1, N):
+            raise ValueError(f"add must hold N*C or C values, got {tuple(add.shape)}")
+        add = add.expand(N, C)
+    weight = weight.contiguous() if weight is not None else None
+    bias = bias.contiguous() if bias is not None else None
+    add_strides = (add.stride(0), add.stride(1)) if add is not None else (0, 0)
+    fp8 = check_fp8_output(e4m3_scale, e4m3_amax, x)
+    out_dtype = E4M3 if fp8 else x.dtype
+    if concat is None:
+        out = torch.empty_strided(x.shape, x.stride(), dtype=out_dtype, device=x.device)
+    else:
+        out = torch.empty((N, C, H, W), dtype=out_dtype, device=x.device, memory_format=torch.channels_last)
+    s = torch.empty_strided(out.shape, out.stride(), dtype=x.dtype, device=x.device) if write_sum else None
+    # The kernels address out, s and skip (and x itself when there is no concat) by out's strides.
+    strides = (out.stride(0), out.stride(1), _hw_stride(out))
+    return GroupNormCall(x, concat, skip, add, weight, bias, out, s, e4m3_scale, e4m3_amax, num_groups, eps, silu,
+                         output_scale, fp8, N, C, C1, C2, H * W, C // num_groups, strides, add_strides)
+
+
+# ---------------------------------------------------------------- the kernels
 
 if triton is not None:
 

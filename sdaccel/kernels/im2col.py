@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import next_pow2, use_triton
+from ._triton import next_pow2, use_triton
 
 try:
     import triton

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from . import compiling, launchable, next_pow2, register_triton_op, use_triton
+from ._triton import compiling, launchable, next_pow2, register_triton_op, use_triton
 from .fp8 import E4M3, check_fp8_output, quantize_e4m3_reference
 
 try:

@@ -40,7 +40,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import sm_count
+from ._triton import sm_count
 from .gluon_hopper import (  # noqa: F401 - gluon and available are part of this module's interface
     HALF_DTYPES, available, descriptor, fence_async_shared, gl, gluon, mbarrier, refusal, regs, tma, warpgroup_mma,
     warpgroup_mma_wait,

@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import next_pow2, use_triton
+from ._triton import next_pow2, use_triton
 
 try:
     import triton

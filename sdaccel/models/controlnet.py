@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from ..errors import ModelLoadError, UsageError
-from .loading import SYNTHETIC_PREFIX
+from .configs import SYNTHETIC_PREFIX, is_repo_id, read_json
+from .loading import read_checkpoint, resolve_hub_repo
 from .registry import CONTROLNET_SPECS, ModelSpec, get_controlnet_spec
 
 
@@ -36,9 +37,7 @@ def load_controlnet(ref: str, spec: ModelSpec, *, seed: int = 0, device: str | t
         elif path.is_file():
             net = _from_single_file(path, spec)
         else:
-            from .loading import _REPO_ID, resolve_hub_repo
-
-            if not _REPO_ID.match(ref) or ref.startswith((".", "/", "~")):
+            if not is_repo_id(ref):
                 raise ModelLoadError(f"ControlNet {ref}: no such file or folder (expected a diffusers ControlNet "
                                      "folder, a .safetensors file, a Hugging Face repo id, or synthetic:<arch>)")
             net = _from_folder(resolve_hub_repo(ref))
@@ -93,12 +92,10 @@ def build_synthetic_controlnet(arch: str, *, seed: int = 0, device: str | torch.
 def _from_folder(folder: Path) -> nn.Module:
     from diffusers import ControlNetModel
 
-    from .loading import _read_json
-
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ModelLoadError(f"ControlNet {folder}: not a diffusers ControlNet folder (no config.json)")
-    name = _read_json(config_path).get("_class_name")
+    name = read_json(config_path).get("_class_name")
     if name not in (None, "ControlNetModel"):
         raise ModelLoadError(f"ControlNet {folder}: config.json describes a {name}, not a ControlNetModel")
     try:
@@ -115,9 +112,7 @@ def _from_single_file(path: Path, spec: ModelSpec) -> nn.Module:
     from diffusers import ControlNetModel
     from diffusers.loaders.single_file_utils import convert_controlnet_checkpoint
 
-    from .loading import _read_checkpoint
-
-    checkpoint = _read_checkpoint(path)
+    checkpoint = read_checkpoint(path)
     if not any(k.startswith(("controlnet_cond_embedding.", "input_hint_block.", "control_model.input_hint_block."))
                for k in checkpoint):
         raise ModelLoadError(f"ControlNet {path}: not a ControlNet checkpoint (no control-image embedding)")

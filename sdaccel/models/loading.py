@@ -4,27 +4,22 @@ seeded random weights)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import warnings
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from ..errors import ModelLoadError, UsageError, first_line
 from .components import Components
-from .onnx_folder import is_onnx_pipeline_folder, load_onnx_pipeline_folder, text_encoder_names, tokenizer_names
-from .registry import INPAINT_CHANNELS, ModelSpec, get_spec, list_specs, with_overrides
-from .tokenizer import HashTokenizer, HFTokenizerAdapter
+from .configs import SYNTHETIC_PREFIX, detect_arch, is_repo_id, read_json, spec_from_modules
+from .onnx_folder import is_onnx_pipeline_folder, load_onnx_pipeline_folder
+from .registry import INPAINT_CHANNELS, ModelSpec, get_spec, list_specs
+from .tokenizer import HashTokenizer, HFTokenizerAdapter, folder_tokenizer
 
 log = logging.getLogger(__name__)
 
-SYNTHETIC_PREFIX = "synthetic:"
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
 
 
@@ -47,7 +42,7 @@ def load_components(ref: str, *, arch: str | None = None, seed: int = 0, device:
         if path.suffix.lower() not in _SINGLE_FILE_SUFFIXES:
             raise ModelLoadError(f"{path}: expected a diffusers folder or a .safetensors/.ckpt checkpoint")
         return load_single_file(path, arch=arch, device=device, dtype=dtype)
-    if _REPO_ID.match(ref) and not ref.startswith((".", "/", "~")):
+    if is_repo_id(ref):
         return load_diffusers_folder(resolve_hub_repo(ref), arch=arch, device=device, dtype=dtype, source=ref)
     raise ModelLoadError(f"{ref}: no such file or folder (expected a diffusers folder, a checkpoint file, "
                          f"a Hugging Face repo id, or synthetic:<arch>)")
@@ -60,7 +55,6 @@ def build_synthetic(spec: ModelSpec, *, seed: int = 0, device: str | torch.devic
                     dtype: torch.dtype = torch.float32, source: str | None = None) -> Components:
     """The exact architecture with seeded random weights, built directly on `device` (fast on a GPU)."""
     from diffusers import AutoencoderKL, UNet2DConditionModel
-
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     device = torch.device(device)
@@ -83,52 +77,6 @@ def build_synthetic(spec: ModelSpec, *, seed: int = 0, device: str | torch.devic
 # ---------------------------------------------------------------------------------------------- diffusers folder
 
 
-def _is_refiner_unet(unet_config: dict[str, Any]) -> bool:
-    """Whether an SDXL UNet config is a refiner's: its added embedding takes the pooled text embedding (as wide as
-    the context, one encoder) and 5 time ids (the aesthetic score in place of the base's 2 target-size ids)."""
-    cross, added = unet_config.get("cross_attention_dim"), unet_config.get("projection_class_embeddings_input_dim")
-    time_dim = unet_config.get("addition_time_embed_dim")
-    if all(isinstance(v, int) for v in (cross, added, time_dim)):
-        return added == cross + 5 * time_dim
-    return cross == 1280 or added == 2560  # a partial config: the published refiner's widths
-
-
-def detect_arch(unet_config: dict[str, Any], scheduler_config: dict[str, Any] | None = None) -> str:
-    """Architecture name from a UNet config: the family from its conditioning, inpainting from 9 input channels,
-    the SDXL refiner from its added embedding, SD2 768 vs base from the scheduler's prediction type."""
-    vpred = (scheduler_config or {}).get("prediction_type") == "v_prediction"
-    refiner = False
-    if unet_config.get("addition_embed_type") == "text_time":
-        family, refiner = "sdxl", _is_refiner_unet(unet_config)
-    elif unet_config.get("use_linear_projection") or unet_config.get("cross_attention_dim") == 1024:
-        family = "sd2"
-    else:
-        family = "sd1"
-    in_channels = int(unet_config.get("in_channels", 4))
-    same = [s for s in list_specs() if s.family == family and s.is_refiner == refiner
-            and s.unet_in_channels == in_channels]
-    if not same:
-        raise ModelLoadError(f"a {'SDXL refiner' if refiner else family} UNet taking {in_channels} input channels "
-                             f"matches no architecture sdaccel knows (4: text to image, {INPAINT_CHANNELS}: "
-                             "inpainting)")
-    widths = tuple(unet_config.get("block_out_channels", ()))
-    # Prefer the entry with the same widths (a tiny model stays tiny) and prediction type (SD2 768 vs base).
-    same.sort(key=lambda s: (tuple(s.unet["block_out_channels"]) != widths,
-                             (s.scheduler["prediction_type"] == "v_prediction") != vpred
-                             if scheduler_config else s.name == "sd21-base",
-                             s.unet.get("sample_size") != unet_config.get("sample_size")))
-    return same[0].name
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ModelLoadError(f"{path}: missing (expected a diffusers config JSON)") from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(f"{path}: not valid JSON ({exc.__class__.__name__})") from None
-
-
 def _variant(folder: Path) -> str | None:
     """diffusers names half-precision weights `*.fp16.safetensors`; use them only when no full file exists."""
     names = [p.name for p in folder.glob("*.safetensors")] + [p.name for p in folder.glob("*.bin")]
@@ -149,34 +97,19 @@ def _load_part(loader, folder: Path, sub: str, what: str, dtype: torch.dtype):
         raise ModelLoadError(f"{part}: cannot load {what} ({first_line(exc)[:200]})") from None
 
 
-def folder_tokenizer(folder: Path, sub: str, pad_with_eos: bool, vocab_size: int):
-    tok_dir = folder / sub
-    if tok_dir.is_dir() and any(tok_dir.iterdir()):
-        from transformers import CLIPTokenizer
-
-        try:
-            return HFTokenizerAdapter(CLIPTokenizer.from_pretrained(folder, subfolder=sub))
-        except Exception as exc:
-            raise ModelLoadError(f"{tok_dir}: cannot load the CLIP tokenizer ({exc.__class__.__name__})") from None
-    warnings.warn(f"{tok_dir}: no tokenizer; using sdaccel's hashing tokenizer (prompts will not be understood)",
-                  stacklevel=3)
-    return HashTokenizer(vocab_size, 77, pad_with_eos)
-
-
 def load_diffusers_folder(folder: Path, *, arch: str | None = None, device: str | torch.device = "cpu",
                           dtype: torch.dtype = torch.float32, source: str | None = None) -> Components:
     from diffusers import AutoencoderKL, UNet2DConditionModel
-
     from transformers import CLIPTextModel, CLIPTextModelWithProjection
 
     folder = Path(folder)
     index_path = folder / "model_index.json"
     if not index_path.is_file():
         raise ModelLoadError(f"{folder}: not a diffusers model folder (no model_index.json)")
-    _read_json(index_path)  # readable, or a one-line error now rather than from a component later
-    unet_cfg = _read_json(folder / "unet" / "config.json")
+    read_json(index_path)  # readable, or a one-line error now rather than from a component later
+    unet_cfg = read_json(folder / "unet" / "config.json")
     sched_path = folder / "scheduler" / "scheduler_config.json"
-    sched_cfg = _read_json(sched_path) if sched_path.is_file() else {}
+    sched_cfg = read_json(sched_path) if sched_path.is_file() else {}
     try:
         base = get_spec(arch or detect_arch(unet_cfg, sched_cfg))
     except ModelLoadError as exc:
@@ -186,43 +119,17 @@ def load_diffusers_folder(folder: Path, *, arch: str | None = None, device: str 
     vae = _load_part(AutoencoderKL, folder, "vae", "VAE", dtype)
     encoders, tokenizers = [], []
     # An SDXL refiner folder has text_encoder_2/ and tokenizer_2/ only (its model_index names no text_encoder).
-    for te, enc_sub, tok_sub in zip(base.text_encoders, text_encoder_names(base), tokenizer_names(base)):
+    for te, enc_sub, tok_sub in zip(base.text_encoders, base.text_encoder_names, base.tokenizer_names):
         cls = CLIPTextModelWithProjection if te.with_projection else CLIPTextModel
         enc = _load_part(cls, folder, enc_sub, "text encoder", dtype)
         encoders.append(enc)
         tokenizers.append(folder_tokenizer(folder, tok_sub, te.pad_with_eos, enc.config.vocab_size))
 
-    spec = _spec_from_modules(base, unet, vae, encoders, sched_cfg)
+    spec = spec_from_modules(base, unet, vae, encoders, sched_cfg)
     comps = Components(spec=spec, unet=unet, vae=vae, text_encoders=encoders, tokenizers=tokenizers,
                        source=source or str(folder))
     _finish(comps, dtype, device)
     return comps
-
-
-def _spec_from_modules(base: ModelSpec, unet, vae, encoders, sched_cfg: dict[str, Any]) -> ModelSpec:
-    """The registry entry with the loaded modules' own configs (fine-tunes may differ from the published ones)."""
-    return spec_from_configs(base, dict(unet.config), dict(vae.config), [enc.config.to_dict() for enc in encoders],
-                             sched_cfg)
-
-
-def spec_from_configs(base: ModelSpec, unet: dict[str, Any] | None, vae: dict[str, Any] | None,
-                      encoders: list[dict[str, Any] | None], sched_cfg: dict[str, Any]) -> ModelSpec:
-    """The registry entry with the components' own configs where given (None: the entry's own), as diffusers and
-    transformers write them (config.json of each component, the scheduler's scheduler_config.json)."""
-    scheduler = dict(base.scheduler)
-    scheduler.update({k: v for k, v in sched_cfg.items() if not k.startswith("_") and k in (
-        "num_train_timesteps", "beta_start", "beta_end", "beta_schedule", "prediction_type", "steps_offset",
-        "timestep_spacing", "rescale_betas_zero_snr")})
-    unet = base.unet if unet is None else {k: v for k, v in unet.items() if not k.startswith("_")}
-    vae = base.vae if vae is None else {k: v for k, v in vae.items() if not k.startswith("_")}
-    return with_overrides(
-        base, unet=dict(unet), vae=dict(vae),
-        text_encoders=tuple(te if config is None else replace(te, config=config)
-                            for te, config in zip(base.text_encoders, encoders)),
-        scheduler=scheduler, vae_scaling_factor=float(vae.get("scaling_factor", base.vae_scaling_factor)),
-        vae_force_upcast=bool(vae.get("force_upcast", base.vae_force_upcast)),
-        upcast_attention=bool(unet.get("upcast_attention", False)) or base.upcast_attention,
-    )
 
 
 # ------------------------------------------------------------------------------------------------ hub (offline)
@@ -250,7 +157,9 @@ def resolve_hub_repo(repo_id: str) -> Path:
 # ------------------------------------------------------------------------------------------------- single file
 
 
-def _read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
+def read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
+    """A single-file state dict (safetensors, or a torch pickle read with weights_only=True); unreadable or empty
+    is a ModelLoadError."""
     try:
         if path.suffix.lower() == ".safetensors":
             from safetensors.torch import load_file
@@ -269,14 +178,12 @@ def _read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
 def load_single_file(path: Path, *, arch: str | None = None, device: str | torch.device = "cpu",
                      dtype: torch.dtype = torch.float32) -> Components:
     """An original-format (LDM/SGM, A1111-style) checkpoint, loaded offline through diffusers' converters."""
-    from diffusers.loaders.single_file_utils import (
-        convert_ldm_clip_checkpoint, convert_ldm_unet_checkpoint, convert_ldm_vae_checkpoint,
-        convert_open_clip_checkpoint)
-
     from diffusers import AutoencoderKL, UNet2DConditionModel
+    from diffusers.loaders.single_file_utils import (convert_ldm_clip_checkpoint, convert_ldm_unet_checkpoint,
+                                                     convert_ldm_vae_checkpoint, convert_open_clip_checkpoint)
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
-    checkpoint = _read_checkpoint(path)
+    checkpoint = read_checkpoint(path)
     if not any(k.startswith("model.diffusion_model.") for k in checkpoint):
         raise ModelLoadError(f"{path}: not a Stable Diffusion checkpoint (no model.diffusion_model.* weights)")
     spec = get_spec(arch) if arch else _spec_for_checkpoint(path, checkpoint)

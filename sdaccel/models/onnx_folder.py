@@ -18,13 +18,14 @@ No sdaccel.onnx here: this module only reads JSON, tokenizers and (for folders w
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from ..errors import ModelLoadError
 from .components import Components
-from .registry import ModelSpec, TextEncoderSpec, list_specs
+from .configs import detect_arch, optional_json, read_json, spec_from_configs
+from .registry import ModelSpec, TextEncoderSpec, get_spec, list_specs
+from .tokenizer import folder_tokenizer
 
 MODEL_INDEX = "model_index.json"
 ONNX_MODEL_NAME = "model.onnx"  # diffusers' ONNX_WEIGHTS_NAME, Optimum's too
@@ -64,41 +65,11 @@ def is_onnx_pipeline_folder(path: str | Path) -> bool:
     return (folder / MODEL_INDEX).is_file() and (folder / "unet" / ONNX_MODEL_NAME).is_file()
 
 
-def _folder_suffixes(spec: ModelSpec) -> list[str]:
-    """"", "_2", ...: an SDXL refiner's one encoder (OpenCLIP bigG) is the base model's second, and diffusers' and
-    Optimum's refiner folders keep it in text_encoder_2/ and tokenizer_2/ with no text_encoder/."""
-    first = 1 if spec.is_refiner else 0
-    return ["" if i == 0 else f"_{i + 1}" for i in range(first, first + len(spec.text_encoders))]
-
-
-def text_encoder_names(spec: ModelSpec) -> list[str]:
-    """text_encoder, text_encoder_2, ...: the sub-folders of the spec's text encoders, in order."""
-    return [f"text_encoder{suffix}" for suffix in _folder_suffixes(spec)]
-
-
-def tokenizer_names(spec: ModelSpec) -> list[str]:
-    return [f"tokenizer{suffix}" for suffix in _folder_suffixes(spec)]
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(f"{path}: not valid JSON ({exc.__class__.__name__})") from None
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{path}: expected a JSON object")
-    return data
-
-
-def _optional_json(path: Path) -> dict[str, Any] | None:
-    return _read_json(path) if path.is_file() else None
-
-
 def folder_target(folder: str | Path) -> tuple[str | None, str | None]:
     """(provider, precision) an sdaccel-optimized folder's manifest records; None for what it does not say (no
     manifest, or one the onnxruntime engine will report as unreadable when it opens the folder)."""
     try:
-        manifest = _optional_json(Path(folder) / "manifest.json") or {}
+        manifest = optional_json(Path(folder) / "manifest.json") or {}
     except ModelLoadError:
         return None, None
     provider, precision = manifest.get("provider"), manifest.get("precision")
@@ -150,12 +121,9 @@ def _spec_from_graphs(folder: Path, scheduler: dict[str, Any]) -> ModelSpec:
 def folder_spec(folder: str | Path, arch: str | None = None) -> ModelSpec:
     """The architecture of an ONNX pipeline folder: its components' config.json files over the registry entry they
     match (`arch` forces the entry), or, without configs, the entry its UNet graph matches."""
-    from .loading import detect_arch, spec_from_configs
-    from .registry import get_spec
-
     folder = Path(folder)
-    scheduler = _optional_json(folder / SCHEDULER_CONFIG) or {}
-    unet = _optional_json(folder / "unet" / CONFIG_NAME)
+    scheduler = optional_json(folder / SCHEDULER_CONFIG) or {}
+    unet = optional_json(folder / "unet" / CONFIG_NAME)
     if unet is None:
         base = get_spec(arch) if arch else _spec_from_graphs(folder, scheduler)
         return spec_from_configs(base, None, None, [None] * len(base.text_encoders), scheduler)
@@ -163,24 +131,22 @@ def folder_spec(folder: str | Path, arch: str | None = None) -> ModelSpec:
         base = get_spec(arch or detect_arch(unet, scheduler))
     except ModelLoadError as exc:
         raise ModelLoadError(f"{folder / 'unet' / CONFIG_NAME}: {exc}") from None
-    vae = _optional_json(folder / "vae_decoder" / CONFIG_NAME)
-    encoders = [_optional_json(folder / name / CONFIG_NAME) for name in text_encoder_names(base)]
+    vae = optional_json(folder / "vae_decoder" / CONFIG_NAME)
+    encoders = [optional_json(folder / name / CONFIG_NAME) for name in base.text_encoder_names]
     return spec_from_configs(base, unet, vae, encoders, scheduler)
 
 
 def load_onnx_pipeline_folder(folder: str | Path, *, arch: str | None = None) -> Components:
     """Components without torch modules for an ONNX pipeline folder: the architecture and the tokenizers, with
     `onnx_folder` naming the graphs the onnxruntime engine runs."""
-    from .loading import folder_tokenizer
-
     folder = Path(folder).expanduser()
     if not is_onnx_pipeline_folder(folder):
         raise ModelLoadError(f"{folder}: not an ONNX pipeline folder (no {MODEL_INDEX} and unet/{ONNX_MODEL_NAME})")
-    _read_json(folder / MODEL_INDEX)  # readable, or a one-line error now rather than from a pipeline later
+    read_json(folder / MODEL_INDEX)  # readable, or a one-line error now rather than from a pipeline later
     spec = folder_spec(folder, arch)
     tokenizers = [folder_tokenizer(folder, sub, te.pad_with_eos, int(te.config["vocab_size"]))
-                  for sub, te in zip(tokenizer_names(spec), spec.text_encoders)]
-    manifest = _optional_json(folder / "manifest.json") or {}
+                  for sub, te in zip(spec.tokenizer_names, spec.text_encoders)]
+    manifest = optional_json(folder / "manifest.json") or {}
     model = manifest.get("model") if isinstance(manifest.get("model"), dict) else {}
     return Components(spec=spec, unet=None, vae=None, text_encoders=[], tokenizers=tokenizers, source=str(folder),
                       synthetic=model.get("synthetic") is True, onnx_folder=folder)

@@ -147,6 +147,22 @@ class ModelSpec:
         """Pixels per latent cell: 2 ** (number of VAE down blocks - 1)."""
         return 2 ** (len(self.vae["block_out_channels"]) - 1)
 
+    @property
+    def text_encoder_names(self) -> list[str]:
+        """text_encoder, text_encoder_2, ...: the sub-folders (and LoRA prefixes) of the text encoders, in order."""
+        return [f"text_encoder{suffix}" for suffix in self._folder_suffixes()]
+
+    @property
+    def tokenizer_names(self) -> list[str]:
+        """tokenizer, tokenizer_2, ...: the tokenizers' sub-folders, in the text encoders' order."""
+        return [f"tokenizer{suffix}" for suffix in self._folder_suffixes()]
+
+    def _folder_suffixes(self) -> list[str]:
+        # "", "_2", ...: an SDXL refiner's one encoder (OpenCLIP bigG) is the base model's second, and diffusers' and
+        # Optimum's refiner folders keep it in text_encoder_2/ and tokenizer_2/ with no text_encoder/.
+        first = 1 if self.is_refiner else 0
+        return ["" if i == 0 else f"_{i + 1}" for i in range(first, first + len(self.text_encoders))]
+
 
 def _tiny_text(**overrides: Any) -> dict[str, Any]:
     base = dict(_CLIP_TOKENS, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -11,8 +11,11 @@ from __future__ import annotations
 import hashlib
 import re
 import warnings
+from pathlib import Path
 
 import torch
+
+from ..errors import ModelLoadError
 
 # CLIP splits on words, numbers and single punctuation marks; we keep that granularity.
 _WORD = re.compile(r"[a-z]+|[0-9]|[^\sa-z0-9]")
@@ -76,3 +79,18 @@ class HFTokenizerAdapter:
         out = self.tokenizer(prompts, padding="max_length", max_length=self.model_max_length, truncation=True,
                              return_tensors="pt")
         return out.input_ids
+
+
+def folder_tokenizer(folder: Path, sub: str, pad_with_eos: bool, vocab_size: int):
+    """The CLIP tokenizer in `folder/sub`; without one, the hashing tokenizer, with a warning."""
+    tok_dir = folder / sub
+    if tok_dir.is_dir() and any(tok_dir.iterdir()):
+        from transformers import CLIPTokenizer
+
+        try:
+            return HFTokenizerAdapter(CLIPTokenizer.from_pretrained(folder, subfolder=sub))
+        except Exception as exc:
+            raise ModelLoadError(f"{tok_dir}: cannot load the CLIP tokenizer ({exc.__class__.__name__})") from None
+    warnings.warn(f"{tok_dir}: no tokenizer; using sdaccel's hashing tokenizer (prompts will not be understood)",
+                  stacklevel=3)
+    return HashTokenizer(vocab_size, 77, pad_with_eos)

@@ -22,8 +22,7 @@ from torch import nn
 from ..errors import first_line
 from ..models.components import Components, unet_fn, vae_decode_fn
 from ..models.onnx_folder import (TEXT_INPUT, UNET_INPUTS, UNET_OUTPUT, UNET_XL_INPUTS, VAE_DECODER_INPUT,
-                                  VAE_DECODER_OUTPUT, VAE_ENCODER_INPUT, VAE_ENCODER_OUTPUT, text_encoder_names,
-                                  text_encoder_output_names)
+                                  VAE_DECODER_OUTPUT, VAE_ENCODER_INPUT, VAE_ENCODER_OUTPUT, text_encoder_output_names)
 from ..models.registry import TextEncoderSpec
 
 OPSET = 17
@@ -117,7 +116,7 @@ def component_graphs(components: Components) -> list[ComponentGraph]:
     spec = components.spec
     graphs = []
     batch = 2  # classifier-free guidance batches uncond + cond; any batch works at run time
-    for name, encoder, te in zip(text_encoder_names(spec), components.text_encoders, spec.text_encoders):
+    for name, encoder, te in zip(spec.text_encoder_names, components.text_encoders, spec.text_encoders):
         ids = torch.full((batch, te.config["max_position_embeddings"]), te.config.get("pad_token_id", 1),
                          dtype=torch.int32)  # int32: what diffusers' ONNX pipeline feeds
         ids[:, 0], ids[:, -1] = te.config["bos_token_id"], te.config["eos_token_id"]

@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from ..models.onnx_folder import CONFIG_NAME, MODEL_INDEX, SCHEDULER_CONFIG, text_encoder_names, tokenizer_names
+from ..models.onnx_folder import CONFIG_NAME, MODEL_INDEX, SCHEDULER_CONFIG
 from ..models.tokenizer import HFTokenizerAdapter
 
 
@@ -58,7 +58,7 @@ def write_component_configs(folder: Path, spec, names) -> dict[str, str]:
         _write_json(folder / name / CONFIG_NAME, {
             "_class_name": "AutoencoderKL", **version, **spec.vae, "scaling_factor": spec.vae_scaling_factor,
             "force_upcast": spec.vae_force_upcast})
-    for name, te in zip(text_encoder_names(spec), spec.text_encoders):
+    for name, te in zip(spec.text_encoder_names, spec.text_encoders):
         config = CLIPTextConfig.from_dict(dict(te.config))
         config.architectures = ["CLIPTextModelWithProjection" if te.with_projection else "CLIPTextModel"]
         (folder / name).mkdir(parents=True, exist_ok=True)
@@ -72,17 +72,17 @@ def write_pipeline_files(folder: Path, components, names) -> list[str]:
     relative to it. A model without a real tokenizer (synthetic weights) gets a byte-level CLIP tokenizer
     (models.onnx_folder.byte_level_clip_tokenizer), so the folder loads wherever a CLIP tokenizer is expected."""
     from ..models.onnx_folder import byte_level_clip_tokenizer
-    from ..schedulers import make_scheduler
+    from ..models.schedulers import make_scheduler
 
     spec = components.spec
     scheduler = make_scheduler(spec.default_scheduler, spec.scheduler)
     scheduler.save_config(str(folder / SCHEDULER_CONFIG.parent))
     _write_json(folder / MODEL_INDEX, model_index(spec, type(scheduler).__name__, "vae_encoder" in names))
-    for sub, te, tokenizer in zip(tokenizer_names(spec), spec.text_encoders, components.tokenizers):
+    for sub, te, tokenizer in zip(spec.tokenizer_names, spec.text_encoders, components.tokenizers):
         hf = tokenizer.tokenizer if isinstance(tokenizer, HFTokenizerAdapter) else \
             byte_level_clip_tokenizer(te.config, te.pad_with_eos)
         hf.save_pretrained(str(folder / sub))
     written = [MODEL_INDEX, SCHEDULER_CONFIG.as_posix()]
-    for sub in tokenizer_names(spec):
+    for sub in spec.tokenizer_names:
         written += sorted(f"{sub}/{name}" for name in os.listdir(folder / sub) if (folder / sub / name).is_file())
     return written

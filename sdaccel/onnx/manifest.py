@@ -26,7 +26,7 @@ import torch
 
 from ..atomic import write_text
 from ..errors import ModelLoadError
-from ..models.onnx_folder import CONFIG_NAME, ONNX_EXTERNAL_DATA_NAME, ONNX_MODEL_NAME, text_encoder_names
+from ..models.onnx_folder import CONFIG_NAME, ONNX_EXTERNAL_DATA_NAME, ONNX_MODEL_NAME
 from . import COMPONENT_MODEL_TYPES, PRECISIONS, PROVIDERS
 
 FORMAT_VERSION = 2  # bump when what optimize.py writes changes meaning
@@ -73,7 +73,7 @@ def model_digest(components, precision: str) -> tuple[str, dict[str, str]]:
     """(digest of the whole model, digest of each component's weights) for `precision`."""
     dtype = DIGEST_DTYPES[precision]
     parts = {name: module_digest(enc, dtype)
-             for name, enc in zip(text_encoder_names(components.spec), components.text_encoders)}
+             for name, enc in zip(components.spec.text_encoder_names, components.text_encoders)}
     parts["unet"] = module_digest(components.unet, dtype)
     parts["vae_decoder"] = module_digest(components.vae, dtype)
     if not components.spec.is_xl:

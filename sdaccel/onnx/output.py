@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..atomic import TEMP_NAME, fsync_file, fsync_folder, remove_stale_temps, temp_path
 from ..errors import ModelLoadError, UsageError
-from ..output_paths import check_can_create, prepare_output_folder
+from ..outputs import check_can_create, prepare_output_folder
 from .manifest import MANIFEST_NAME, check_folder, listed_files, owned_files, read_manifest
 
 STAGING = "sdaccel-staging"

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import UsageError
 from ..models.onnx_folder import (ONNX_MODEL_NAME, TEXT_INPUT, UNET_INPUTS, UNET_OUTPUT, UNET_XL_INPUTS,
                                   VAE_DECODER_INPUT, VAE_DECODER_OUTPUT, VAE_ENCODER_INPUT, VAE_ENCODER_OUTPUT,
-                                  text_encoder_names, text_encoder_outputs)
+                                  text_encoder_outputs)
 from .export import OPSET, unet_size_multiple, xl_time_ids
 from .manifest import MANIFEST_NAME, combined_digest, file_sha256
 
@@ -81,7 +81,7 @@ def source_graphs(components) -> list[SourceGraph]:
     rng = np.random.default_rng(0)
     side, batch = 2 * unet_size_multiple(spec), 2
     graphs = []
-    for name, te in zip(text_encoder_names(spec), spec.text_encoders):
+    for name, te in zip(spec.text_encoder_names, spec.text_encoders):
         path = folder / name / ONNX_MODEL_NAME
         if not path.is_file():
             raise UsageError(f"{path}: missing (the {name} of a {spec.name} pipeline)")

@@ -10,8 +10,8 @@ import gc
 
 import torch
 
+from ..pipeline.core import initial_noise
 from .metrics import psnr
-from ..pipeline import initial_noise
 
 PROMPT = "an astronaut riding a horse on mars"
 
@@ -26,9 +26,9 @@ def _generate(pipe, noise: torch.Tensor, height: int, width: int, steps: int, se
 def reference_image(model: str, device, noise: torch.Tensor, *, height: int, width: int, steps: int, seed: int = 0,
                     scheduler: str | None = None, arch: str | None = None) -> torch.Tensor:
     """Eager fp32's uint8 image for these weights and initial noise (loaded, used, released)."""
-    import sdaccel
+    from ..pipeline.load import load
 
-    pipe = sdaccel.load(model, engine="eager", dtype="fp32", device=device, seed=seed, arch=arch)
+    pipe = load(model, engine="eager", dtype="fp32", device=device, seed=seed, arch=arch)
     image = _generate(pipe, noise, height, width, steps, seed, scheduler)
     del pipe
     _release(torch.device(device))
@@ -49,12 +49,11 @@ def psnr_against_reference(model: str, engine: str, dtype: str, height: int | No
     Costs two model loads and two generations. A non-finite candidate is not repaired: its PSNR is that of
     whatever its uint8 conversion produced (low), which is what a user of that engine would get.
     """
-    import sdaccel
-
     from ..device import resolve_device
+    from ..pipeline.load import load
 
     device = resolve_device(device)
-    pipe = sdaccel.load(model, engine=engine, dtype=dtype, device=device, seed=seed)
+    pipe = load(model, engine=engine, dtype=dtype, device=device, seed=seed)
     height, width = height or pipe.spec.height, width or pipe.spec.width
     noise = initial_noise(pipe.spec, height, width, seed)
     candidate = _generate(pipe, noise, height, width, steps, seed)

@@ -64,7 +64,7 @@ def print_table(rows: list[dict]) -> None:
 
 def cmd_compare(args) -> int:
     """0: every candidate that could run here ran; 1: some candidate failed (its row says why)."""
-    from ..output_paths import prepare_output_folder
+    from ..outputs import prepare_output_folder
     from .comparison import compare
     from .config import DEFAULT_PROMPT, CompareConfig
 

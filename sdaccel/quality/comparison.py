@@ -21,21 +21,20 @@ from typing import Callable
 
 import torch
 
-from ..pipeline import initial_noise
+from ..pipeline.core import initial_noise
+from ..pipeline.guard import DegenerateImageError, NonFiniteOutputError, check_image
+from ..pipeline.load import load
+from ..pipeline.remedies import to_uint8
 from .config import REFERENCE, CompareConfig, unavailable_reason
-from .guard import DegenerateImageError, NonFiniteOutputError, check_image
 from .metrics import max_abs_diff, psnr, relative_error, ssim
 from .recording import RecordedRun, record_generation
-from .remedies import to_uint8
 
 Echo = Callable[[str], None]
 
 
 def _load(config: CompareConfig, engine: str, dtype: str):
-    import sdaccel
-
-    return sdaccel.load(config.model, engine=engine, dtype=dtype, device=config.device, arch=config.arch,
-                        seed=config.seed, **config.engine_opts.get(engine, {}))
+    return load(config.model, engine=engine, dtype=dtype, device=config.device, arch=config.arch, seed=config.seed,
+                **config.engine_opts.get(engine, {}))
 
 
 def _free(device: torch.device) -> None:

@@ -55,7 +55,7 @@ class CompareConfig:
 
     def __post_init__(self):
         from ..engines import ENGINES
-        from ..pipeline import validate_request
+        from ..pipeline.core import validate_request
 
         engines = parse_names(self.engines, "engines")
         if engines is not None:
@@ -80,7 +80,7 @@ class CompareConfig:
         validate_request(1 if self.steps is None else self.steps, self.height, self.width, 1, self.guidance,
                          self.seed)
         if self.scheduler:
-            from ..schedulers import canonical
+            from ..models.schedulers import canonical
 
             canonical(self.scheduler)
         if not isinstance(self.gif_frames, int) or self.gif_frames < 1:

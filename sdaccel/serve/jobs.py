@@ -2,8 +2,9 @@
 pipeline call (batch_key).
 
 Jobs of the same model, size, steps, scheduler and guidance run as one batched call, each with its own prompt,
-negative prompt, seed and image count: its initial noise is drawn from its own seed exactly as a call of its own
-would draw it, so a batched job gets the images it would get alone. Schedulers that draw fresh noise at every step
+negative prompt, seed and image count: its images take seeds seed, seed + 1, ... (A1111's numbering), the call
+drawing each image's initial noise from its own seed exactly as a call of its own would draw it, so a batched job
+gets the images it would get alone. Schedulers that draw fresh noise at every step
 (euler_a, LCM, TCD...) draw it from one generator per call; their jobs run alone, as do jobs with an init image or
 mask and jobs on a model with ControlNets.
 """
@@ -51,7 +52,7 @@ class Job:
     prompt: str
     negative_prompt: str = ""
     n: int = 1
-    seed: int = 0
+    seed: int = 0  # the first image's; image i takes seed + i
     settings: dict[str, Any] = field(default_factory=dict)  # Pipeline.generate keywords (SETTINGS)
     deadline: float | None = None  # time.monotonic() after which it must not start
     submitted: float = field(default_factory=time.monotonic)

@@ -1,10 +1,10 @@
 """Prometheus metrics of `sdaccel serve`: what the worker reports (WorkerEvents) and what the HTTP layer counts.
 
 Each Metrics holds its own CollectorRegistry, not prometheus_client's global one, so several apps (tests, or two
-servers in one process) never collide. The worker takes its events at construction: create Metrics first and pass it
-to both Worker(events=metrics) and create_app(metrics=metrics). Queue depth and GPU memory are read at scrape time:
-from torch in this process for a Worker, from the latest figures each process reported for ProcessWorkers (whose
-front never touches CUDA), which also shows each worker process's resident memory.
+servers in one process) never collide. A worker takes its events at construction: create Metrics first and pass it
+to both the worker (Worker or ProcessWorkers, events=metrics) and create_app(metrics=metrics). Queue depth and GPU
+memory are read at scrape time: from torch in this process for a Worker, from the latest figures each process
+reported for ProcessWorkers (whose front never touches CUDA), which also shows each worker process's resident memory.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
-from .worker import WorkerEvents
+from .worker_api import WorkerEvents
 
 # Seconds: from a tiny model's few-step call on a CPU to an SDXL batch.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300)
@@ -86,10 +86,11 @@ class Metrics(WorkerEvents):
     def render(self) -> bytes:
         """The registry in Prometheus' text format, GPU memory read now."""
         memory = getattr(self._worker, "memory", None)
-        if callable(memory):
-            self._worker_memory(memory())
-        else:
+        figures = memory() if callable(memory) else None  # None: a worker in this process
+        if figures is None:
             self._read_gpu_memory()
+        else:
+            self._worker_memory(figures)
         return generate_latest(self.registry)
 
     def _worker_memory(self, figures: dict[str, dict[str, Any]]) -> None:

@@ -1,11 +1,14 @@
 """The worker: one device's pipelines and the one thread that runs their calls, fed by a bounded queue with dynamic
 batching.
 
-The GPU runs one call at a time, so one thread owns it: the HTTP layer submits jobs (submit returns a Future) and
-never computes. The thread takes the oldest job, then for up to `batch_window_ms` gathers queued jobs with the same
-batch key (jobs.py) until `max_batch` images, and runs them as one pipeline call: the fast engine's captured graphs
-for that batch size replay for all of them. Where shapes were warmed at start (`warm`), a batch keeps to an image
-count warmed for its size, so a new count's graphs are not captured while requests wait. A job that waited past its
+The GPU runs one call at a time, so one thread owns it: the HTTP layer submits jobs (submit returns a Future, after
+the cheap checks of worker_api.py) and never computes. The thread takes the oldest job, then for up to
+`batch_window_ms` gathers queued jobs with the same batch key (jobs.py) until `max_batch` images, and runs them as
+one pipeline call: the fast engine's captured graphs for that batch size replay for all of them. Every call passes
+one seed per image (each job's seed, seed + 1, ...: job_seeds), so a job gets the same images alone or batched. The
+call resolves the request (init image, mask, the checks against the model) once, on this thread; what it refuses
+fails the call's jobs with its UsageError. Where shapes were warmed at start (`warm`), a batch keeps to an image count
+warmed for its size, so a new count's graphs are not captured while requests wait. A job that waited past its
 deadline, or whose client went away, is dropped before it runs. A full queue refuses new jobs at once
 (QueueFullError, the HTTP layer's 429), with a Retry-After from the recent time per image. stop(drain=True) refuses
 new jobs and finishes every queued one.
@@ -17,24 +20,15 @@ import collections
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from typing import Any, Callable, Mapping
 
-from ..errors import UsageError
-from ..presets import get_preset
-from ..schedulers import STOCHASTIC_SCHEDULERS, canonical
-from .jobs import CancelledJobError, DeadlineExceededError, Job, JobResult, QueueFullError, batch_key
+from ..models.schedulers import STOCHASTIC_SCHEDULERS, canonical
+from ..pipeline.presets import get_preset
+from .jobs import CancelledJobError, DeadlineExceededError, Job, JobResult, batch_key
+from .worker_api import WorkerBase, WorkerEvents, job_seeds, output_size
 
 log = logging.getLogger("sdaccel.serve")
-
-
-class WorkerEvents:
-    """What the worker reports as it runs (metrics.py implements it); every method is optional."""
-
-    def batch_done(self, model: str, jobs: int, images: int, seconds: float, timings: dict[str, float]) -> None: ...
-
-    def job_dropped(self, reason: str) -> None: ...  # "deadline", "cancelled"
-
-    def job_failed(self, model: str, error: BaseException) -> None: ...
 
 
 def _fail(job: Job, error: BaseException) -> None:
@@ -69,40 +63,22 @@ class Progress:
             return dict(self._state)
 
 
-def check_settings(models: Mapping[str, str], max_batch: int, max_queue: int, batch_window_ms: float) -> None:
-    """A worker's (or worker pool's) settings, refused with a UsageError before anything loads."""
-    if not models:
-        raise UsageError("no model to serve")
-    if max_batch < 1 or max_queue < 1 or batch_window_ms < 0:
-        raise UsageError("max_batch and max_queue must be >= 1 and batch_window_ms >= 0")
-
-
-def recent_seconds_per_image(previous: float, seconds: float, images: int) -> float:
-    """The recent time per image (a moving average, for Retry-After) after a call of `images` in `seconds`."""
-    return 0.8 * previous + 0.2 * seconds / max(1, images)
-
-
-def output_size(spec, settings: Mapping[str, Any]) -> tuple[int, int]:
-    """(height, width) a job's settings ask of a model: theirs, else the model's default."""
-    return settings.get("height") or spec.height, settings.get("width") or spec.width
-
-
-class Worker:
+class Worker(WorkerBase):
     """Models on one device behind a queue. `models`: {name: model reference (as sdaccel.load takes)}; each is loaded
     on `engine` with `engine_options`. `warm`: (height, width, images) shapes each model runs once at start, so
-    their kernels and graphs are ready before the first request (ready() turns true after)."""
+    their kernels and graphs are ready before the first request (ready() turns true after). `events`: where the
+    calls are reported (a Metrics; default: nowhere)."""
 
-    def __init__(self, models: Mapping[str, str], engine: str = "eager", engine_options: Mapping[str, Any] | None = None,
-                 device: str | None = None, dtype: str | None = None, max_batch: int = 8,
-                 batch_window_ms: float = 5.0, max_queue: int = 64, warm: tuple[tuple[int, int, int], ...] = (),
+    def __init__(self, models: Mapping[str, str], engine: str = "eager",
+                 engine_options: Mapping[str, Any] | None = None, device: str | None = None,
+                 dtype: str | None = None, max_batch: int = 8, batch_window_ms: float = 5.0, max_queue: int = 64,
+                 warm: tuple[tuple[int, int, int], ...] = (),
                  events: WorkerEvents | None = None, loader: Callable[..., Any] | None = None):
-        check_settings(models, max_batch, max_queue, batch_window_ms)
-        self.models = dict(models)
+        super().__init__(models, max_batch=max_batch, batch_window_ms=batch_window_ms, max_queue=max_queue,
+                         events=events)
         self.engine, self.engine_options = engine, dict(engine_options or {})
         self.device, self.dtype = device, dtype
-        self.max_batch, self.window_s, self.max_queue = max_batch, batch_window_ms / 1000, max_queue
         self.warm = tuple(warm)
-        self.events = events or WorkerEvents()
         self._loader = loader
         self.pipes: dict[str, Any] = {}
         self.progress = Progress()
@@ -111,10 +87,7 @@ class Worker:
         self._accepting = True
         self._stopping = False
         self._busy = False
-        self._ready = threading.Event()
-        self._failed: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._seconds_per_image = 1.0  # recent time per image, for Retry-After
 
     # ------------------------------------------------------------------------------------------- lifecycle
 
@@ -124,18 +97,7 @@ class Worker:
         self._thread.start()
 
     def ready(self) -> bool:
-        return self._ready.is_set() and self._failed is None
-
-    @property
-    def failure(self) -> BaseException | None:
-        """Why loading or warming failed (the worker then refuses every job)."""
-        return self._failed
-
-    def wait_ready(self, timeout: float | None = None) -> bool:
-        self._ready.wait(timeout)
-        if self._failed is not None:
-            raise self._failed
-        return self._ready.is_set()
+        return self._settled.is_set() and self._failed is None
 
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
         """Refuse new jobs; with `drain` finish the queued and running ones first, else fail the queued ones."""
@@ -158,37 +120,15 @@ class Worker:
     def busy(self) -> bool:
         return self._busy
 
-    def submit(self, job: Job):
-        """Queue `job`; returns its Future (a JobResult, or the job's error). Raises UsageError for an unknown
-        model or settings no call could run, QueueFullError when the queue is full, and RuntimeError when the
-        worker is stopping or failed."""
-        if job.model not in self.models:
-            raise UsageError(f"unknown model {job.model!r}; served: {', '.join(self.models)}")
-        if self._failed is not None:
-            raise RuntimeError(f"the worker failed to start: {self._failed}")
-        pipe = self.pipes.get(job.model)
-        if pipe is not None:
-            self._check(pipe, job)
+    def _enqueue(self, job: Job) -> Future:
         with self._cv:
             if not self._accepting:
                 raise RuntimeError("the server is shutting down")
             if len(self._queue) >= self.max_queue:
-                waiting = sum(j.n for j in self._queue)
-                raise QueueFullError(max(1.0, waiting * self._seconds_per_image / self.max_batch))
+                raise self._queue_full(sum(j.n for j in self._queue))
             self._queue.append(job)
             self._cv.notify_all()
         return job.future
-
-    @staticmethod
-    def _check(pipe, job: Job) -> None:
-        """The job's settings, checked as the pipeline will check them (a UsageError now, a 4xx, not later)."""
-        from ..request import resolve_request
-
-        base = getattr(pipe, "base", pipe)  # a base + refiner pair: the base's settings
-        spec = base.spec
-        resolve_request(spec, job.prompt, job.negative_prompt, batch_size=job.n, seed=job.seed,
-                        controlnets=len(getattr(base.components, "controlnets", [])),
-                        **{k: v for k, v in job.settings.items() if v is not None})
 
     # ------------------------------------------------------------------------------------------ the thread
 
@@ -198,12 +138,12 @@ class Worker:
         except BaseException as exc:  # noqa: BLE001 - reported by ready()/submit(); the thread must not die silently
             log.exception("loading the models failed")
             self._failed = exc
-            self._ready.set()
+            self._settled.set()
             with self._cv:
                 while self._queue:
                     _fail(self._queue.popleft(), RuntimeError(f"the worker failed to start: {exc}"))
             return
-        self._ready.set()
+        self._settled.set()
         while True:
             jobs = self._next_batch()
             if jobs is None:
@@ -212,9 +152,9 @@ class Worker:
                 self._run(jobs)
 
     def _load(self) -> None:
-        import sdaccel
+        from ..pipeline.load import load
 
-        load = self._loader or sdaccel.load
+        load = self._loader or load
         for name, ref in self.models.items():
             log.info("loading %s (%s) on the %s engine", name, ref, self.engine)
             self.pipes[name] = load(ref, engine=self.engine, device=self.device, dtype=self.dtype,
@@ -308,18 +248,17 @@ class Worker:
         return batch_key(job, canonical(name or base.spec.default_scheduler) in STOCHASTIC_SCHEDULERS)
 
     def _run(self, jobs: list[Job]) -> None:
+        """One pipeline call for `jobs` (same settings): their prompts side by side, one seed per image."""
         pipe = self.pipes[jobs[0].model]
         settings = {k: v for k, v in jobs[0].settings.items() if v is not None}
         started = time.monotonic()
         self._busy = True
         self.progress.start(jobs, settings.get("steps") or getattr(pipe, "spec").steps)
         try:
-            if len(jobs) == 1:
-                job = jobs[0]
-                result = pipe(job.prompt, job.negative_prompt, batch_size=job.n, seed=job.seed,
-                              callback=lambda i, t, latents: self.progress.step(i), **settings)
-            else:
-                result = self._batched(pipe, jobs, settings)
+            result = pipe([job.prompt for job in jobs for _ in range(job.n)],
+                          [job.negative_prompt for job in jobs for _ in range(job.n)],
+                          seeds=[seed for job in jobs for seed in job_seeds(job)],
+                          callback=lambda i, t, latents: self.progress.step(i), **settings)
         except BaseException as exc:  # noqa: BLE001 - each job gets the error; the worker goes on
             log.warning("a call of %d job(s) failed: %s", len(jobs), exc)
             for job in jobs:
@@ -331,28 +270,15 @@ class Worker:
             self.progress.finish()
         seconds = time.monotonic() - started
         images = sum(job.n for job in jobs)
-        self._seconds_per_image = recent_seconds_per_image(self._seconds_per_image, seconds, images)
+        self._call_done(seconds, images)
         timings = result.timings.as_dict()
         self.events.batch_done(jobs[0].model, len(jobs), images, seconds, timings)
+        # Each image's params name its own seed, not the call's list of them.
+        shared = {k: v for k, v in result.params.items() if k != "seeds"}
         at = 0
         for job in jobs:
-            params = dict(result.params, prompt=job.prompt, negative_prompt=job.negative_prompt, seed=job.seed,
-                          batch_size=job.n)
-            job.future.set_result(JobResult(images=result.images[at:at + job.n], params=[params] * job.n,
-                                            timings=timings, batch_images=images, queued_s=started - job.submitted))
+            params = [dict(shared, prompt=job.prompt, negative_prompt=job.negative_prompt, seed=seed,
+                           batch_size=job.n) for seed in job_seeds(job)]
+            job.future.set_result(JobResult(images=result.images[at:at + job.n], params=params, timings=timings,
+                                            batch_images=images, queued_s=started - job.submitted))
             at += job.n
-
-    def _batched(self, pipe, jobs: list[Job], settings: dict[str, Any]):
-        """One call for several jobs: their prompts side by side, each job's initial noise drawn from its own seed
-        as its own call would draw it."""
-        import torch
-
-        from ..image_start import initial_noise
-
-        spec = pipe.spec
-        height, width = output_size(spec, settings)
-        prompts = [job.prompt for job in jobs for _ in range(job.n)]
-        negatives = [job.negative_prompt for job in jobs for _ in range(job.n)]
-        latents = torch.cat([initial_noise(spec, height, width, job.seed, job.n) for job in jobs])
-        return pipe(prompts, negatives, latents=latents, seed=jobs[0].seed,
-                    callback=lambda i, t, lat: self.progress.step(i), **settings)

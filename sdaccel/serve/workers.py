@@ -4,8 +4,8 @@ Each child process runs its own Worker (worker.py): its own models, engines, que
 process per GPU keeps each GPU's CUDA context, captured graphs and allocator to itself, and the Python that launches
 its kernels off the other GPUs' GIL. The front process (the HTTP app) never computes and never initialises CUDA: it
 dispatches each job to the child with the fewest outstanding images (ready children first, ties in turn) and sets
-the job's future from the child's answer. ProcessWorkers offers what the app uses of a Worker, so create_app takes
-either.
+the job's future from the child's answer. ProcessWorkers and Worker share one interface (worker_api.WorkerBase), so
+create_app takes either. The child's side is worker_process.py.
 
 Children start with multiprocessing's "spawn" (a forked CUDA runtime is unusable); a "cuda:N" child sees only GPU N
 (CUDA_VISIBLE_DEVICES) and runs on "cuda". As with any spawn, a script that builds a pool must guard its entry point
@@ -17,11 +17,11 @@ with `if __name__ == "__main__":`. Each child talks to the front over one duplex
 
 Queue bound: the front refuses a job (QueueFullError, 429) when every child holds `max_queue` jobs beyond its running
 call, so a child's own queue (of the same size) never overflows. Progress: a child reports a call's start and end,
-and its step at most every PROGRESS_S. Memory: a child reports its resident memory and its GPU's allocated memory
-when ready and after each call (metrics.py shows them). A child that dies fails its outstanding jobs and gets no
-more; the others go on serving. Children ignore SIGINT and SIGTERM (a terminal's Ctrl-C, or a service manager's
-SIGTERM to every process, reaches them too): the front stops them once it has drained, and a child whose front
-died sees its pipe close and stops.
+and its step at most every worker_process.PROGRESS_S. Memory: a child reports its resident memory and its GPU's
+allocated memory when ready and after each call (metrics.py shows them). A child that dies fails its outstanding
+jobs and gets no more; the others go on serving. Children ignore SIGINT and SIGTERM (a terminal's Ctrl-C, or a
+service manager's SIGTERM to every process, reaches them too): the front stops them once it has drained, and a child
+whose front died sees its pipe close and stops.
 """
 
 from __future__ import annotations
@@ -32,195 +32,25 @@ import itertools
 import logging
 import multiprocessing
 import os
-import pickle
-import signal
 import threading
 import time
-from concurrent.futures import InvalidStateError
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, Mapping, Sequence
 
 from ..errors import UsageError
-from .jobs import CancelledJobError, Job, QueueFullError
-from .worker import Progress, WorkerEvents, check_settings, recent_seconds_per_image
+from .jobs import CancelledJobError, Job
+from .worker_api import WorkerBase, WorkerEvents
+from .worker_process import child_device, child_main
+
+__all__ = ["ProcessWorkers", "child_device"]
 
 log = logging.getLogger("sdaccel.serve")
 
-PROGRESS_S = 0.2  # a child's step updates at most this often (start and end are always sent)
 # What of a Job crosses to its process. deadline and submitted are time.monotonic() values, which hold in another
 # process (Linux' CLOCK_MONOTONIC is system-wide).
 JOB_FIELDS = ("model", "prompt", "negative_prompt", "n", "seed", "settings", "deadline", "submitted")
 _ENV_LOCK = threading.Lock()  # CUDA_VISIBLE_DEVICES is set around each child's start: one start at a time
 
-
-# ------------------------------------------------------------------------------------------------- the child
-
-
-def portable(exc: BaseException) -> BaseException:
-    """`exc` if it survives a pickle round trip, else a RuntimeError with its text: what crosses the pipe must
-    unpickle on the other side."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:  # noqa: BLE001 - any failure to pickle or unpickle
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
-
-
-def process_memory(device: str) -> dict[str, int]:
-    """This process's resident host memory (Linux' /proc; 0 elsewhere) and its GPU memory allocated by torch."""
-    rss = 0
-    try:
-        with open("/proc/self/statm") as f:
-            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        pass
-    gpu = 0
-    if device.startswith("cuda"):
-        import torch
-
-        gpu = int(torch.cuda.memory_allocated())
-    return {"rss_bytes": rss, "gpu_allocated_bytes": gpu}
-
-
-class _ForwardEvents(WorkerEvents):
-    """A child Worker's events, sent to the front (with the memory figures after each call)."""
-
-    def __init__(self, send, device: str):
-        self._send, self._device = send, device
-
-    def batch_done(self, model: str, jobs: int, images: int, seconds: float, timings: dict[str, float]) -> None:
-        self._send("event", "batch_done", (model, jobs, images, seconds, timings))
-        self._send("memory", process_memory(self._device))
-
-    def job_dropped(self, reason: str) -> None:
-        self._send("event", "job_dropped", (reason,))
-
-    def job_failed(self, model: str, error: BaseException) -> None:
-        self._send("event", "job_failed", (model, portable(error)))
-
-
-class _ForwardProgress(Progress):
-    """A child Worker's progress, sent to the front: each call's start and end, its steps throttled."""
-
-    def __init__(self, send):
-        super().__init__()
-        self._send, self._sent = send, 0.0
-
-    def start(self, jobs: list[Job], steps: int) -> None:
-        super().start(jobs, steps)
-        self._send("progress", self.snapshot())
-        self._sent = time.monotonic()
-
-    def step(self, index: int) -> None:
-        super().step(index)
-        if time.monotonic() - self._sent >= PROGRESS_S:
-            self._send("progress", self.snapshot())
-            self._sent = time.monotonic()
-
-    def finish(self) -> None:
-        super().finish()
-        self._send("progress", {})
-
-
-def _child_main(device: str, config: dict[str, Any], threads: int | None, conn) -> None:
-    """A worker process: a Worker on `device` fed with the front's jobs until the front says stop or goes away."""
-    # Ctrl-C, and a SIGTERM sent to the whole process group or cgroup, reach this process too: the front drains and
-    # stops it (a front that dies closes the pipe, which stops it too).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    lock = threading.Lock()
-
-    def send(*message) -> None:
-        try:
-            with lock:
-                conn.send(message)
-        except (OSError, ValueError):  # the front is gone: the loop below sees it too
-            pass
-
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)  # CPU workers share the cores rather than each taking them all
-    from .worker import Worker
-
-    try:
-        worker = Worker(device=device, events=_ForwardEvents(send, device), **config)
-    except Exception as exc:  # noqa: BLE001 - bad settings: reported as a failed start
-        send("failed", portable(exc))
-        conn.close()
-        return
-    worker.progress = _ForwardProgress(send)
-    worker.start()
-    threading.Thread(target=_report_ready, args=(worker, device, send), name="sdaccel-ready", daemon=True).start()
-    jobs: dict[int, Job] = {}  # submitted here, not answered yet: for ("cancel", id)
-
-    def done(job_id: int, future) -> None:
-        jobs.pop(job_id, None)
-        if future.cancelled():
-            send("error", job_id, CancelledJobError("cancelled before it ran"))
-        elif future.exception() is not None:
-            send("error", job_id, portable(future.exception()))
-        else:
-            try:
-                send("result", job_id, future.result())
-            except Exception as exc:  # noqa: BLE001 - a result that does not pickle fails its job, not the thread
-                send("error", job_id, RuntimeError(f"the result could not be sent to the server: {exc}"))
-
-    drain = False
-    try:
-        while True:
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):
-                break  # the front went away: stop without draining
-            if message[0] == "job":
-                job_id, job = message[1], Job(**message[2])
-                jobs[job_id] = job
-                try:
-                    future = worker.submit(job)
-                except Exception as exc:  # noqa: BLE001 - QueueFullError, UsageError, RuntimeError: answered now
-                    jobs.pop(job_id, None)
-                    send("error", job_id, portable(exc))
-                    continue
-                future.add_done_callback(functools.partial(done, job_id))
-            elif message[0] == "cancel":
-                job = jobs.get(message[1])
-                if job is not None:
-                    job.cancel()
-            elif message[0] == "stop":
-                drain = message[1]
-                break
-    finally:
-        worker.stop(drain)
-        send("stopped")
-        conn.close()
-
-
-def _report_ready(worker, device: str, send) -> None:
-    try:
-        worker.wait_ready()
-    except BaseException as exc:  # noqa: BLE001 - reported to the front, which refuses jobs from then on
-        send("failed", portable(exc))
-        return
-    send("memory", process_memory(device))
-    send("ready")
-
-
-def child_device(device: str) -> tuple[str, str | None]:
-    """The device a child runs on, and the CUDA_VISIBLE_DEVICES it gets: "cuda:N" is ("cuda", GPU N), GPU N counted
-    among the front's own visible GPUs; other devices are kept as they are."""
-    if not device.startswith("cuda"):
-        return device, None
-    index = int(device.partition(":")[2] or 0)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return "cuda", str(index)
-    entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
-    if index >= len(entries):
-        raise UsageError(f"{device}: CUDA_VISIBLE_DEVICES={visible!r} has no GPU {index}")
-    return "cuda", entries[index]
-
-
-# ------------------------------------------------------------------------------------------------- the front
 
 
 class _Child:
@@ -258,21 +88,21 @@ class _PoolProgress:
         return next((dict(c.progress) for c in self._children if c.progress and not c.gone), {})
 
 
-class ProcessWorkers:
+class ProcessWorkers(WorkerBase):
     """Workers in child processes, one per device in `devices` ("cuda:0", "cuda:1", or "cpu" several times), each
-    loading `models` on `engine` as Worker does; the other settings are Worker's, `max_queue` per process."""
+    loading `models` on `engine` as Worker does; the other settings are Worker's, `max_queue` per process. `events`
+    gets the events every process reports."""
 
     def __init__(self, models: Mapping[str, str], engine: str = "eager",
                  engine_options: Mapping[str, Any] | None = None, devices: Sequence[str] = ("cpu",),
                  dtype: str | None = None, max_batch: int = 8, batch_window_ms: float = 5.0, max_queue: int = 64,
                  warm: tuple[tuple[int, int, int], ...] = (), events: WorkerEvents | None = None):
-        check_settings(models, max_batch, max_queue, batch_window_ms)
+        super().__init__(models, max_batch=max_batch, batch_window_ms=batch_window_ms, max_queue=max_queue,
+                         events=events)
         if not devices:
             raise UsageError("no device to run workers on")
-        self.models = dict(models)
         self.devices = [str(d) for d in devices]
-        self.engine, self.dtype, self.max_batch, self.max_queue = engine, dtype, max_batch, max_queue
-        self.events = events or WorkerEvents()  # read at each event: the app may replace it (create_app)
+        self.engine, self.dtype = engine, dtype
         # Each child builds its Worker with these keywords (and its own device and events).
         self._config = dict(models=self.models, engine=engine, engine_options=dict(engine_options or {}), dtype=dtype,
                             max_batch=max_batch, batch_window_ms=batch_window_ms, max_queue=max_queue,
@@ -283,9 +113,6 @@ class ProcessWorkers:
         self._ids = itertools.count()
         self._turn = 0
         self._stopping = False
-        self._failed: BaseException | None = None
-        self._settled = threading.Event()  # every child ready, or one failed
-        self._seconds_per_image = 1.0  # recent time per image, for Retry-After
 
     # ------------------------------------------------------------------------------------------- lifecycle
 
@@ -297,7 +124,7 @@ class ProcessWorkers:
         for index, (device, (local, visible)) in enumerate(zip(self.devices, plan)):
             threads = max(1, (os.cpu_count() or 1) // cpus) if local == "cpu" else None
             front, back = ctx.Pipe()
-            process = ctx.Process(target=_child_main, args=(local, self._config, threads, back),
+            process = ctx.Process(target=child_main, args=(local, self._config, threads, back),
                                   name=f"sdaccel-worker-{index}")
             with _ENV_LOCK:
                 previous = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -324,17 +151,6 @@ class ProcessWorkers:
         with self._lock:
             return (self._failed is None and len(self._children) == len(self.devices)
                     and all(c.ready for c in self._children) and any(not c.gone for c in self._children))
-
-    @property
-    def failure(self) -> BaseException | None:
-        """Why a process failed to start (the pool then refuses every job)."""
-        return self._failed
-
-    def wait_ready(self, timeout: float | None = None) -> bool:
-        self._settled.wait(timeout)
-        if self._failed is not None:
-            raise self._failed
-        return self.ready()
 
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
         """Refuse new jobs; each process finishes its queued jobs with `drain` (else fails them) and exits. A process
@@ -380,14 +196,9 @@ class ProcessWorkers:
             return {str(c.index): dict(c.memory, device=c.device) for c in self._children
                     if c.memory and not c.gone}
 
-    def submit(self, job: Job):
-        """Hand `job` to a process; returns its Future (a JobResult, or the job's error: a UsageError for settings
-        no call could run). Raises UsageError for an unknown model, QueueFullError when every process's queue is
-        full, and RuntimeError when the pool is stopping or failed."""
-        if job.model not in self.models:
-            raise UsageError(f"unknown model {job.model!r}; served: {', '.join(self.models)}")
-        if self._failed is not None:
-            raise RuntimeError(f"the worker failed to start: {self._failed}")
+    def _enqueue(self, job: Job) -> Future:
+        """Hand `job` to the process with the fewest outstanding images; QueueFullError when every process's queue
+        is full."""
         with self._lock:
             if self._stopping:
                 raise RuntimeError("the server is shutting down")
@@ -398,8 +209,7 @@ class ProcessWorkers:
                 raise RuntimeError("every worker process has exited")
             open_ = [c for c in live if c.queued() < self.max_queue]
             if not open_:
-                waiting = sum(c.images() for c in live)
-                raise QueueFullError(max(1.0, waiting * self._seconds_per_image / (self.max_batch * len(live))))
+                raise self._queue_full(sum(c.images() for c in live), len(live))
             self._turn += 1
             turn = self._turn % len(open_)
             child = min(open_[turn:] + open_[:turn], key=lambda c: (not c.ready, c.images()))
@@ -458,8 +268,7 @@ class ProcessWorkers:
         elif kind == "event":
             name, args = message[1], message[2]
             if name == "batch_done":
-                images, seconds = args[2], args[3]
-                self._seconds_per_image = recent_seconds_per_image(self._seconds_per_image, seconds, images)
+                self._call_done(seconds=args[3], images=args[2])
             getattr(self.events, name)(*args)
         elif kind == "progress":
             child.progress = message[1]

@@ -5,10 +5,11 @@ import sys
 
 import pytest
 
-from sdaccel import cli
 from sdaccel.bench.report import read_csv
+from sdaccel.cli import main as cli
 
 
+@pytest.mark.slow
 def test_bench_command_end_to_end(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "sdaccel", "bench", "--engines", "eager", "--steps", "2", "--runs",

@@ -4,10 +4,10 @@ worker process, and recorded in the JSON settings and the row's engine_options."
 import json
 
 import pytest
-
 from bench_fixtures import TINY
-from sdaccel import cli
+
 from sdaccel.bench import BenchConfig, run_bench
+from sdaccel.cli import main as cli
 from sdaccel.engines.options import parse_engine_opts
 from sdaccel.errors import UsageError
 

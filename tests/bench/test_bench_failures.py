@@ -4,15 +4,14 @@ import json
 
 import pytest
 import torch
+from bench_fixtures import TINY
 
-from sdaccel import cli
 from sdaccel.bench import BenchConfig, run_bench, runner, worker
 from sdaccel.bench.memory import is_out_of_memory
-from sdaccel.memory_estimate import InsufficientMemoryError
+from sdaccel.cli import main as cli
 from sdaccel.engines import ENGINES
 from sdaccel.engines.eager import EagerEngine
-
-from bench_fixtures import TINY
+from sdaccel.pipeline.memory_estimate import InsufficientMemoryError
 
 
 class BrokenEngine(EagerEngine):

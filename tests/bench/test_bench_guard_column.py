@@ -5,15 +5,15 @@ import warnings
 
 import pytest
 import torch
-
 from bench_fixtures import TINY
+
 from sdaccel.bench import BenchConfig, run_bench
 from sdaccel.bench.guard_verdict import GuardVerdict, row_verdict, run_verdict, with_attention_kept
 from sdaccel.bench.report import markdown_table, read_csv
 from sdaccel.bench.schema import new_row
 from sdaccel.engines import ENGINES
 from sdaccel.engines.eager import EagerEngine
-from sdaccel.quality.guard import GuardReport
+from sdaccel.pipeline.guard import GuardReport
 
 
 class OverflowingAttentionEngine(EagerEngine):
@@ -84,6 +84,7 @@ EXPECTED = [("eager", 1, "ok"), ("eager", 2, "ok"),
             ("black", 1, "flagged: black"), ("black", 2, "flagged: black")]
 
 
+@pytest.mark.slow
 def test_rows_and_csv_carry_what_the_guard_did(guarded_run):
     rows, out = guarded_run
     assert [(r["engine"], r["batch_size"], r["guard"]) for r in rows] == EXPECTED

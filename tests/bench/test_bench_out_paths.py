@@ -3,8 +3,8 @@ one-line error with exit code 2, and no engine runs."""
 
 import pytest
 
-from sdaccel import cli
 from sdaccel.bench import runner
+from sdaccel.cli import main as cli
 
 COMMON = ["bench", "--engines", "eager", "--model", "synthetic:sd15-tiny", "--device", "cpu", "--steps", "1",
           "--runs", "1", "--warmup", "0"]

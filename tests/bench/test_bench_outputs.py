@@ -5,6 +5,7 @@ import json
 import math
 import xml.etree.ElementTree as ET
 
+import pytest
 from PIL import Image
 
 from sdaccel.bench import COLUMNS
@@ -14,6 +15,7 @@ from sdaccel.bench.schema import FLOAT_COLUMNS, INT_COLUMNS
 LATENCY = ("latency_min_s", "latency_median_s", "latency_p90_s", "latency_max_s", "latency_mean_s")
 
 
+@pytest.mark.slow
 def test_csv_has_the_schema_and_one_row_per_batch(eager_run):
     rows, out, _ = eager_run
     with (out / "results.csv").open(newline="") as handle:

@@ -110,6 +110,7 @@ class Bench:
         return [p.name for p in self.temp.iterdir() if p.name.startswith(".sdaccel-bench.")]
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_worker_and_keeps_the_finished_engines(tmp_path):
     bench = Bench(["--engines", "eager,eager@held", "--runs", "1"], tmp_path, **{HOLD_ENV: "eager@held"})
     worker = int(bench.wait_for_line(r"^\[eager@held\] worker (\d+) holding").group(1))
@@ -130,6 +131,7 @@ def test_sigterm_stops_the_worker_and_keeps_the_finished_engines(tmp_path):
     assert not (bench.out / "table.md").exists()
 
 
+@pytest.mark.slow
 def test_the_worker_dies_with_a_killed_parent(tmp_path):
     # Enough timed runs to keep the worker busy far longer than this test waits.
     bench = Bench(["--engines", "eager", "--runs", "1000000"], tmp_path)

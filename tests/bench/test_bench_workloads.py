@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sdaccel import cli
 from sdaccel.bench import BenchConfig, run_bench
 from sdaccel.bench.report import markdown_table, read_csv
 from sdaccel.bench.schema import new_row
 from sdaccel.bench.workloads import centre_mask, init_image, workload_kwargs
+from sdaccel.cli import main as cli
 from sdaccel.errors import UsageError
 
 CHEAP = dict(engines=("eager",), steps=2, runs=1, warmup=0, device="cpu")
@@ -143,7 +143,7 @@ def test_each_workload_calls_with_its_own_inputs():
 
 def test_engine_info_of_base_and_refiner_merges_notes():
     from sdaccel.bench.worker import engine_info, lead
-    from sdaccel.refiner import BaseAndRefiner
+    from sdaccel.pipeline.refiner import BaseAndRefiner
 
     def fake(notes, picks):
         return SimpleNamespace(stages=SimpleNamespace(info={"notes": notes}),

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sdaccel import cli
 from sdaccel.bench import BenchConfig, run_bench
 from sdaccel.bench import worker as bench_worker
 from sdaccel.bench.config import controlnet_refusals
 from sdaccel.bench.report import read_csv
 from sdaccel.bench.workloads import control_image, init_image, workload_kwargs
+from sdaccel.cli import main as cli
 from sdaccel.engines import available_engines
 from sdaccel.errors import UsageError
 from sdaccel.models.registry import get_controlnet_spec
@@ -131,7 +131,7 @@ def test_control_image_is_a_deterministic_edge_map_of_the_init_image():
 
 
 def test_each_call_gets_one_control_image_per_controlnet_at_the_run_size():
-    from sdaccel.control import resolve_control
+    from sdaccel.pipeline.control import resolve_control
 
     spec = SimpleNamespace(height=64, width=48)
     one = workload_kwargs(spec, BenchConfig(device="cpu", model="m", controlnets=(SD15_NET,)).resolved())

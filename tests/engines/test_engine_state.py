@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import types
 
+import pytest
 import torch
 
 import sdaccel
@@ -62,6 +63,7 @@ def _changes(before: dict, after: dict) -> list:
                   if before.get((module, key)) != after.get((module, key)) and (module, key) in before)
 
 
+@pytest.mark.slow
 def test_prepare_and_calls_write_no_module_state():
     """Engines of every kind that runs here, with non-default options, prepared and called: sdaccel's modules hold
     the same globals before and after. (A module imported for the first time by the call adds globals; those are

@@ -11,7 +11,7 @@ from diffusers.models.attention_processor import Attention, AttnProcessor2_0
 from sdaccel.engines import upcast_attention
 from sdaccel.engines.upcast_attention import UpcastAttnProcessor
 from sdaccel.models import build_synthetic, get_spec
-from sdaccel.pipeline import Pipeline
+from sdaccel.pipeline.core import Pipeline
 
 
 def tiny_pipe(dtype: str = "fp32") -> Pipeline:

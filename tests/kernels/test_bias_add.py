@@ -1,14 +1,9 @@
-import importlib
-
 import pytest
 import torch
 
 import sdaccel.kernels as kernels
-
-# The package re-exports the function under the module's name; get the module.
-ba_module = importlib.import_module("sdaccel.kernels.bias_add")
-bias_add = ba_module.bias_add
-bias_add_reference = ba_module.bias_add_reference
+from sdaccel.kernels import bias_add as ba_module
+from sdaccel.kernels.bias_add import bias_add, bias_add_reference
 
 
 def _inputs(shape, channels, dtype, device, seed=0):

@@ -1,9 +1,8 @@
-import importlib
-
 import pytest
 import torch
 
-module = importlib.import_module("sdaccel.kernels.flash_attention")
+from sdaccel.kernels import flash_attention as module
+
 flash_attention = module.flash_attention
 reference = module.flash_attention_reference
 

@@ -1,14 +1,9 @@
-import importlib
-
 import pytest
 import torch
 
 import sdaccel.kernels as kernels
-
-# The package re-exports the function under the module's name; get the module.
-geglu_module = importlib.import_module("sdaccel.kernels.geglu")
-geglu = geglu_module.geglu
-geglu_reference = geglu_module.geglu_reference
+from sdaccel.kernels import geglu as geglu_module
+from sdaccel.kernels.geglu import geglu, geglu_reference
 
 
 def _inputs(shape, dtype, device, seed=0):

@@ -1,20 +1,14 @@
 """kernels/group_norm.py: the public op, the registered ops, the launcher and its path choice, and through them every
 GroupNorm kernel (group_norm_kernels.py; group_norm_cluster.py on a Hopper GPU), against group_norm_reference."""
 
-import importlib
-
 import pytest
 import torch
 
 import sdaccel.kernels as kernels
-
-# The package re-exports the function group_norm under the module's name, so
-# fetch the module itself through importlib.
-gn_module = importlib.import_module("sdaccel.kernels.group_norm")
-gn_kernels = importlib.import_module("sdaccel.kernels.group_norm_kernels")
-group_norm = gn_module.group_norm
-group_norm_reference = importlib.import_module("sdaccel.kernels.group_norm_reference").group_norm_reference
-launch_group_norm = gn_module.launch_group_norm
+from sdaccel.kernels import group_norm as gn_module
+from sdaccel.kernels import group_norm_kernels as gn_kernels
+from sdaccel.kernels.group_norm import group_norm, launch_group_norm
+from sdaccel.kernels.group_norm_reference import group_norm_reference
 
 CL = torch.channels_last
 

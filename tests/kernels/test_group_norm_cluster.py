@@ -2,14 +2,12 @@
 against group_norm_reference at SD's shapes, and where the launcher's default takes it. The other GroupNorm tests run
 it too, through their "cluster" kernel path (test_group_norm.py)."""
 
-import importlib
-
 import pytest
 import torch
 
-cluster = importlib.import_module("sdaccel.kernels.group_norm_cluster")
-gn_module = importlib.import_module("sdaccel.kernels.group_norm")
-group_norm_reference = importlib.import_module("sdaccel.kernels.group_norm_reference").group_norm_reference
+from sdaccel.kernels import group_norm as gn_module
+from sdaccel.kernels import group_norm_cluster as cluster
+from sdaccel.kernels.group_norm_reference import group_norm_reference
 
 CL = torch.channels_last
 

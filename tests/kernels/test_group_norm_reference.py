@@ -1,14 +1,11 @@
 """kernels/group_norm_reference.py, the yardstick every GroupNorm kernel test measures against: torch's own GroupNorm
 and SiLU composed by hand, at every fusion, and steadier than F.group_norm where the mean dwarfs the spread."""
 
-import importlib
-
 import torch
 import torch.nn.functional as F
 
 from sdaccel.kernels.fp8 import quantize_e4m3_reference
-
-group_norm_reference = importlib.import_module("sdaccel.kernels.group_norm_reference").group_norm_reference
+from sdaccel.kernels.group_norm_reference import group_norm_reference
 
 CL = torch.channels_last
 

@@ -1,14 +1,9 @@
-import importlib
-
 import pytest
 import torch
 
 import sdaccel.kernels as kernels
-
-# The package re-exports the function under the module's name; get the module.
-ln_module = importlib.import_module("sdaccel.kernels.layer_norm")
-layer_norm = ln_module.layer_norm
-layer_norm_reference = ln_module.layer_norm_reference
+from sdaccel.kernels import layer_norm as ln_module
+from sdaccel.kernels.layer_norm import layer_norm, layer_norm_reference
 
 
 def _inputs(shape, dtype, device, seed=0):

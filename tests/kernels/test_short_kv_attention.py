@@ -1,9 +1,8 @@
-import importlib
-
 import pytest
 import torch
 
-module = importlib.import_module("sdaccel.kernels.short_kv_attention")
+from sdaccel.kernels import short_kv_attention as module
+
 short_kv_attention = module.short_kv_attention
 reference = module.short_kv_attention_reference
 

@@ -9,7 +9,7 @@ import torch
 import sdaccel
 from sdaccel.errors import ModelLoadError, UsageError
 from sdaccel.models import load_components
-from sdaccel.models.loading import detect_arch
+from sdaccel.models.configs import detect_arch
 from sdaccel.models.tokenizer import HFTokenizerAdapter
 
 

@@ -10,11 +10,14 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from sdaccel.bench.report import read_csv
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_bench_cli_runs_onnxruntime_on_a_given_folder(built, tmp_path):
     folder, _, _ = built("sd15-tiny")
     out = tmp_path / "out"
@@ -35,6 +38,7 @@ def test_bench_cli_runs_onnxruntime_on_a_given_folder(built, tmp_path):
     assert set(info["sessions"]) == {"text_encoder", "unet", "vae_decoder"}
 
 
+@pytest.mark.slow
 def test_run_onnx_gpu_script_tiny_mode(tmp_path):
     """The whole script on the CPU: preflight, optimize into DIR, bench with the folder, one-UNet-call timings,
     summary and the archive after each stage."""

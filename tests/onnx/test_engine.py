@@ -9,7 +9,6 @@ from pathlib import Path
 import onnx
 import pytest
 import torch
-
 from onnx_helpers import attention_modules
 
 from sdaccel.engines.onnxruntime import OnnxRuntimeEngine
@@ -18,7 +17,7 @@ from sdaccel.models import build_synthetic, get_spec
 from sdaccel.models.components import text_encoder_fn, unet_fn, vae_decode_fn
 from sdaccel.onnx.manifest import model_digest
 from sdaccel.onnx.optimize import OptimizeSettings, cache_folder
-from sdaccel.pipeline import Pipeline
+from sdaccel.pipeline.core import Pipeline
 
 ARCHS = ("sd15-tiny", "sd21-tiny", "sdxl-tiny")
 
@@ -77,6 +76,7 @@ def test_stages_honour_the_engine_contract():
         stages.unet(torch.randn(1, 4, 7, 8), torch.tensor(1), context[:1], embeds[:1], time_ids[:1])
 
 
+@pytest.mark.slow
 def test_cache_is_reused_and_rebuilt_when_stale(onnx_cache):
     components = build_synthetic(get_spec("sd15-tiny"), seed=7)  # weights no other test builds
     prepare = lambda: OnnxRuntimeEngine(provider="cpu").prepare(components, torch.float32, torch.device("cpu"))

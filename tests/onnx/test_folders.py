@@ -145,6 +145,7 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "sdaccel", *args], capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_cli_optimize_writes_a_folder_and_skips_when_current(tmp_path):
     out = tmp_path / "sd15-onnx"
     proc = run_cli("optimize", "--model", "synthetic:sd15-tiny", "--out", str(out), "--provider", "cpu")
@@ -162,7 +163,7 @@ def test_cli_optimize_writes_a_folder_and_skips_when_current(tmp_path):
 
 def main_in_process(capsys, *args) -> tuple[int, list[str]]:
     """sdaccel.cli.main as the subprocess runs it (same error handling), without a new interpreter per case."""
-    from sdaccel.cli import main
+    from sdaccel.cli.main import main
 
     code = main(list(args))
     return code, capsys.readouterr().err.strip().splitlines()

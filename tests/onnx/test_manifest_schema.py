@@ -86,6 +86,7 @@ def test_the_schema_takes_what_optimize_writes(built):
         assert validate(json.loads((folder / "manifest.json").read_text()), folder) == manifest
 
 
+@pytest.mark.slow
 def test_a_bad_manifest_in_the_cache_is_ignored_with_a_warning_and_rebuilt(onnx_cache):
     components = build_synthetic(get_spec("sd15-tiny"), seed=11)  # weights no other test builds
 

@@ -16,8 +16,8 @@ from torch import nn
 import sdaccel
 from sdaccel.models import build_synthetic, get_spec
 from sdaccel.models.onnx_folder import byte_level_clip_tokenizer
+from sdaccel.models.schedulers import make_scheduler
 from sdaccel.onnx.manifest import file_sha256, read_manifest, verify_files
-from sdaccel.schedulers import make_scheduler
 
 OPSET = 14  # the converter's default
 
@@ -118,7 +118,7 @@ def source(tmp_path_factory):
 
 
 def run(capsys, *args):
-    from sdaccel.cli import main
+    from sdaccel.cli.main import main
 
     code = main(list(args))
     captured = capsys.readouterr()

@@ -8,7 +8,7 @@ import torch
 import sdaccel
 from sdaccel.errors import UsageError
 from sdaccel.models import build_synthetic, get_spec
-from sdaccel.pipeline import Pipeline
+from sdaccel.pipeline.core import Pipeline
 
 
 def test_img2img_on_onnxruntime_matches_eager(built):
@@ -29,6 +29,7 @@ def test_an_onnx_folder_alone_cannot_encode_an_image(built):
         pipe("a cat", image=torch.rand(3, 64, 64), steps=2)
 
 
+@pytest.mark.slow
 def test_base_and_refiner_on_onnxruntime_match_eager(built):
     built("sdxl-tiny")
     built("sdxl-refiner-tiny")  # the refiner's folder: bigG as text_encoder_2, 5 time ids

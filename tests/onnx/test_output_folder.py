@@ -21,7 +21,7 @@ MODEL = ("--model", "synthetic:sd15-tiny", "--provider", "cpu")
 
 def run(capsys, *args) -> tuple[int, list[str], str]:
     """sdaccel.cli.main in this process: (exit code, stderr lines, stdout)."""
-    from sdaccel.cli import main
+    from sdaccel.cli.main import main
 
     code = main(list(args))
     captured = capsys.readouterr()

@@ -16,8 +16,8 @@ from onnx import TensorProto
 import sdaccel
 from sdaccel.errors import ModelLoadError, UsageError
 from sdaccel.models import build_synthetic, get_spec, is_onnx_pipeline_folder, load_components
-from sdaccel.pipeline import Pipeline
-from sdaccel.quality.guard import NonFiniteOutputError
+from sdaccel.pipeline.core import Pipeline
+from sdaccel.pipeline.guard import NonFiniteOutputError
 
 FLOAT, INT32 = TensorProto.FLOAT, TensorProto.INT32
 
@@ -161,7 +161,7 @@ def test_a_non_finite_decode_without_a_torch_vae_is_a_clear_error(built):
 def test_generate_runs_the_folder_on_onnxruntime_without_being_told(built, tmp_path, capsys):
     from PIL import Image
 
-    from sdaccel.cli import main
+    from sdaccel.cli.main import main
 
     folder, _, _ = built("sd15-tiny")
     assert main(["generate", "a cat", "--model", str(folder), "--steps", "1", "--device", "cpu", "--no-progress",

@@ -12,10 +12,9 @@ import sys
 import pytest
 import torch
 from PIL import Image
-
 from quality_fixtures import STEPS, TINY_MODEL
-import sdaccel
-from sdaccel.cli import main
+
+from sdaccel.cli.main import main
 from sdaccel.quality import CompareConfig, compare, comparison
 from sdaccel.quality.bench_column import psnr_against_reference
 from sdaccel.quality.visuals import frame_steps
@@ -154,6 +153,7 @@ def test_unusable_out_is_refused_before_any_work(tmp_path, capsys):
     assert (tmp_path / "f").read_text() == "keep me"
 
 
+@pytest.mark.slow
 def test_command_with_cpu_defaults(tmp_path):
     """The command as users type it; on this CPU machine: synthetic:sd15-tiny, every available engine (eager and
     compile), fp32 and bf16."""
@@ -201,13 +201,13 @@ def test_engine_options_reach_the_engine_and_the_json(tmp_path, monkeypatch):
     from sdaccel.quality import comparison as comparison_module
 
     seen = []
-    real_load = sdaccel.load
+    real_load = comparison_module.load
 
     def spy(*args, **kwargs):
         seen.append((kwargs.get("engine"), {k: kwargs[k] for k in ("channels_last",) if k in kwargs}))
         return real_load(*args, **kwargs)
 
-    monkeypatch.setattr(sdaccel, "load", spy)
+    monkeypatch.setattr(comparison_module, "load", spy)
     config = CompareConfig(model=TINY_MODEL, engines="eager", dtypes="fp32", steps=STEPS, device="cpu",
                            out=str(tmp_path), engine_opts=["eager.channels_last=0"])
     assert config.engine_opts == {"eager": {"channels_last": False}}

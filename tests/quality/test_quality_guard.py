@@ -8,13 +8,13 @@ import warnings
 import numpy as np
 import pytest
 import torch
-
 from quality_fixtures import STEPS
-from sdaccel.errors import OutputCheckError, SdaccelError
-from sdaccel.quality import guard
-from sdaccel.quality.guard import (DegenerateImageError, DegenerateImageWarning, NonFiniteOutputError,
-                                   PrecisionFallbackWarning, check_image, check_latents, inspect_output, run_guarded)
+
 from sdaccel.engines.upcast_attention import UpcastAttnProcessor
+from sdaccel.errors import OutputCheckError, SdaccelError
+from sdaccel.pipeline import guard
+from sdaccel.pipeline.guard import (DegenerateImageError, DegenerateImageWarning, NonFiniteOutputError,
+                                    PrecisionFallbackWarning, check_image, check_latents, inspect_output, run_guarded)
 
 PROMPT = "a lighthouse at dusk"
 
@@ -118,7 +118,7 @@ def test_read_checks_splits_what_output_checks_queued():
 def test_the_pipeline_queues_the_checks_before_its_one_sync(tiny_pipe, monkeypatch):
     """The guard's reductions are queued behind the decode, before the call waits for the GPU; run_guarded then only
     reads them (once queued after that wait, each small kernel waited on its own launch: ~1 ms at batch 1)."""
-    from sdaccel import timing
+    from sdaccel.pipeline import timing
 
     events, result_of, statistics = [], timing.StageTimer.result, guard.image_statistics
     monkeypatch.setattr(timing.StageTimer, "result", lambda self, **k: events.append("sync") or result_of(self, **k))
@@ -225,8 +225,8 @@ def test_an_engine_that_cannot_upcast_makes_it_an_error(tiny_pipe, monkeypatch):
 def test_the_loaded_pipeline_call_is_guarded(tiny_pipe):
     """sdaccel.load returns the pipeline inside the guard: the fallback happens through a plain pipe(...) call,
     while the Pipeline itself judges nothing."""
-    from sdaccel.pipeline import Pipeline
-    from sdaccel.quality.guard import GuardedPipeline
+    from sdaccel.pipeline.core import Pipeline
+    from sdaccel.pipeline.guard import GuardedPipeline
 
     pipe = tiny_pipe()
     nan_unet_until_upcast(pipe)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from quality_fixtures import STEPS
-from sdaccel.quality.remedies import fp32_decode, to_uint8
+
+from sdaccel.pipeline.remedies import fp32_decode, to_uint8
 
 
 @pytest.mark.parametrize("in_place", [False, True])

@@ -94,6 +94,7 @@ print(json.dumps({"folder": str(folder), "built": built, "checks": checks}))
 '''
 
 
+@pytest.mark.slow
 def test_two_processes_building_one_optimized_folder(tmp_path):
     pytest.importorskip("onnxruntime")
     from sdaccel.onnx.manifest import read_manifest, verify_files

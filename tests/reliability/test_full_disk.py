@@ -7,8 +7,7 @@ import errno
 import os
 
 import pytest
-from fault_injection import (HOOKS, child_env, disk_full, hook_writes_here, python_argv, read_whole_csv, run,
-                             temporaries)
+from fault_injection import HOOKS, child_env, disk_full, hook_writes_here, python_argv, read_whole_csv, run, temporaries
 
 from sdaccel.atomic import atomic_path, write_text
 from sdaccel.bench.report import append_csv
@@ -99,7 +98,7 @@ def test_results_csv_on_a_full_disk_stays_whole(tmp_path, monkeypatch):
 
 CLI_ON_A_FULL_DISK = HOOKS + r'''
 import sys
-from sdaccel.cli import main
+from sdaccel.cli.main import main
 install_write_hook(sys.argv[1], disk_full)
 sys.exit(main(sys.argv[2:]))
 '''
@@ -111,6 +110,7 @@ COMMANDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_cli_on_a_full_disk_says_so_in_one_line(tmp_path, command):
     out = tmp_path / "out"

@@ -8,6 +8,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from fault_injection import (HOOKS, child_env, kill_hard, python_argv, read_whole_csv, run, sdaccel_argv, start,
                              temporaries, wait_until)
 
@@ -50,6 +51,7 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_bench_killed_mid_measurement(tmp_path):
     out = tmp_path / "out"
     scratch = tmp_path / "tmp"  # the bench's own temporary folders, to see what a worker did after the kill

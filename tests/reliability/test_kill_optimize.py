@@ -51,6 +51,7 @@ def not_a_folder_yet(out) -> bool:
     return all(p.name.startswith(".") and p.is_dir() for p in out.iterdir())
 
 
+@pytest.mark.slow
 def test_optimize_killed_mid_build_leaves_old_folder_or_none(tmp_path):
     models = tmp_path / "models"
     models.mkdir()

@@ -10,7 +10,7 @@ import pytest
 
 import sdaccel.models
 import sdaccel.models.loading
-from sdaccel.cli import main
+from sdaccel.cli.main import main
 
 UNWRITABLE = ["/proc/sdaccel-reliability-out", "/sys/kernel/sdaccel-reliability-out"]
 

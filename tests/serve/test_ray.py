@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 KEY = "ray-key"
 
 
+@pytest.mark.slow
 def test_two_replicas_serve_and_shut_down(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -24,13 +24,13 @@ httpx = pytest.importorskip("httpx")
 
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
+from serve_helpers import REPO, serve_process, wait_for  # noqa: E402
 
 from sdaccel.serve.app import create_app  # noqa: E402
+from sdaccel.serve.loadtest import free_port  # noqa: E402
 from sdaccel.serve.metrics import Metrics  # noqa: E402
 from sdaccel.serve.schemas import Limits  # noqa: E402
-from sdaccel.serve.loadtest import free_port  # noqa: E402
 from sdaccel.serve.worker import Worker  # noqa: E402
-from serve_helpers import REPO, serve_process, wait_for  # noqa: E402
 
 KEY = "test-key-123"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -124,7 +124,9 @@ def test_health_ready_and_api_key(server):
 
 def test_ready_is_503_until_the_worker_is_ready():
     worker = Worker({"tiny": MODEL}, loader=lambda ref, **kw: time.sleep(30))  # never ready during the test
+    events = worker.events
     transport = httpx.ASGITransport(app=create_app(worker, stop_worker_on_shutdown=False))
+    assert worker.events is events  # the app reports to its own Metrics: the worker's events stay its own
 
     async def probe():
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
@@ -151,7 +153,9 @@ def test_openai_client_images_and_determinism(server):
     images = [_png(d.b64_json) for d in first.data]
     assert all(im.size == (64, 64) for im in images)
     text = images[1].text["parameters"]
-    assert text.startswith("a lighthouse") and "Seed: 3" in text and "Steps: 2" in text and "Batch index: 1" in text
+    # Image i of seed s is seed s + i's (A1111's numbering): each PNG names its own.
+    assert text.startswith("a lighthouse") and "Seed: 4" in text and "Steps: 2" in text and "Batch index: 1" in text
+    assert "Seed: 3," in images[0].text["parameters"]
     assert [d.b64_json for d in first.data] == [d.b64_json for d in second.data]  # same seed, same PNG bytes
     assert first.data[0].b64_json != first.data[1].b64_json
 
@@ -238,9 +242,15 @@ def test_concurrent_requests_batch_and_match_alone(server):
     for request, got in zip(requests, batched):
         alone = _generate(server, **request).json()
         assert alone["batch_images"] == request["n"] and len(alone["images"]) == request["n"]
-        assert [p["seed"] for p in got["parameters"]] == [request["seed"]] * request["n"]
+        seeds = list(range(request["seed"], request["seed"] + request["n"]))
+        assert [p["seed"] for p in got["parameters"]] == seeds == [p["seed"] for p in alone["parameters"]]
         for a, b in zip(alone["images"], got["images"]):
             assert np.abs(_pixels(a) - _pixels(b)).max() <= 1
+    # The 2-image request's second image is the 1-image request's of seed 13, its PNG naming that seed.
+    second = dict(requests[1], seed=13, n=1)
+    (one,) = _generate(server, **second).json()["images"]
+    assert np.abs(_pixels(one) - _pixels(batched[1]["images"][1])).max() <= 1
+    assert "Seed: 13," in _png(batched[1]["images"][1]).text["parameters"]
 
 
 def test_generate_png_format_and_random_seed(server):
@@ -275,6 +285,8 @@ def test_generate_png_format_and_random_seed(server):
     ("/v1/generate", {"prompt": "x", "timestep_spacing": "odd"}, 400, "timestep_spacing"),
     ("/v1/generate", {"prompt": "x", "guidance": -1}, 400, "guidance"),
     ("/v1/generate", {"prompt": "x", "seed": -3}, 400, "seed"),
+    ("/v1/generate", {"prompt": "x", "seed": 2**63 - 2, "n": 2}, 400, "for 2 images"),
+    ("/v1/images/generations", {"prompt": "x", "seed": 2**63 - 3, "n": 3}, 400, "for 3 images"),
     ("/v1/generate", {"prompt": "x", "stepz": 2}, 422, "stepz"),
     ("/v1/generate", {"n": 1}, 422, "prompt"),
     ("/v1/generate", {"prompt": "x", "n": "two"}, 422, "n"),
@@ -370,6 +382,7 @@ def test_overload_is_429_and_a_gone_client_has_its_job_dropped(small_server):
     assert 'sdaccel_images_total{model="tiny"} 1.0' in text  # the dropped job never ran
 
 
+@pytest.mark.slow
 def test_loadtest_overload_probes_a_full_server(small_server):
     from sdaccel.serve.loadtest import overload
 
@@ -403,6 +416,7 @@ def test_a_job_past_its_deadline_is_503(small_server):
 # ------------------------------------------------------------------------------------------ the command
 
 
+@pytest.mark.slow
 def test_sigterm_drains_in_flight_requests(tmp_path):
     with serve_process(tmp_path, "--model", MODEL, "--device", "cpu", "--engine", "eager") as served:
         result = {}
@@ -448,8 +462,8 @@ def test_loadtest_payload_carries_the_request_settings():
 
 
 def test_parse_warm_and_models():
+    from sdaccel.cli.serve import parse_models, parse_warm
     from sdaccel.errors import SdaccelError
-    from sdaccel.serve.cli import parse_models, parse_warm
 
     assert parse_warm(["512x768:1,2,4", "64x64"]) == ((512, 768, 1), (512, 768, 2), (512, 768, 4), (64, 64, 1))
     assert parse_models(["a=synthetic:sd15-tiny", "synthetic:sd21-tiny"], "d") == {

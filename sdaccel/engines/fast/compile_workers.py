@@ -310,7 +310,8 @@ def _serve(target_json: str) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.runtime.driver import driver
 
-    import sdaccel.kernels  # noqa: F401 - torch and the kernel modules, imported before the first kernel arrives
+    # torch and the kernel modules, imported before the first kernel arrives
+    from sdaccel.kernels import bias_add, geglu, group_norm, layer_norm  # noqa: F401
 
     target = json.loads(target_json)
     driver.set_active(_CompileOnlyDriver(GPUTarget(**target)))

@@ -24,7 +24,7 @@ from ...errors import EngineUnavailableError, UsageError
 from ...kernels.recording import supported as recording_supported
 from ...models.components import Components, control_embedding_fn, pass_embedded_conditioning
 from ..base import Engine, Stages, restore_weight_storages, weight_storages
-from ..eager import cast_stages, place_modules
+from ..stages import cast_stages, place_modules
 from ..fp32_encoder import Fp32Encoder, fp32_encode_stage
 from .cfg_prefix import PREFIX_NEVER_SHARED, cfg_prefix_refusal
 from .compile_workers import default_workers

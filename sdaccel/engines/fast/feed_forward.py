@@ -26,7 +26,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...kernels import geglu, linear_geglu_sm90 as sm90
+from ...kernels import linear_geglu_sm90 as sm90
+from ...kernels.geglu import geglu
 from .fp8 import Fp8Weight, scaled_linear
 from .kernel_pick import L2Eviction, ShapePicks
 

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...kernels import group_norm, layer_norm
+from ...kernels.group_norm import group_norm
+from ...kernels.layer_norm import layer_norm
 from ...kernels.recording import is_recording
 from .common import repeat_batch
 from .convolution import ConvolutionPicks

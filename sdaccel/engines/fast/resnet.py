@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import UsageError
-from ...kernels import group_norm
+from ...kernels.group_norm import group_norm
 from .common import is_silu, repeat_batch, scaled_bias
 from .picks import KernelPicks
 

@@ -14,7 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import UsageError
-from ...kernels import bias_add_, group_norm, layer_norm
+from ...kernels.bias_add import bias_add_
+from ...kernels.group_norm import group_norm
+from ...kernels.layer_norm import layer_norm
 from .common import merged_base, pack_weights, repeat_batch, view_rows
 from .picks import KernelPicks
 

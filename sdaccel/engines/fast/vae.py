@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...errors import UsageError
-from ...kernels import group_norm
+from ...kernels.group_norm import group_norm
 from ...kernels.upsample import upsample_nearest2x
 from .common import scaled_bias
 from .convolution import add_bias_residual

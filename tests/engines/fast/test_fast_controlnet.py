@@ -33,6 +33,7 @@ def control_for(nets):
     return picture(seed=9) if len(nets) == 1 else [picture(seed=9 + k) for k in range(len(nets))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch, nets, inputs", CASES)
 def test_fused_controlnets_match_eager(arch, nets, inputs, exact_fp32):
     eager = sdaccel.Pipeline(model(arch, nets), engine="eager", dtype="fp32")
@@ -48,6 +49,7 @@ def test_fused_controlnets_match_eager(arch, nets, inputs, exact_fp32):
     torch.testing.assert_close(b.latents, a.latents, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_compile_engine_runs_controlnets(exact_fp32):
     eager = sdaccel.Pipeline(model("sd15-tiny", ["controlnet-sd15-tiny"]), engine="eager", dtype="fp32")
     compiled = sdaccel.Pipeline(model("sd15-tiny", ["controlnet-sd15-tiny"]), engine="compile", dtype="fp32")

@@ -27,6 +27,7 @@ def spy_on_steps(pipe) -> list[tuple[int, int]]:
     return seen
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_fused_pipeline_matches_eager(arch, exact_fp32):
     # fp32 explicitly: on a GPU machine the default is fp16, whose rounding a 1e-4 check cannot take.
@@ -171,6 +172,7 @@ def test_engine_cache_is_keyed_by_the_weights(tmp_path, monkeypatch):
     assert first.cache.load()["fusions"]["transformer_block"] == 4
 
 
+@pytest.mark.slow
 def test_fp32_attention_exception_and_bad_options():
     engine = FastEngine(allow_cpu=True, fp32_ops=["attention"])
     pipe = sdaccel.Pipeline(build_synthetic(get_spec("sd21-tiny")), engine=engine, dtype="bf16")
@@ -239,7 +241,7 @@ def test_each_new_shape_compiles_its_kernels_side_by_side_once(tmp_path, monkeyp
 
 
 def test_vae_dtype_option_sets_the_decoder_dtype():
-    from sdaccel.engines.eager import vae_dtype_for
+    from sdaccel.engines.stages import vae_dtype_for
 
     components = build_synthetic(get_spec("sdxl-tiny"))  # its VAE says force_upcast, as SDXL's does
     assert vae_dtype_for(components, torch.float16) == torch.float32  # "auto": fp32 under an fp16 UNet
@@ -270,6 +272,7 @@ def test_upcast_attention_switches_fused_attention_to_fp32():
     assert engine.drop_graphs() == 0  # no graphs on the CPU
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fold", [False, True], ids=["plain", "folded-proj-out-bias"])
 def test_refresh_weights_after_a_lora_style_merge(exact_fp32, fold):
     """A LoRA fuse assigns new weight tensors (param.data = merged): refresh_weights puts them where the fused

@@ -7,7 +7,7 @@ import torch
 import sdaccel
 from sdaccel.engines.fast import FastEngine
 from sdaccel.models import build_synthetic, get_spec
-from sdaccel.refiner import BaseAndRefiner
+from sdaccel.pipeline.refiner import BaseAndRefiner
 
 
 def picture(size=64):
@@ -28,6 +28,7 @@ WORKLOADS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch, inputs", WORKLOADS)
 def test_fused_workloads_match_eager(arch, inputs, exact_fp32):
     eager = sdaccel.Pipeline(build_synthetic(get_spec(arch)), engine="eager", dtype="fp32")
@@ -39,6 +40,7 @@ def test_fused_workloads_match_eager(arch, inputs, exact_fp32):
     torch.testing.assert_close(b.latents, a.latents, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_fused_refiner_handoff_matches_eager(exact_fp32):
     def pair(engine):
         return BaseAndRefiner(*(sdaccel.Pipeline(build_synthetic(get_spec(arch)), engine=engine(), dtype="fp32")

@@ -176,8 +176,12 @@ def test_on_the_gpu_the_fp8_pick_is_recorded_and_the_result_matches():
     assert error <= 1.05 * split_error, (error, split_error)
     (key, name), = ff.fp8_picks.chosen().items()
     assert key == "m2048 k640 d2560 e4m3" and name in feed_forward.FP8_PATHS
-    hopper = torch.cuda.get_device_capability()[0] == 9
-    assert name == feed_forward.FP8_SPLIT or hopper
+    # On sm_90 both paths are timed and either may win; elsewhere split is the only candidate.
+    offered = set(ff._fp8_candidates(x8, w.data))
+    if torch.cuda.get_device_capability()[0] == 9:
+        assert offered == set(feed_forward.FP8_PATHS)
+    else:
+        assert offered == {feed_forward.FP8_SPLIT} and name == feed_forward.FP8_SPLIT
 
 
 def test_a_candidate_that_warns_before_refusing_shows_no_warning():

@@ -192,6 +192,7 @@ def test_engine_option_is_checked_and_keys_the_cache():
     assert FastEngine(fp8=True, fp8_convs=False).options()["fp8_convs"] is False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sd15-tiny", "sdxl-tiny"])
 def test_fp8_pipeline_runs_end_to_end(arch):
     eager = sdaccel.Pipeline(build_synthetic(get_spec(arch)), engine="eager", dtype="fp32")

@@ -51,6 +51,7 @@ def test_fused_blocks_in_fp8_stay_close_and_scales_update_after_each_call():
         assert 1e-4 < err < 0.05, err  # e4m3 moves the result, but not far
 
 
+@pytest.mark.slow
 def test_fp8_mode_shares_the_cfg_prefix(monkeypatch):
     """The scales module is no reason to refuse classifier-free guidance's shared prefix (with it refused, FP8 mode
     would run the first blocks at twice the batch): latents once beside both contexts give what the latents twice
@@ -108,6 +109,7 @@ def test_blocks_narrower_than_min_width_stay_fp16():
     assert FastEngine(fp8=True).config.fp8_min_width == 640  # the default: SD's 320-wide blocks stay fp16
 
 
+@pytest.mark.slow
 def test_resnet_convolutions_in_fp8_stay_close_and_their_scales_update(monkeypatch):
     """GroupNorm + SiLU write e4m3 for both convolutions of every ResNet block (up blocks' concatenated inputs
     too), whose products come back with the biases and the shortcut added."""
@@ -144,6 +146,7 @@ def test_a_convolution_the_kernel_refuses_stays_fp16(monkeypatch):
     assert fp8.sdaccel_fp8_scales.scale.eq(1).all()
 
 
+@pytest.mark.slow
 def test_a_block_picked_fp16_runs_as_without_fp8_mode(monkeypatch):
     """The engine cache hands back a block pick of "fp16": that block runs as the default engine's does (same
     result, bit for bit) and records no amax; "fp8" runs the e4m3 path; a name the pick never gives is dropped."""
@@ -227,6 +230,7 @@ def test_the_block_pick_times_both_forwards_once_and_keeps_the_faster(monkeypatc
     assert timed == [False, True] * 3 + [False, False]  # k1, k2, k2b, then k3's and k4's fp16 forward alone
 
 
+@pytest.mark.slow
 def test_host_weights_wait_until_a_shape_runs_fp16(monkeypatch):
     """With fp8_host_weights (here on the CPU, standing in for the GPU): each site's fp16 weights are re-bound to
     host copies with the same values, the packed Q/K/V's projections stay views of it; a call whose shapes run in

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import UsageError
+from ..errors import UsageError
 from .request import validate_fraction
 from .timing import StageTimings
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import UsageError
+from ..errors import UsageError
 
 
 def image_batch(image, what: str = "image", signed: bool = True) -> torch.Tensor:

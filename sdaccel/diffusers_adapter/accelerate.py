@@ -4,9 +4,9 @@ The pipeline object stays theirs (scheduler, callbacks, prompt handling); only `
 `pipe.vae.decode` and `pipe.vae.encode` are replaced by the engine's stages. Calls the engine can't serve (ControlNet
 residuals, cross-attention kwargs other than a LoRA scale, a tiled encode or decode) go to the original methods, so
 behaviour never silently changes. diffusers' ControlNet pipelines (one ControlNetModel or a MultiControlNetModel) run
-their ControlNets and UNet on the engine (diffusers_controlnet.py). diffusers' LoRA calls on the pipeline (load_lora_weights, set_adapters, fuse_lora,
-a call's cross_attention_kwargs={"scale": s}, ...) reach the engine: they merge into its weights in place
-(diffusers_lora.py).
+their ControlNets and UNet on the engine (controlnet.py). diffusers' LoRA calls on the pipeline (load_lora_weights,
+set_adapters, fuse_lora, a call's cross_attention_kwargs={"scale": s}, ...) reach the engine: they merge into its
+weights in place (lora.py, on models/lora.py).
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from typing import Any
 
 import torch
 
-from .device import resolve_dtype
-from .diffusers_controlnet import DeferredResiduals, controlled_call, defer_controlnet_calls, pipeline_controlnets
-from .diffusers_lora import install_lora_methods
-from .engines import get_engine
-from .errors import UsageError
-from .models.components import Components
-from .models.controlnet import mismatch
-from .models.loading import _spec_from_modules, detect_arch
-from .models.registry import get_spec
+from ..device import resolve_dtype
+from ..engines import get_engine
+from ..errors import UsageError
+from ..models.components import Components
+from ..models.configs import detect_arch, spec_from_modules
+from ..models.controlnet import mismatch
+from ..models.registry import get_spec
+from .controlnet import DeferredResiduals, controlled_call, defer_controlnet_calls, pipeline_controlnets
+from .lora import install_lora_methods
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def components_from_pipeline(pipe) -> Components:
         raise UsageError(f"{type(pipe).__name__} lacks {', '.join(missing)}: sdaccel accelerates {_SERVED}")
     sched_cfg = dict(pipe.scheduler.config) if getattr(pipe, "scheduler", None) is not None else {}
     base = get_spec(detect_arch(dict(pipe.unet.config), sched_cfg))  # inpainting and refiner UNets included
-    spec = _spec_from_modules(base, pipe.unet, pipe.vae, encoders, sched_cfg)
+    spec = spec_from_modules(base, pipe.unet, pipe.vae, encoders, sched_cfg)
     controlnets = pipeline_controlnets(pipe)
     for net in controlnets:
         problem = mismatch(net.config, spec)

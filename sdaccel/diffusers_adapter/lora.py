@@ -6,7 +6,7 @@ object only, `load_lora_weights`, `set_adapters`, `get_active_adapters`, `get_li
 `enable_lora`, `delete_adapters`, `unload_lora_weights`, `fuse_lora`, `unfuse_lora` and `enable_lora_hotswap` with
 methods that keep diffusers' bookkeeping (adapter names, "default_<n>", the last loaded adapter alone active,
 weights per adapter and per component) and merge base + sum(weight * delta) into the weights in place with
-sdaccel's LoRA machinery (lora.py): every change costs one merge and no recompilation or CUDA-graph recapture.
+sdaccel's LoRA machinery (models/lora.py): every change costs one merge and no recompilation or CUDA-graph recapture.
 peft is not needed. A LoRA is loaded from a .safetensors file, a folder, a Hub repository or a state dict; a local
 file is copied at load, so the adapter keeps its weights when the file is deleted or overwritten later.
 
@@ -25,27 +25,22 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import logging
 import math
 import numbers
 import os
-import shutil
-import tempfile
-import weakref
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
-from .errors import UsageError, first_line
-from .lora import LoraWeights, forget_lora, read_lora
+from ..errors import UsageError
+from ..models.lora import LoraWeights, read_lora
+from .lora_files import LoraFileStore, resolve_lora_file
 
 log = logging.getLogger(__name__)
 
 _COMPONENTS = ("unet", "text_encoder", "text_encoder_2")
-_WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # what diffusers' save_lora_weights writes
 _HUB_KWARGS = ("cache_dir", "force_download", "proxies", "local_files_only", "token", "revision")
 _IGNORED_LOAD_KWARGS = ("low_cpu_mem_usage",)  # no PEFT layers are made: nothing to initialize
 _DEPRECATED_FUSE_KWARGS = ("fuse_unet", "fuse_text_encoder", "fuse_transformer", "unfuse_unet", "unfuse_text_encoder",
@@ -77,10 +72,7 @@ class PipelineLoras:
         self.loadable = tuple(name for name in getattr(pipe, "_lora_loadable_modules", _COMPONENTS)
                               if modules.get(name) is not None)
         self.state = _State()
-        self._dir: Path | None = None  # files this object writes (state dicts, per-component parts)
-        self._owned: set[str] = set()
-        self._part_files: dict[tuple[str, str], str] = {}  # (file, component) -> that component's layers alone
-        self._count = 0
+        self.files = LoraFileStore(self.weights.unet_config)
 
     # ------------------------------------------------------------------------------------------------ merging
 
@@ -91,7 +83,7 @@ class PipelineLoras:
         if isinstance(weight, dict):
             per = {c: weight.get(c, 1.0) for c in state.parts[name]}
             if len(set(per.values())) > 1:
-                return {self._part_file(file, c): w * factor for c, w in per.items()}
+                return {self.files.part_file(file, c): w * factor for c, w in per.items()}
             weight = next(iter(per.values()), 1.0)
         return {file: weight * factor}
 
@@ -142,120 +134,9 @@ class PipelineLoras:
         rest = {k: v for k, v in cross.items() if k != "scale"}
         return {**kwargs, "cross_attention_kwargs": rest or None}
 
-    # ------------------------------------------------------------------------------------------------ files
-
-    def _new_file(self, stem: str) -> Path:
-        if self._dir is None:
-            self._dir = Path(tempfile.mkdtemp(prefix="sdaccel-lora-"))
-            weakref.finalize(self, shutil.rmtree, str(self._dir), True)
-        self._count += 1
-        path = self._dir / f"{self._count}-{stem}.safetensors"
-        self._owned.add(str(path))
-        return path
-
-    def _write_state_dict(self, state_dict: Mapping[str, Any]) -> str:
-        from safetensors.torch import save_file
-
-        tensors = {}
-        for key, value in state_dict.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                value = torch.tensor(float(value))  # a kohya alpha given as a number
-            if not isinstance(key, str) or not isinstance(value, torch.Tensor):
-                raise UsageError(f"LoRA state dict: {key!r} is not a tensor")
-            tensors[key] = value.detach().to("cpu").contiguous().clone()  # clone: no shared storage for safetensors
-        path = self._new_file("state_dict")
-        try:
-            save_file(tensors, str(path))
-        except Exception as exc:  # safetensors' refusals (dtype, names), OSError
-            self._forget({str(path)})
-            raise UsageError(f"LoRA state dict: cannot be written as safetensors ({first_line(exc)})") from None
-        return str(path)
-
-    def _keep(self, file: str) -> str:
-        """This object's own copy of a local LoRA file: an adapter keeps the weights it was loaded with, as in
-        diffusers, when the caller's file is deleted or overwritten afterwards (a training run saving to one path)."""
-        kept = self._new_file(Path(file).stem)
-        try:
-            shutil.copyfile(file, kept)
-        except OSError as exc:
-            self._forget({str(kept)})
-            raise UsageError(f"LoRA {file}: cannot be read ({exc.__class__.__name__})") from None
-        return str(kept)
-
-    def _part_file(self, file: str, component: str) -> str:
-        """A file with `file`'s layers of one component alone (diffusers names, the layers' alphas kept), so one
-        component can be merged at its own weight."""
-        from safetensors.torch import save_file
-
-        if (file, component) not in self._part_files:
-            tensors, alphas = {}, {}
-            for layer in read_lora(file, self.weights.unet_config):
-                if layer.component == component:
-                    tensors[f"{component}.{layer.module}.lora_A.weight"] = layer.down.contiguous()
-                    tensors[f"{component}.{layer.module}.lora_B.weight"] = layer.up.contiguous()
-                    alphas[layer.module] = layer.scale * layer.down.shape[0]
-            path = self._new_file(component)
-            save_file(tensors, str(path), metadata={
-                "lora_adapter_metadata": json.dumps({f"{component}.alpha_pattern": alphas})})
-            self._part_files[(file, component)] = str(path)
-        return self._part_files[(file, component)]
-
-    def _forget(self, files: set[str]) -> None:
-        """Delete the files this object wrote, among `files` and their per-component parts, that nothing in the
-        current state uses any more."""
+    def _files_in_use(self) -> set[str]:
         state = self.state
-        used = set(state.files.values()) | set(state.baked) | {f for c in (state.fused or {}).values() for f in c}
-        candidates = set(files) - used
-        for key in [k for k in self._part_files if k[0] in candidates]:
-            part = self._part_files.pop(key)
-            if part not in used:
-                candidates.add(part)
-        for file in candidates & self._owned:
-            self._owned.discard(file)
-            forget_lora(file)  # parsed once per file: a deleted one is never read again
-            Path(file).unlink(missing_ok=True)
-
-    def _resolve_file(self, source: str | os.PathLike, weight_name: str | None, subfolder: str | None,
-                      hub: dict[str, Any]) -> tuple[str, bool]:
-        """The .safetensors file a load_lora_weights argument names: a file, a folder (its weight_name, its
-        pytorch_lora_weights.safetensors or its single .safetensors file), or a Hub repository (diffusers' rules);
-        and whether it is in the Hub's cache."""
-        path, from_hub = Path(source), False
-        if path.is_file():
-            file = path
-        elif path.is_dir():
-            folder = path / subfolder if subfolder else path
-            if weight_name:
-                file = folder / weight_name
-                if not file.is_file():
-                    raise UsageError(f"LoRA {source}: no file {weight_name} in {folder}")
-            elif (folder / _WEIGHT_NAME).is_file():
-                file = folder / _WEIGHT_NAME
-            else:
-                found = [f for f in sorted(folder.glob("*.safetensors"))
-                         if not any(s in f.name for s in ("scheduler", "optimizer", "checkpoint"))]
-                if len(found) != 1:
-                    raise UsageError(f"LoRA {source}: {len(found) or 'no'} .safetensors files in {folder}"
-                                     f"{': pass weight_name=' if found else ''}")
-                file = found[0]
-        elif (str(source).endswith((".safetensors", ".bin", ".pt", ".ckpt")) or path.is_absolute()
-              or str(source).startswith((".", "~")) or str(source).count("/") != 1):
-            raise UsageError(f"LoRA {source}: no such file or folder")
-        else:  # "owner/name": diffusers finds the file on the Hub (or its cache) as its own loader would
-            from diffusers.loaders.lora_base import _best_guess_weight_name
-            from diffusers.utils import _get_model_file
-
-            try:
-                name = weight_name or _best_guess_weight_name(
-                    str(source), ".safetensors", local_files_only=bool(hub.get("local_files_only")))
-                file = Path(_get_model_file(str(source), weights_name=name or _WEIGHT_NAME, subfolder=subfolder,
-                                            **hub))
-                from_hub = True
-            except Exception as exc:  # the Hub's and diffusers' errors, many of them multi-line
-                raise UsageError(f"LoRA {source}: {first_line(exc)}") from None
-        if file.suffix != ".safetensors":
-            raise UsageError(f"LoRA {file}: sdaccel reads LoRA files in the .safetensors format")
-        return str(file), from_hub
+        return set(state.files.values()) | set(state.baked) | {f for c in (state.fused or {}).values() for f in c}
 
     def _components_of(self, file: str, source: str) -> tuple[str, ...]:
         """The components a LoRA file changes, after checking every layer against this model (a bad file raises
@@ -294,11 +175,11 @@ class PipelineLoras:
         hub = {k: v for k, v in kwargs.items() if k in _HUB_KWARGS}
         source = pretrained_model_name_or_path_or_dict
         if isinstance(source, Mapping):
-            file, label = self._write_state_dict(source), "state dict"
+            file, label = self.files.write_state_dict(source), "state dict"
         else:
-            (file, from_hub), label = self._resolve_file(source, weight_name, subfolder, hub), str(source)
+            (file, from_hub), label = resolve_lora_file(source, weight_name, subfolder, hub), str(source)
             if not from_hub:  # the Hub's cache never changes a file it holds
-                file = self._keep(file)
+                file = self.files.keep(file)
         try:
             parts = self._components_of(file, label)
             if hotswap:
@@ -315,10 +196,10 @@ class PipelineLoras:
                                           weights={**state.weights, adapter_name: 1.0})
             self._commit(new)
         except BaseException:
-            self._forget({file})
+            self.files.forget({file}, self._files_in_use())
             raise
         if hotswap:
-            self._forget({state.files[adapter_name]})
+            self.files.forget({state.files[adapter_name]}, self._files_in_use())
 
     def set_adapters(self, adapter_names: list[str] | str,
                      adapter_weights: float | dict | list[float] | list[dict] | None = None) -> None:
@@ -394,7 +275,7 @@ class PipelineLoras:
             active = (next(iter(files)),)
         self._change(files=files, active=active, parts={n: p for n, p in state.parts.items() if n in files},
                      weights={n: w for n, w in state.weights.items() if n in files})
-        self._forget({state.files[name] for name in names})
+        self.files.forget({state.files[name] for name in names}, self._files_in_use())
 
     def unload_lora_weights(self) -> None:
         """Remove every adapter: back to the base weights bit for bit, except LoRAs fused before, which stay in the
@@ -405,7 +286,7 @@ class PipelineLoras:
             for file, scale in contribution.items():
                 baked[file] = baked.get(file, 0.0) + scale
         self._commit(_State(baked=baked))
-        self._forget(set(state.files.values()))
+        self.files.forget(set(state.files.values()), self._files_in_use())
 
     def fuse_lora(self, components: list[str] | None = None, lora_scale: float = 1.0, safe_fusing: bool = False,
                   adapter_names: list[str] | None = None, **kwargs: Any) -> None:

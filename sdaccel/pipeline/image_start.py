@@ -7,7 +7,9 @@
 - the SDXL refiner: the base model's latents at `denoising_start`, continued without new noise.
 
 Each as the diffusers pipeline for that workload computes it, drawing from one CPU generator seeded with the seed in
-the same order, so on the CPU a seed gives diffusers' latents, and the same start on every device.
+the same order, so on the CPU a seed gives diffusers' latents, and the same start on every device. With per-image
+seeds (`seeds=`), image i draws from its own generator in that order: it starts where a call of its own with
+seeds[i] starts, whichever images share its call.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .engines.base import EncodeStage
-from .errors import UsageError
+from ..engines.base import EncodeStage
+from ..errors import UsageError
 from .request import Request
 
 # After step i (an index into the window), the latents with the known region put back: plain-UNet inpainting.
@@ -83,6 +85,30 @@ def initial_noise(spec, height: int, width: int, seed: int, batch: int = 1) -> t
                        dtype=torch.float32)
 
 
+class Draws:
+    """A call's random draws, on the CPU: from one generator seeded with the call's seed, or with per-image seeds
+    each image's share (one row of the batch) from its own generator."""
+
+    def __init__(self, seed: int, seeds: tuple[int, ...] | None = None):
+        self.generator = None if seeds else torch.Generator("cpu").manual_seed(seed)
+        self.generators = [torch.Generator("cpu").manual_seed(s) for s in seeds] if seeds else None
+
+    def randn(self, shape: tuple[int, ...]) -> torch.Tensor:
+        if self.generators is None:
+            return torch.randn(shape, generator=self.generator, dtype=torch.float32)
+        return torch.cat([torch.randn((1, *shape[1:]), generator=g, dtype=torch.float32) for g in self.generators])
+
+    def sample(self, moments: torch.Tensor, n: int) -> torch.Tensor:
+        """A sample of the VAE encoder's distribution for n images (one image's moments serve them all)."""
+        from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+
+        if self.generators is None:
+            latents = DiagonalGaussianDistribution(moments).sample(generator=self.generator)
+            return latents.expand(n, -1, -1, -1) if len(latents) == 1 else latents
+        moments = moments.expand(n, -1, -1, -1) if len(moments) == 1 else moments
+        return DiagonalGaussianDistribution(moments).sample(generator=self.generators)  # one row per generator
+
+
 class ImageEncoder:
     """Images through the engine's VAE encoder to scaled latents, sampled from the encoder's distribution. An engine
     without an encode stage (onnxruntime: the exported encoder draws its sample inside the graph, which a seed cannot
@@ -100,36 +126,33 @@ class ImageEncoder:
         if self.vae is None:
             raise UsageError(f"this needs the VAE encoder, which the {self.engine_name} engine does not run from an "
                              "ONNX pipeline folder: load the model the folder was built from instead")
-        from .models.components import vae_encode_fn
+        from ..models.components import vae_encode_fn
 
         weight = next(self.vae.parameters())
         return vae_encode_fn(self.vae)(image.to(weight.device, weight.dtype)).float().to(self.device)
 
-    def __call__(self, image: torch.Tensor, generator: torch.Generator, n: int) -> torch.Tensor:
-        from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
-
+    def __call__(self, image: torch.Tensor, draws: Draws, n: int) -> torch.Tensor:
         moments = self._moments(image)
         self.finite.append(torch.isfinite(moments).all())
-        latents = DiagonalGaussianDistribution(moments).sample(generator=generator) * self.scaling_factor
-        return latents.expand(n, -1, -1, -1) if len(latents) == 1 else latents
+        return draws.sample(moments, n) * self.scaling_factor
 
 
 def starting_point(spec, sched, request: Request, window: Window, encoder: ImageEncoder,
                    device: torch.device) -> Start:
     """The loop's starting latents (and an inpainting UNet's extra inputs or a plain UNet's blend) for `request`."""
-    n, generator = request.n, torch.Generator("cpu").manual_seed(request.seed)
+    n, draws = request.n, Draws(request.seed, request.seeds)
     timesteps = sched.timesteps[window.first:window.stop]
     if request.denoising_start is not None:  # the refiner continues the given state: no new noise
-        latents = request.latents if request.latents is not None else encoder(request.image, generator, n)
+        latents = request.latents if request.latents is not None else encoder(request.image, draws, n)
         return Start(latents.to(device, torch.float32))
-    if request.image is None:
-        noise = request.latents if request.latents is not None else initial_noise(
-            spec, request.height, request.width, request.seed, n)
+    if request.image is None:  # a fresh generator's first draw: initial_noise(seed)
+        noise = request.latents if request.latents is not None else draws.randn(
+            latent_shape(spec, request.height, request.width, n))
         return Start(noise.to(device, torch.float32) * sched.init_noise_sigma)
     first_t = timesteps[:1].repeat(n)
     if request.mask is None:  # img2img
-        encoded = encoder(request.image, generator, n)
-        noise = torch.randn(encoded.shape, generator=generator, dtype=torch.float32).to(device)
+        encoded = encoder(request.image, draws, n)
+        noise = draws.randn(encoded.shape).to(device)
         return Start(sched.add_noise(encoded, noise, first_t))
 
     # Inpainting. The model sees the mask binarized at 0.5 (diffusers' mask processor), at latent resolution.
@@ -138,14 +161,13 @@ def starting_point(spec, sched, request: Request, window: Window, encoder: Image
     from_noise = request.strength == 1.0  # diffusers: the masked region starts from pure noise
     image_latents = None
     if not spec.is_inpaint or not from_noise:
-        image_latents = encoder(request.image, generator, n)
-    noise = torch.randn(latent_shape(spec, request.height, request.width, n), generator=generator,
-                        dtype=torch.float32).to(device)
+        image_latents = encoder(request.image, draws, n)
+    noise = draws.randn(latent_shape(spec, request.height, request.width, n)).to(device)
     latents = noise * sched.init_noise_sigma if from_noise else sched.add_noise(image_latents, noise, first_t)
     latent_mask = F.interpolate(mask, size=(request.height // spec.vae_scale, request.width // spec.vae_scale))
     latent_mask = latent_mask.to(device).expand(n, -1, -1, -1)
     if spec.is_inpaint:
-        masked_latents = encoder(masked_image, generator, n)
+        masked_latents = encoder(masked_image, draws, n)
         return Start(latents, unet_extra=torch.cat([latent_mask, masked_latents], dim=1))
 
     known = _renoised(sched, image_latents, noise, timesteps)

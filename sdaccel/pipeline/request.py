@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
+from ..errors import UsageError
 from .control import Control, check_control_size, resolve_control
-from .errors import UsageError
 from .images import image_batch, mask_batch
 from .presets import get_preset
 
@@ -40,10 +40,14 @@ def validate_request(steps, height, width, batch_size: int = 1, guidance: float 
     if guidance is not None:
         if not _is_number(guidance) or not math.isfinite(guidance) or guidance < 0:
             raise UsageError(f"guidance must be a finite number >= 0, got {guidance!r}")
-    if not _is_integer(seed) or not 0 <= seed <= MAX_SEED:
-        raise UsageError(f"seed must be an integer from 0 to {MAX_SEED}, got {seed!r}")
+    validate_seed("seed", seed)
     if strength is not None and (not _is_number(strength) or not 0 < strength <= 1):
         raise UsageError(f"strength must be a number in (0, 1], got {strength!r}")
+
+
+def validate_seed(name: str, seed) -> None:
+    if not _is_integer(seed) or not 0 <= seed <= MAX_SEED:
+        raise UsageError(f"{name} must be an integer from 0 to {MAX_SEED}, got {seed!r}")
 
 
 def validate_fraction(name: str, value) -> None:
@@ -88,6 +92,7 @@ class Request:
     aesthetic_score: float
     negative_aesthetic_score: float
     control: Control | None = None  # the ControlNets' images, scales and spans; None: no ControlNet this call
+    seeds: tuple[int, ...] | None = None  # one per output image, each drawing its own noise; None: `seed` for all
 
     @property
     def n(self) -> int:
@@ -110,6 +115,7 @@ class Request:
         """What the output records (PNG parameters, benchmark rows) beyond the pipeline's own fields."""
         return dict(prompt=self.prompts[0], negative_prompt=self.negatives[0], steps=self.steps,
                     guidance=self.guidance, height=self.height, width=self.width, seed=self.seed,
+                    **({"seeds": list(self.seeds)} if self.seeds is not None else {}),
                     batch_size=self.n, preset=self.preset, workload=self.workload,
                     strength=self.strength if self.workload in ("img2img", "inpaint") else None,
                     denoising_start=self.denoising_start, denoising_end=self.denoising_end,
@@ -119,13 +125,14 @@ class Request:
 
 
 def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=None, height=None, width=None,
-                    batch_size: int = 1, seed: int = 0, scheduler=None, output: str = "pil", latents=None,
+                    batch_size: int = 1, seed: int | None = None, seeds=None, scheduler=None, output: str = "pil",
+                    latents=None,
                     timestep_spacing=None, prediction_type=None, preset=None, image=None, mask=None,
                     mask_blur: float = 0, strength=None, keep_unmasked: bool = False, denoising_start=None,
                     denoising_end=None, aesthetic_score=None, negative_aesthetic_score=None, controlnets: int = 0,
                     control_image=None, controlnet_scale=None, control_start=None, control_end=None) -> Request:
     """Check and complete one call's settings for a model `spec` (Pipeline.generate's arguments) with
-    `controlnets` ControlNets loaded beside it (control.py)."""
+    `controlnets` ControlNets loaded beside it (control.py). seed None: 0, or seeds[0] with per-image `seeds`."""
     if preset is not None:  # the preset fills what the call leaves unset
         given = dict(scheduler=scheduler, steps=steps, guidance=guidance, timestep_spacing=timestep_spacing,
                      prediction_type=prediction_type)
@@ -183,6 +190,16 @@ def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=
         width = control.images[0].shape[3] if width is None else width
     height = spec.height if height is None else height
     width = spec.width if width is None else width
+    if seeds is not None:
+        if seed is not None:
+            raise UsageError("give seed (the batch's) or seeds (one per image), not both")
+        if isinstance(seeds, (str, bytes)) or not hasattr(seeds, "__len__") or not len(seeds):
+            raise UsageError(f"seeds must be a list of integers, one per output image, got {seeds!r}")
+        seeds = tuple(seeds)
+        for one in seeds:
+            validate_seed("each of seeds", one)
+        seed = seeds[0]
+    seed = 0 if seed is None else seed
     validate_request(steps, height, width, batch_size, guidance, seed, strength)
     if output not in ("pil", "tensor", "latent"):
         raise UsageError(f"output must be pil, tensor or latent, got {output!r}")
@@ -196,6 +213,8 @@ def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=
         if given is not None and len(given) not in (1, len(prompts)):
             raise UsageError(f"{name}: {len(given)} {name}s for {len(prompts)} outputs (give one, or one per output)")
     check_control_size(control, height, width, len(prompts))
+    if seeds is not None and len(seeds) != len(prompts):
+        raise UsageError(f"seeds: {len(seeds)} seeds for {len(prompts)} output images (give one per image)")
     scores = []
     for name, value, default in (("aesthetic_score", aesthetic_score, AESTHETIC_SCORE),
                                  ("negative_aesthetic_score", negative_aesthetic_score, NEGATIVE_AESTHETIC_SCORE)):
@@ -209,7 +228,7 @@ def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=
                    prediction_type=prediction_type, preset=preset, output=output, latents=latents, image=init_image,
                    mask=init_mask, mask_blur=mask_blur, strength=strength, keep_unmasked=bool(keep_unmasked),
                    denoising_start=denoising_start, denoising_end=denoising_end, aesthetic_score=scores[0],
-                   negative_aesthetic_score=scores[1], control=control)
+                   negative_aesthetic_score=scores[1], control=control, seeds=seeds)
 
 
 def _as_list(value: str | list[str] | None, n: int, what: str) -> list[str]:

@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from . import cache
+from .. import cache
 
 
 def register(subparsers) -> None:

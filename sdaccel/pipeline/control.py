@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import UsageError
+from ..errors import UsageError
 from .images import image_batch
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import UsageError
+from ..errors import UsageError
 
 
 class InsufficientMemoryError(UsageError):

@@ -6,7 +6,7 @@ import inspect
 import re
 from typing import Any
 
-from .errors import UsageError
+from ..errors import UsageError
 
 # name -> (diffusers class, extra config). Names follow the usual UI spellings, normalised (see `canonical`).
 SCHEDULERS: dict[str, tuple[str, dict[str, Any]]] = {

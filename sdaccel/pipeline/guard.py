@@ -12,7 +12,9 @@ A flat or black image is only reported (DegenerateImageWarning; strict: Degenera
 The UNet's remedy goes through the engine (Engine.upcast_attention, Engine.drop_graphs): the guard knows no engine's
 internals.
 
-`GuardedPipeline(pipe)` (what sdaccel.load returns) runs every call through `run_guarded`.
+`GuardedPipeline(pipe)` (what sdaccel.load returns) runs every call through `run_guarded`; the remedies go through
+the pipeline's and the engine's own methods (Pipeline.encode_in_fp32, Engine.upcast_attention, remedies.fp32_decode
+on a copy of the VAE), never by reaching into them.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import OutputCheckError
-from .remedies import fp32_decode, fp32_encoder, to_uint8
+from .remedies import fp32_decode, to_uint8
 
 # A uint8 image is "flat" when every channel's standard deviation over its pixels is below this...
 FLAT_STD = 1.0
@@ -173,7 +175,7 @@ def run_guarded(pipe, *args, strict: bool = False, generate=None, **kwargs):
     """pipe(*args, **kwargs), checked once at the end and repaired when it came out non-finite.
 
     Steps: generate -> inspect (one sync) -> if an init image's latents are non-finite, encode in fp32 from now on
-    (remedies.fp32_encoder) and generate again -> if the latents are non-finite, switch the UNet to fp32 attention
+    (Pipeline.encode_in_fp32) and generate again -> if the latents are non-finite, switch the UNet to fp32 attention
     (pipe.engine.upcast_attention, then drop_graphs) and generate again from the same seed -> if the decoded image
     is non-finite, decode the same latents with an fp32 VAE (fp32_decode) -> flag a black/flat image. Returns the GenerationResult with
     `result.guard` (a GuardReport) set. strict=True: raise NonFiniteOutputError / DegenerateImageError instead
@@ -191,7 +193,7 @@ def run_guarded(pipe, *args, strict: bool = False, generate=None, **kwargs):
         if strict:
             raise NonFiniteOutputError(f"non-finite latents from the VAE encoder ({where}); strict mode: no fp32 "
                                        "fallback")
-        if not fp32_encoder(pipe):
+        if not pipe.encode_in_fp32():
             raise NonFiniteOutputError(f"non-finite latents from the VAE encoder ({where}), and there is no torch "
                                        "VAE to encode with in fp32")
         warnings.warn(f"non-finite latents from the VAE encoder ({where}): encoding in fp32 (kept for later calls) "
@@ -250,12 +252,12 @@ def run_guarded(pipe, *args, strict: bool = False, generate=None, **kwargs):
 
 class GuardedPipeline:
     """A Pipeline whose calls go through run_guarded: checked once at the end, repaired when non-finite. Everything
-    else (generate, engine, components, refresh_weights, ...) is the wrapped pipeline's. Its checks are queued
-    behind the pipeline's decode (Pipeline.output_checks)."""
+    else (generate, engine, components, refresh_weights, ...) is the wrapped pipeline's. The guard changes nothing
+    of the pipeline it wraps: built with `output_checks=output_checks` (as sdaccel.load builds it), the pipeline
+    queues the checks behind its decode; otherwise they run after the call, each waiting on its own launch."""
 
     def __init__(self, pipeline):
         self.pipeline = pipeline
-        pipeline.output_checks = output_checks
 
     def __call__(self, prompt, negative_prompt=None, *, guard: bool = True, strict: bool = False, **kwargs):
         """Generate (keyword arguments as in Pipeline.generate), then check the output once for NaN/Inf and black

@@ -3,21 +3,20 @@ refiner), its PNGs written with every setting in their parameters, never over an
 
 from __future__ import annotations
 
-from pathlib import Path
 
-from .cli import ENGINE_NAMES, EXIT_CODES, EXIT_OUTPUT_CHECK, _add_model_args, engine_options, status
-from .errors import SdaccelError
+from ..errors import SdaccelError
+from .common import ENGINE_NAMES, EXIT_CODES, EXIT_OUTPUT_CHECK, add_model_args, engine_options, status
 
 
 def register(sub) -> None:
-    from .presets import PRESETS
-    from .schedulers import PREDICTION_TYPES, SCHEDULERS, TIMESTEP_SPACINGS
+    from ..models.schedulers import PREDICTION_TYPES, SCHEDULERS, TIMESTEP_SPACINGS
+    from ..pipeline.presets import PRESETS
 
     gen = sub.add_parser("generate", help="text to image, PNGs with their parameters embedded",
                          description="Generate images from a prompt and write them as PNGs whose 'parameters' "
                                      "text holds every setting (the format image tools read).", epilog=EXIT_CODES)
     gen.add_argument("prompt", help="what to draw")
-    _add_model_args(gen)
+    add_model_args(gen)
     gen.add_argument("--engine", metavar="|".join(ENGINE_NAMES),
                      help="what runs the model (default: eager; onnxruntime for an ONNX pipeline folder); "
                           "`sdaccel engines` describes them, `sdaccel info` says which run here")
@@ -95,102 +94,17 @@ def register(sub) -> None:
     gen.set_defaults(func=cmd_generate)
 
 
-def png_parameters(params: dict, index: int) -> str:
-    """The 'parameters' text chunk in the format image tools (A1111, ComfyUI importers) read."""
-    lines = [params["prompt"]]
-    if params.get("negative_prompt"):
-        lines.append(f"Negative prompt: {params['negative_prompt']}")
-    lines.append(
-        f"Steps: {params['steps']}, Sampler: {params['scheduler']}, CFG scale: {params['guidance']}, "
-        f"Seed: {params['seed']}, Size: {params['width']}x{params['height']}, Model: {params['model']}, "
-        f"Batch index: {index}, Engine: {params['engine']}, Dtype: {params['dtype']}, "
-        f"Timestep spacing: {params['timestep_spacing']}, Prediction type: {params['prediction_type']}, "
-        + (f"Preset: {params['preset']}, " if params.get("preset") else "")
-        + (f"Denoising strength: {params['strength']}, " if params.get("strength") is not None else "")
-        + (f"Workload: {params['workload']}, " if params.get("workload", "txt2img") != "txt2img" else "")
-        + (f"Mask blur: {params['mask_blur']}, " if params.get("mask_blur") else "")
-        + (f"Keep unmasked: {params['keep_unmasked']}, " if params.get("keep_unmasked") else "")
-        + (f"Refiner start: {params['refiner_start']}, " if params.get("refiner_start") is not None else "")
-        + (f"Aesthetic score: {params['aesthetic_score']}, " if params.get("aesthetic_score") is not None else "")
-        + ("ControlNets: " + " ".join(f"{Path(net).name}:{scale}" for net, scale in zip(
-            params["controlnets"], params["controlnet_scale"])) + ", " if params.get("controlnets") else "")
-        + ("LoRAs: " + " ".join(f"{Path(k).name}:{v}" for k, v in params["loras"].items()) + ", "
-           if params.get("loras") else "")
-        + "Generator: sdaccel"
-    )
-    return "\n".join(lines)
-
-
-def image_names(out_dir: Path, stem: str, seed: int, count: int, attempt: int) -> list[Path]:
-    """The names of one call's images: `{stem}-{seed}-{i:02d}.png`, and for a later run whose names are taken,
-    the same with `-{attempt}` (2, 3, ...)."""
-    suffix = "" if attempt == 1 else f"-{attempt}"
-    return [out_dir / f"{stem}-{seed}-{i:02d}{suffix}.png" for i in range(count)]
-
-
-def save_images(result, out_dir: Path, stem: str = "image", overwrite: bool = False) -> list[Path]:
-    """Write the images as PNGs with their parameters, each complete under a temporary name before it gets its own.
-    Without `overwrite` no existing file is replaced: a taken name moves the whole call to the next free names, and
-    the final step is a hard link, which fails rather than replace a file another run wrote meanwhile."""
-    import glob
-    import os
-
-    from PIL.PngImagePlugin import PngInfo
-
-    from .atomic import atomic_path, fsync_file, remove_stale_temps, temp_path
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out_dir, f".{glob.escape(stem)}-*.part")  # what killed runs left
-    seed, count = result.params["seed"], len(result.images)
-    attempt = 1
-    while not overwrite and any(p.exists() for p in image_names(out_dir, stem, seed, count, attempt)):
-        attempt += 1
-    written = []
-    for i, image in enumerate(result.images):
-        meta = PngInfo()
-        meta.add_text("parameters", png_parameters(result.params, i))
-        path = image_names(out_dir, stem, seed, count, attempt)[i]
-        if overwrite:
-            with atomic_path(path) as tmp:  # never a half-written PNG under the final name
-                image.save(tmp, format="PNG", pnginfo=meta)
-            written.append(path)
-            continue
-        tmp = temp_path(path, "part")
-        try:
-            image.save(tmp, format="PNG", pnginfo=meta)
-            fsync_file(tmp)
-            while True:
-                try:
-                    os.link(tmp, path)
-                    break
-                except FileExistsError:
-                    attempt += 1
-                    path = image_names(out_dir, stem, seed, count, attempt)[i]
-                except OSError:  # a file system without hard links: the check above, then a rename
-                    os.replace(tmp, path)
-                    break
-        except OSError as exc:
-            if exc.filename is None:  # a full disk names no file: name the image being written
-                exc.filename = os.fspath(path)
-            raise
-        finally:
-            if tmp.exists():
-                tmp.unlink()
-        written.append(path)
-    return written
-
-
 def cmd_generate(args) -> int:
-    import sdaccel
-    from .device import resolve_device
-    from .engines import get_engine
-    from .models import is_onnx_pipeline_folder
-    from .models.registry import default_model
-    from .output_paths import prepare_output_folder
-    from .images import image_batch, mask_batch
-    from .presets import get_preset
-    from .request import validate_fraction, validate_request
-    from .schedulers import canonical
+    from ..device import resolve_device
+    from ..engines import get_engine
+    from ..models import is_onnx_pipeline_folder
+    from ..models.registry import default_model
+    from ..models.schedulers import canonical
+    from ..outputs import prepare_output_folder, save_images
+    from ..pipeline.images import image_batch, mask_batch
+    from ..pipeline.load import load
+    from ..pipeline.presets import get_preset
+    from ..pipeline.request import validate_fraction, validate_request
 
     # Everything checkable without a model is checked before loading one, the output folder included.
     validate_request(1 if args.steps is None else args.steps, args.height, args.width, args.batch, args.guidance,
@@ -234,9 +148,8 @@ def cmd_generate(args) -> int:
     first_start = "" if onnx_folder or options.get("folder") else engine_object.first_start
     status(f"loading {model} on the {engine} engine ({device})"
            + (f"; with caches still empty, the engine {first_start}" if first_start else ""))
-    pipe = sdaccel.load(model, engine=engine_object, dtype=args.dtype, device=device, arch=args.arch, seed=args.seed,
-                        refiner=args.refiner, refiner_start=args.refiner_start,
-                        controlnet=args.controlnet or None)
+    pipe = load(model, engine=engine_object, dtype=args.dtype, device=device, arch=args.arch, seed=args.seed,
+                refiner=args.refiner, refiner_start=args.refiner_start, controlnet=args.controlnet or None)
     first = pipe.base if args.refiner else pipe
     if loras:
         first.set_loras(loras)  # a refiner keeps its own weights: LoRAs are made for one architecture
@@ -273,7 +186,7 @@ def cmd_generate(args) -> int:
 def control_settings(args) -> dict:
     """The ControlNet flags as Pipeline.generate's arguments, every control image read and every value checked
     now (before the model loads)."""
-    from .control import resolve_control
+    from ..pipeline.control import resolve_control
 
     nets = len(args.controlnet)
     if not nets:
@@ -299,7 +212,7 @@ def control_settings(args) -> dict:
 
 def parse_loras(items: list[str]) -> dict[str, float]:
     """`--lora FILE[:SCALE]` values as {file: scale}, each file read and checked now (before the model loads)."""
-    from .lora import read_lora
+    from ..models.lora import read_lora
 
     loras = {}
     for item in items:

@@ -14,8 +14,8 @@ import re
 import signal
 import sys
 
-from ..cli import ENGINE_NAMES, EXIT_CODES, engine_options, status
 from ..errors import SdaccelError
+from .common import ENGINE_NAMES, EXIT_CODES, engine_options, status
 
 API_KEY_ENV = "SDACCEL_API_KEY"
 
@@ -152,14 +152,14 @@ def cmd_serve(args) -> int:
     try:
         import uvicorn
 
-        from .app import create_app
-        from .metrics import Metrics
+        from ..serve.app import create_app
+        from ..serve.metrics import Metrics
     except ModuleNotFoundError as exc:
         raise SdaccelError(f"sdaccel serve needs {exc.name}: pip install 'sdaccel[serve]'") from None
     from ..device import resolve_device
     from ..models.registry import default_model
-    from .worker import Worker
-    from .workers import ProcessWorkers
+    from ..serve.worker import Worker
+    from ..serve.workers import ProcessWorkers
 
     # With worker processes the front never touches CUDA: their device type is known from the flag.
     device = resolve_device(args.device) if devices is None else None
@@ -203,8 +203,9 @@ def _serve_on_ray(args, models: dict[str, str], engine: str, options: dict, devi
     if args.replicas < 1:
         raise SdaccelError(f"--replicas must be >= 1, got {args.replicas}")
     try:
-        from .ray_app import ReplicaSettings, run
         import ray.serve  # noqa: F401
+
+        from ..serve.ray_app import ReplicaSettings, run
     except ModuleNotFoundError as exc:
         raise SdaccelError(f"--ray needs {exc.name}: pip install 'ray[serve]'") from None
     gpus = args.gpus_per_replica if args.gpus_per_replica is not None else (1.0 if device.type == "cuda" else 0.0)

@@ -49,15 +49,3 @@ def fp32_decode(components: Components, latents: torch.Tensor, in_place: bool = 
     half = nn.Module()
     half.decoder, half.post_quant_conv = decoder, post_quant
     return vae_decode_fn(half)(z).float()
-
-
-def fp32_encoder(pipe) -> bool:
-    """Make `pipe` encode init images with an fp32 copy of its VAE encoder from now on (its VAE's own dtype stays).
-    False when there is no torch VAE (a model loaded from an ONNX pipeline folder)."""
-    from ..engines.fp32_encoder import Fp32Encoder, fp32_encode_stage
-
-    vae = pipe.components.vae
-    if vae is None:
-        return False
-    pipe.stages.encode = fp32_encode_stage(Fp32Encoder(vae))
-    return True

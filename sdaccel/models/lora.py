@@ -25,7 +25,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from .errors import UsageError
+from ..errors import UsageError
 
 _KOHYA_PREFIXES = {"lora_unet_": "unet", "lora_te_": "text_encoder", "lora_te1_": "text_encoder",
                    "lora_te2_": "text_encoder_2"}

@@ -7,32 +7,33 @@ through the stages' per-image steps (Stages.unet_steps: an engine may compute wh
 is one batched call (uncond + cond; a UNet stage that shares the halves' common prefix takes the latents
 once), and the only synchronisation is fetching the finished images.
 
-A Pipeline computes; it does not judge its output. `sdaccel.load()` wraps it in the output guard (quality/guard.py),
-which hands the pipeline its device-side checks to queue behind the decode (`output_checks`) and repairs a
-non-finite result through the engine.
+A Pipeline computes; it does not judge its output. `sdaccel.load()` builds it with the output guard's device-side
+checks to queue behind the decode (`output_checks`, guard.py) and wraps it in the guard, which reads them and repairs
+a non-finite result through the pipeline's and the engine's methods (encode_in_fp32, Engine.upcast_attention).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
+from ..device import dtype_name, resolve_device, resolve_dtype
+from ..engines import Engine, get_engine
+from ..engines.fp32_encoder import Fp32Encoder, fp32_encode_stage
+from ..errors import UsageError
+from ..models.components import Components
+from ..models.lora import LoraWeights
+from ..models.schedulers import canonical, make_scheduler
 from .control import Control
-from .device import dtype_name, resolve_device, resolve_dtype
-from .engines import Engine, get_engine
-from .errors import UsageError
-from .image_start import ImageEncoder, Start, Window, initial_noise, latent_shape, paste_unmasked, \
-    schedule_window, starting_point
-from .lora import LoraWeights
+from .image_start import (ImageEncoder, Start, Window, initial_noise, latent_shape, paste_unmasked, schedule_window,
+                          starting_point)
 from .memory_estimate import check_fits
-from .models.components import Components
-from .models.onnx_folder import text_encoder_names
-from .request import AESTHETIC_SCORE, MAX_SEED, MAX_SIDE, MAX_STEPS, NEGATIVE_AESTHETIC_SCORE, Request, \
-    resolve_request, validate_request
-from .schedulers import canonical, make_scheduler
+from .request import (AESTHETIC_SCORE, MAX_SEED, MAX_SIDE, MAX_STEPS, NEGATIVE_AESTHETIC_SCORE, Request,
+                      resolve_request, validate_request)
 from .timing import StageTimer, StageTimings
 
 __all__ = ["Pipeline", "GenerationResult", "Conditioning", "initial_noise", "latent_shape", "validate_request",
@@ -53,7 +54,7 @@ class GenerationResult:
     params: dict[str, Any] = field(default_factory=dict)
     decoded_finite: torch.Tensor | None = None  # device-side "decoder output had no NaN/Inf" flag
     checks: torch.Tensor | None = None  # Pipeline.output_checks' flags, queued on the device behind the decode
-    guard: Any = None  # the output guard's verdict (quality.guard.GuardReport) when the call was guarded
+    guard: Any = None  # the output guard's verdict (pipeline.guard.GuardReport) when the call was guarded
     encoded_finite: torch.Tensor | None = None  # device-side "VAE encoder output finite" flag; None: no image
 
 
@@ -90,10 +91,11 @@ class Pipeline:
             raise UsageError("fp16 needs a GPU; use fp32 or bf16 on the CPU")
         self.engine = get_engine(engine, self.device, **engine_options)
         # Before the engine fuses anything: LoRA layers are found by their original names.
-        self.lora_weights = LoraWeights({"unet": components.unet, **dict(zip(text_encoder_names(self.spec),
-                                                                             components.text_encoders))})
+        self.lora_weights = LoraWeights({"unet": components.unet,
+                                         **dict(zip(self.spec.text_encoder_names, components.text_encoders))})
         self.stages = self.engine.prepare(components, self.dtype, self.device)
         self.output_checks = output_checks
+        self._fp32_encoder: Fp32Encoder | None = None  # set by encode_in_fp32
         self._schedulers: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------------------------ pieces
@@ -101,16 +103,30 @@ class Pipeline:
     def set_loras(self, loras: dict[str, float]) -> dict[str, int]:
         """Merge exactly these LoRA files ({path: scale}) into the weights, replacing the ones set before; {}
         returns to the base weights, bit for bit. The engine's graphs and compiled code read the new weights
-        without being captured or compiled again (lora.py). A bad file or scale raises and changes nothing."""
+        without being captured or compiled again (models/lora.py). A bad file or scale raises and changes nothing."""
         if not self.engine.reads_module_weights:
             self.engine.refresh_weights(self.components)  # says why this engine cannot take new weights
         counts = self.lora_weights.apply(loras)
         counts.update(self.engine.refresh_weights(self.components))
-        return counts
+        return self._refreshed(counts)
 
     def refresh_weights(self) -> dict[str, int]:
         """Call after changing the model's weights (e.g. fusing a LoRA into them) so every engine uses them."""
-        return self.engine.refresh_weights(self.components)
+        return self._refreshed(self.engine.refresh_weights(self.components))
+
+    def _refreshed(self, counts: dict[str, int]) -> dict[str, int]:
+        if self._fp32_encoder is not None:
+            counts["fp32_encoder"] = self._fp32_encoder.refresh()
+        return counts
+
+    def encode_in_fp32(self) -> bool:
+        """Encode init images with an fp32 copy of the VAE encoder from now on (the VAE keeps its dtype): the output
+        guard's remedy for an encoder that overflowed. False when there is no torch VAE (an ONNX pipeline folder)."""
+        if self.components.vae is None:
+            return False
+        self._fp32_encoder = Fp32Encoder(self.components.vae)
+        self.stages = dataclasses.replace(self.stages, encode=fp32_encode_stage(self._fp32_encoder))
+        return True
 
     def scheduler(self, name: str | None = None, timestep_spacing: str | None = None,
                   prediction_type: str | None = None):
@@ -160,7 +176,8 @@ class Pipeline:
     @torch.inference_mode()
     def generate(self, prompt: str | list[str], negative_prompt: str | list[str] | None = None, *,
                  steps: int | None = None, guidance: float | None = None, height: int | None = None,
-                 width: int | None = None, batch_size: int = 1, seed: int = 0, scheduler: str | None = None,
+                 width: int | None = None, batch_size: int = 1, seed: int | None = None,
+                 seeds: list[int] | None = None, scheduler: str | None = None,
                  output: str = "pil", callback: StepCallback | None = None, progress: bool = False,
                  latents: torch.Tensor | None = None, timestep_spacing: str | None = None,
                  prediction_type: str | None = None, preset: str | None = None, image=None, mask=None,
@@ -171,6 +188,9 @@ class Pipeline:
                  control_start: float | list[float] | None = None,
                  control_end: float | list[float] | None = None) -> GenerationResult:
         """Text to image, and with `image` (PIL image(s) or a tensor, sides multiples of 8):
+        seed (default 0) draws the batch's noise from one generator, as diffusers does; seeds (one per output image,
+        instead of seed) draws each image's from its own, so image i is the image a call of its own with seeds[i]
+        gives (samplers that draw noise at every step, like euler_a, still share one generator, seeded seeds[0]).
         - image to image: the image through the VAE encoder, noised to the step `strength` of the way
           (0 < strength <= 1, default 0.8), denoised from there (steps * strength UNet steps);
         - with `mask` (white: repaint), inpainting: a 9-channel inpainting model takes the mask and the masked
@@ -188,7 +208,7 @@ class Pipeline:
         spec = self.spec
         request = resolve_request(
             spec, prompt, negative_prompt, steps=steps, guidance=guidance, height=height, width=width,
-            batch_size=batch_size, seed=seed, scheduler=scheduler, output=output, latents=latents,
+            batch_size=batch_size, seed=seed, seeds=seeds, scheduler=scheduler, output=output, latents=latents,
             timestep_spacing=timestep_spacing, prediction_type=prediction_type, preset=preset, image=image,
             mask=mask, mask_blur=mask_blur, strength=strength, keep_unmasked=keep_unmasked,
             denoising_start=denoising_start, denoising_end=denoising_end, aesthetic_score=aesthetic_score,
@@ -200,7 +220,8 @@ class Pipeline:
         check_fits(spec, request.height, request.width, n, self.dtype, cfg, self.device)
         sched_name = canonical(request.scheduler or spec.default_scheduler)
         sched = self.scheduler(sched_name, request.timestep_spacing, request.prediction_type)
-        step_gen = torch.Generator(self.device).manual_seed(seed + 1)  # ancestral samplers' per-step noise
+        # Ancestral samplers' per-step noise: one generator for the batch (its images depend on which share it).
+        step_gen = torch.Generator(self.device).manual_seed(request.seed + 1)
 
         timer = StageTimer(self.device)
         with timer.stage("text"):

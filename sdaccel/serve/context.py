@@ -1,0 +1,104 @@
+"""What every route of `sdaccel serve` shares: the served worker and settings (Served, on app.state.served), and the
+steps each generation handler takes: the model's name, the server's limits, the seed, and awaiting its jobs while
+watching its client."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from ..pipeline.request import MAX_SEED
+from .jobs import Job, JobResult
+from .middleware import ApiError, ClientGone
+from .schemas import Limits
+from .worker_api import WorkerBase
+
+POLL_S = 0.2  # how often a waiting handler checks that its client is still there
+
+
+@dataclass
+class Served:
+    """The app's worker and settings, read by every route."""
+
+    worker: WorkerBase
+    limits: Limits
+    request_timeout_s: float
+    checkpoint: str  # A1111's sd_model_checkpoint: txt2img's default model (set by POST /sdapi/v1/options)
+
+    def model_name(self, name: str | None) -> str:
+        """A request's model: a served one's name (404 otherwise), or the first served one."""
+        if name is None or name == "":
+            return next(iter(self.worker.models))
+        if name not in self.worker.models:
+            raise ApiError(404, f"unknown model {name!r}; served: {', '.join(self.worker.models)}", "not_found_error")
+        return name
+
+    async def run(self, request: Request, jobs: list[Job]) -> list[JobResult]:
+        """The jobs' results, each job given the request's deadline; the jobs' errors raised."""
+        deadline = time.monotonic() + self.request_timeout_s
+        for job in jobs:
+            job.deadline = deadline
+        results = await await_jobs(request, self.worker, jobs)
+        request.state.images = sum(len(r.images) for r in results)  # for the request's log line
+        return results
+
+
+def served(request: Request) -> Served:
+    return request.app.state.served
+
+
+async def await_jobs(request: Request, worker: WorkerBase, jobs: list[Job]) -> list[JobResult]:
+    """Submit `jobs` and wait for all of them, cancelling them all when one fails or the client goes away. The
+    asyncio wrappers are never cancelled: that would cancel the worker's futures under it."""
+    futures = []
+    try:
+        for job in jobs:
+            futures.append(asyncio.wrap_future(worker.submit(job)))
+    except BaseException:
+        for job in jobs:
+            job.cancel()
+        raise
+    for future in futures:  # a dropped job's error is read here, not reported as "never retrieved"
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+    pending = set(futures)
+    while pending:
+        done, pending = await asyncio.wait(pending, timeout=POLL_S, return_when=asyncio.FIRST_EXCEPTION)
+        failed = [f for f in done if f.exception() is not None]
+        if failed:
+            for job in jobs:
+                job.cancel()
+            raise failed[0].exception()
+        if pending and await request.is_disconnected():
+            for job in jobs:
+                job.cancel()
+            raise ClientGone()
+    return [f.result() for f in futures]
+
+
+def check_limits(limits: Limits, prompt: str, negative: str, n: int, steps: int | None, width: int | None,
+                 height: int | None) -> None:
+    """The request against the server's limits, before anything is queued (the worker's submit checks the rest:
+    ranges, names, seeds)."""
+    for name, text in (("prompt", prompt), ("negative_prompt", negative)):
+        if len(text) > limits.max_prompt_chars:
+            raise ApiError(400, f"{name} is {len(text)} characters; the limit is {limits.max_prompt_chars}")
+    if not 1 <= n <= limits.max_n:
+        raise ApiError(400, f"n must be from 1 to {limits.max_n} images per request, got {n}")
+    if steps is not None and steps > limits.max_steps:
+        raise ApiError(400, f"steps must be at most {limits.max_steps}, got {steps}")
+    for name, side in (("width", width), ("height", height)):
+        if side is not None and side > limits.max_side:
+            raise ApiError(400, f"{name} must be at most {limits.max_side} pixels, got {side}")
+
+
+def request_seed(seed: int | None) -> int:
+    """The request's seed, or a random one (as OpenAI's API and A1111's -1 draw one per request)."""
+    if seed is None:
+        return random.SystemRandom().randrange(2**32)
+    if not 0 <= seed <= MAX_SEED:
+        raise ApiError(400, f"seed must be from 0 to {MAX_SEED}, got {seed}")
+    return seed

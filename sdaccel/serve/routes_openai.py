@@ -1,0 +1,46 @@
+"""OpenAI's images API: POST /v1/images/generations (the openai client's images.generate), with sdaccel's settings
+(steps, seed, scheduler, ...) at the top level of the body (the client's extra_body). Images come back inline only
+(b64_json), each PNG's 'parameters' naming its own seed."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from fastapi import APIRouter, Request
+
+from .context import check_limits, request_seed, served
+from .encoding import b64, encoded, json_answer
+from .jobs import Job
+from .middleware import ApiError
+from .schemas import OpenAIImageRequest
+
+router = APIRouter()
+
+
+@router.post("/v1/images/generations")
+async def generations(body: OpenAIImageRequest, request: Request):
+    s = served(request)
+    if body.response_format not in (None, "b64_json"):
+        raise ApiError(400, f"response_format {body.response_format!r} is not supported: this server returns "
+                            f"images inline only, use response_format='b64_json'")
+    width, height = _size(body.size)
+    check_limits(s.limits, body.prompt, body.negative_prompt, body.n, body.steps, width, height)
+    job = Job(model=s.model_name(body.model), prompt=body.prompt, negative_prompt=body.negative_prompt, n=body.n,
+              seed=request_seed(body.seed), settings=dict(steps=body.steps, guidance=body.guidance, height=height,
+                                                          width=width, scheduler=body.scheduler))
+    (result,) = await s.run(request, [job])
+    return await json_answer(lambda: {
+        "created": int(time.time()), "output_format": body.output_format,
+        "data": [{"b64_json": b64(p), "revised_prompt": body.prompt}
+                 for p in encoded(result, body.output_format, body.output_compression)]})
+
+
+def _size(size: str | None) -> tuple[int | None, int | None]:
+    """OpenAI's size "WxH" as (width, height); None or "auto": the model's own."""
+    if size is None or size == "auto":
+        return None, None
+    match = re.fullmatch(r"\s*(\d{1,5})\s*[xX]\s*(\d{1,5})\s*", size)
+    if not match:
+        raise ApiError(400, f"size must be 'WIDTHxHEIGHT' (e.g. '512x512') or 'auto', got {size!r}")
+    return int(match.group(1)), int(match.group(2))

@@ -1,0 +1,158 @@
+"""What the HTTP app uses of a worker: WorkerBase, the one interface of the in-process Worker (worker.py) and the
+pool of worker processes (workers.py), with what both share: their settings' checks, a job's cheap checks before it
+is queued, Retry-After's moving average, and the events sink (WorkerEvents) each takes at construction.
+
+A job's checks here are the cheap ones, made on the caller's thread (the HTTP layer's event loop): the model's name,
+types and ranges, sizes, scheduler, spacing and preset names, and the seeds its images take. Everything else (an init
+image's conversion, a mask's blur, the checks against the model) is the pipeline's, on the worker's thread, in the
+one resolution of the request that its call makes (sdaccel.pipeline.request.resolve_request): a bad setting found
+there fails the job's future with its UsageError, which the HTTP layer answers 400 as it answers one found here.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from concurrent.futures import Future
+from typing import Any, Mapping
+
+from ..errors import UsageError
+from ..models.schedulers import TIMESTEP_SPACINGS, canonical
+from ..pipeline.presets import get_preset
+from ..pipeline.request import MAX_SEED, validate_request
+from .jobs import SETTINGS, Job, QueueFullError
+
+
+class WorkerEvents:
+    """What a worker reports as it runs (metrics.py implements it); every method is optional."""
+
+    def batch_done(self, model: str, jobs: int, images: int, seconds: float, timings: dict[str, float]) -> None: ...
+
+    def job_dropped(self, reason: str) -> None: ...  # "deadline", "cancelled"
+
+    def job_failed(self, model: str, error: BaseException) -> None: ...
+
+
+def check_settings(models: Mapping[str, str], max_batch: int, max_queue: int, batch_window_ms: float) -> None:
+    """A worker's (or worker pool's) settings, refused with a UsageError before anything loads."""
+    if not models:
+        raise UsageError("no model to serve")
+    if max_batch < 1 or max_queue < 1 or batch_window_ms < 0:
+        raise UsageError("max_batch and max_queue must be >= 1 and batch_window_ms >= 0")
+
+
+def output_size(spec, settings: Mapping[str, Any]) -> tuple[int, int]:
+    """(height, width) a job's settings ask of a model: theirs, else the model's default."""
+    return settings.get("height") or spec.height, settings.get("width") or spec.width
+
+
+def job_seeds(job: Job) -> list[int]:
+    """The seeds of a job's images, as A1111 numbers them: seed, seed + 1, ..., each image's noise its own."""
+    return list(range(job.seed, job.seed + job.n))
+
+
+def check_job(job: Job, models: Mapping[str, Any]) -> None:
+    """UsageError for a job no call could run, found without the model or its images: nothing here decodes,
+    converts or tokenizes (the pipeline's call resolves the rest)."""
+    if job.model not in models:
+        raise UsageError(f"unknown model {job.model!r}; served: {', '.join(models)}")
+    for name in ("prompt", "negative_prompt"):
+        if not isinstance(getattr(job, name), str):
+            raise UsageError(f"{name} must be a string, got {type(getattr(job, name)).__name__}")
+    unknown = sorted(set(job.settings) - set(SETTINGS))
+    if unknown:
+        raise UsageError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(SETTINGS)}")
+    s = job.settings
+    steps = s.get("steps")
+    validate_request(1 if steps is None else steps, s.get("height"), s.get("width"), job.n, s.get("guidance"),
+                     job.seed, s.get("strength"))
+    if job.seed + job.n - 1 > MAX_SEED:  # its images take seed .. seed + n - 1
+        raise UsageError(f"seed must be from 0 to {MAX_SEED - job.n + 1} for {job.n} images, got {job.seed}")
+    if s.get("scheduler") is not None:
+        canonical(s["scheduler"])
+    spacing = s.get("timestep_spacing")
+    if spacing is not None and spacing not in TIMESTEP_SPACINGS:
+        raise UsageError(f"timestep_spacing must be one of {', '.join(TIMESTEP_SPACINGS)}, got {spacing!r}")
+    if s.get("preset") is not None:
+        get_preset(s["preset"])
+
+
+class WorkerBase(ABC):
+    """Models behind a bounded queue: what the HTTP app, the metrics and `sdaccel serve` use of a worker.
+
+    `models`: {name: model reference}; `events`: where it reports its calls, drops and failures (a Metrics, or
+    the silent WorkerEvents), fixed at construction. `progress.snapshot()`: the call running now ({} when idle)."""
+
+    progress: Any
+
+    def __init__(self, models: Mapping[str, str], *, max_batch: int, batch_window_ms: float, max_queue: int,
+                 events: WorkerEvents | None):
+        check_settings(models, max_batch, max_queue, batch_window_ms)
+        self.models = dict(models)
+        self.max_batch, self.window_s, self.max_queue = max_batch, batch_window_ms / 1000, max_queue
+        self.events = events if events is not None else WorkerEvents()
+        self._failed: BaseException | None = None
+        self._settled = threading.Event()  # loaded and warmed, or failed
+        self._seconds_per_image = 1.0  # recent time per image, for Retry-After
+
+    # ------------------------------------------------------------------------------------------- lifecycle
+
+    @abstractmethod
+    def start(self) -> None:
+        """Load and warm the models in the background; ready() says when that is done."""
+
+    @abstractmethod
+    def ready(self) -> bool:
+        """The models are loaded and warm, and jobs are taken."""
+
+    @abstractmethod
+    def stop(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Refuse new jobs; with `drain` finish the queued ones first, else fail them."""
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why loading or warming failed (the worker then refuses every job)."""
+        return self._failed
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until loading settled: True when ready, False on timeout; the failure is raised."""
+        self._settled.wait(timeout)
+        if self._failed is not None:
+            raise self._failed
+        return self.ready()
+
+    # ----------------------------------------------------------------------------------------------- jobs
+
+    @abstractmethod
+    def queue_depth(self) -> int:
+        """Jobs waiting, beyond the running call."""
+
+    @abstractmethod
+    def busy(self) -> bool:
+        """A pipeline call is running."""
+
+    def memory(self) -> dict[str, dict[str, Any]] | None:
+        """Worker processes' memory figures by index ({device, rss_bytes, gpu_allocated_bytes}); None: the worker
+        runs in this process, whose memory the metrics read themselves."""
+        return None
+
+    def submit(self, job: Job) -> Future:
+        """Queue `job` after its cheap checks; returns its Future (a JobResult, or the job's error, such as the
+        UsageError of a setting the pipeline refuses). Raises UsageError for an unknown model or settings no call
+        could run, QueueFullError when the queue is full, and RuntimeError when the worker is stopping or failed."""
+        check_job(job, self.models)
+        if self._failed is not None:
+            raise RuntimeError(f"the worker failed to start: {self._failed}")
+        return self._enqueue(job)
+
+    @abstractmethod
+    def _enqueue(self, job: Job) -> Future:
+        """Queue a checked job (QueueFullError, RuntimeError as submit says)."""
+
+    def _queue_full(self, waiting_images: int, lanes: int = 1) -> QueueFullError:
+        """The refusal of a full queue, its Retry-After from the recent time per image over `lanes` workers."""
+        return QueueFullError(max(1.0, waiting_images * self._seconds_per_image / (self.max_batch * lanes)))
+
+    def _call_done(self, seconds: float, images: int) -> None:
+        """Record a call of `images` in `seconds` in the recent time per image (a moving average)."""
+        self._seconds_per_image = 0.8 * self._seconds_per_image + 0.2 * seconds / max(1, images)
