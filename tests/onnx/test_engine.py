@@ -22,6 +22,7 @@ from sdaccel.pipeline.core import Pipeline
 ARCHS = ("sd15-tiny", "sd21-tiny", "sdxl-tiny")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_pipeline_matches_eager(arch):
     eager = Pipeline(build_synthetic(get_spec(arch), seed=0), engine="eager")

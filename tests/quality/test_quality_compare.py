@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 from PIL import Image
-from quality_fixtures import STEPS, TINY_MODEL
+from sd_fixtures import STEPS, TINY_MODEL
 
 from sdaccel.cli.main import main
 from sdaccel.quality import CompareConfig, compare, comparison

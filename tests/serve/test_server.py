@@ -347,6 +347,7 @@ def small_server():
     s.close()
 
 
+@pytest.mark.slow
 def test_overload_is_429_and_a_gone_client_has_its_job_dropped(small_server):
     s = small_server
     slow = {}
@@ -394,6 +395,7 @@ def test_loadtest_overload_probes_a_full_server(small_server):
     assert found.probe_429 >= 2 and all(0 < t < 30 for t in found.probe_429_s)
 
 
+@pytest.mark.slow
 def test_a_job_past_its_deadline_is_503(small_server):
     s = small_server
     app = create_app(s.worker, request_timeout_s=0.3, metrics=s.metrics, stop_worker_on_shutdown=False)
@@ -494,6 +496,7 @@ def test_loadtest_reports_what_the_clients_got(server):
     assert found.burst_429 == 0 and found.probe_429 == 0  # nothing sent: no queue filled, no probe
 
 
+@pytest.mark.slow
 def test_loadtest_command_serves_measures_and_drains(tmp_path):
     out = tmp_path / "load.json"
     done = subprocess.run(

@@ -22,6 +22,7 @@ from fp8_fixtures import (EVERY_WIDTH, FP8, GPU, answering, block_keys, fp8_site
                           unet_inputs)
 
 
+@pytest.mark.slow
 def test_fused_blocks_in_fp8_stay_close_and_scales_update_after_each_call():
     spec = get_spec("sd15-tiny")
     plain, fp8 = build_synthetic(spec).unet, build_synthetic(spec).unet

@@ -100,6 +100,7 @@ def test_proj_out_bias_folded_into_the_resnet_block_before(monkeypatch, exact_fp
     assert folded_calls == 0 and len(calls) == 4  # the unfolded transformers' bias + residual passes
 
 
+@pytest.mark.slow
 def test_up_blocks_read_skip_connections_in_place_and_keep_freeu():
     """Fused up blocks hand each ResNet block its skip connection as a second source (no torch.cat). FreeU, set
     and unset through the UNet as diffusers users do, still applies: its factors reach diffusers' own forward."""

@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from quality_fixtures import STEPS
+from sd_fixtures import STEPS
 
 from sdaccel.engines.upcast_attention import UpcastAttnProcessor
 from sdaccel.errors import OutputCheckError, SdaccelError
@@ -237,3 +237,18 @@ def test_the_loaded_pipeline_call_is_guarded(tiny_pipe):
     assert pipe(PROMPT, steps=STEPS, guard=False).guard is None
     assert isinstance(pipe, GuardedPipeline) and isinstance(pipe.pipeline, Pipeline)
     assert pipe.pipeline(PROMPT, steps=STEPS).guard is None
+
+
+def test_the_fp32_encoder_remedy_is_the_pipelines_own_and_follows_weight_changes(tiny_pipe):
+    """The guard's encoder remedy goes through Pipeline.encode_in_fp32 (the guard sets nothing on the pipeline);
+    the fp32 copy then takes later weight changes on refresh_weights, as the engine's own weights do."""
+    pipe = tiny_pipe("bf16")
+    assert pipe.pipeline.output_checks is guard.output_checks  # given at construction by sdaccel.load
+    assert pipe.encode_in_fp32() is True
+    conv = pipe.components.vae.encoder.conv_in
+    with torch.no_grad():
+        conv.weight.add_(0.5)
+    counts = pipe.refresh_weights()
+    assert counts["fp32_encoder"] >= 1
+    copy = pipe.pipeline._fp32_encoder.encoder.conv_in.weight
+    assert copy.dtype == torch.float32 and torch.equal(copy, conv.weight.float())

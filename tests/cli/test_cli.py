@@ -13,6 +13,7 @@ def run(*args, cwd=None):
                           timeout=600)
 
 
+@pytest.mark.slow
 def test_generate_writes_pngs_with_parameters(tmp_path):
     out = tmp_path / "out"
     proc = run("generate", "a watercolor fox", "--model", "synthetic:sd21-tiny", "--steps", "2", "--batch", "2",
@@ -202,6 +203,7 @@ def test_generate_inpainting_and_its_input_checks(tmp_path):
     assert proc.returncode == 2 and "is an inpainting model: give an image and a mask" in proc.stderr
 
 
+@pytest.mark.slow
 def test_generate_sdxl_with_a_refiner(tmp_path):
     proc = run("generate", "a boat", "--model", "synthetic:sdxl-tiny", "--refiner", "synthetic:sdxl-refiner-tiny",
                "--refiner-start", "0.75", "--steps", "4", "--no-progress", "--out", str(tmp_path / "out"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from quality_fixtures import STEPS
+from sd_fixtures import STEPS
 
 from sdaccel.pipeline.remedies import fp32_decode, to_uint8
 

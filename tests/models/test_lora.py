@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 from safetensors.torch import save_file
-from sd_fixtures import sdxl_kohya_lora
+from sd_fixtures import ATTN, TEXT, diffusers_lora, kohya_lora, sdxl_kohya_lora
 
 import sdaccel
 from sdaccel.errors import UsageError
@@ -15,44 +15,6 @@ from sdaccel.models import build_synthetic, get_spec
 from sdaccel.pipeline.core import Pipeline
 
 ATTN_XL = "down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q"
-
-ATTN = "down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q"  # Linear 32 -> 32
-CONV = "down_blocks.0.resnets.0.conv1"  # Conv2d 32 -> 32, 3x3 (a LoCon layer)
-TEXT = "text_model.encoder.layers.0.self_attn.q_proj"
-
-
-def factors(seed, rank=4, conv=False):
-    g = torch.Generator().manual_seed(seed)
-    down = torch.randn(rank, 32, 3, 3, generator=g) if conv else torch.randn(rank, 32, generator=g)
-    up = torch.randn(32, rank, 1, 1, generator=g) if conv else torch.randn(32, rank, generator=g)
-    return down * 0.1, up * 0.1
-
-
-def diffusers_lora(folder, seed):
-    """A LoRA as diffusers writes one (its save_lora_weights), alpha 8 at rank 4, and 2 on the attention layer."""
-    from diffusers import StableDiffusionPipeline
-
-    (a1, b1), (a2, b2), (a3, b3) = factors(seed), factors(seed + 1, conv=True), factors(seed + 2)
-    unet = {f"{ATTN}.lora_A.weight": a1, f"{ATTN}.lora_B.weight": b1,
-            f"{CONV}.lora_A.weight": a2, f"{CONV}.lora_B.weight": b2}
-    StableDiffusionPipeline.save_lora_weights(
-        folder, unet_lora_layers=unet, text_encoder_lora_layers={f"{TEXT}.lora_A.weight": a3,
-                                                                 f"{TEXT}.lora_B.weight": b3},
-        unet_lora_adapter_metadata={"r": 4, "lora_alpha": 8, "alpha_pattern": {ATTN: 2}},
-        text_encoder_lora_adapter_metadata={"r": 4, "lora_alpha": 4})
-    expected = {("unet", ATTN): b1 @ a1 * (2 / 4), ("unet", CONV): (b2.flatten(1) @ a2.flatten(1)).reshape(32, 32, 3, 3)
-                * (8 / 4), ("text_encoder", TEXT): b3 @ a3 * 1.0}
-    return folder / "pytorch_lora_weights.safetensors", expected
-
-
-def kohya_lora(path, seed, alpha=2.0):
-    (a1, b1), (a2, b2) = factors(seed), factors(seed + 1)
-    unet_key, text_key = "lora_unet_" + ATTN.replace(".", "_"), "lora_te_" + TEXT.replace(".", "_")
-    save_file({f"{unet_key}.lora_down.weight": a1, f"{unet_key}.lora_up.weight": b1,
-               f"{unet_key}.alpha": torch.tensor(alpha), f"{text_key}.lora_down.weight": a2,
-               f"{text_key}.lora_up.weight": b2, f"{text_key}.alpha": torch.tensor(alpha)}, str(path))
-    return path, {("unet", ATTN): b1 @ a1 * (alpha / 4), ("text_encoder", TEXT): b2 @ a2 * (alpha / 4)}
-
 
 def weight(pipe, component, module):
     root = pipe.components.unet if component == "unet" else pipe.components.text_encoders[0]
@@ -154,6 +116,7 @@ def test_fast_engine_fused_blocks_read_the_new_weights(tmp_path):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_generate_takes_loras_and_records_them(tmp_path):
     import subprocess
     import sys

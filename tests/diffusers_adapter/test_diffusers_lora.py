@@ -1,5 +1,5 @@
-"""diffusers' LoRA calls on a pipeline given to sdaccel.accelerate() (diffusers_adapter/lora.py): merged into the weights the
-engine reads, with diffusers' adapter bookkeeping, no peft and no recompilation."""
+"""diffusers' LoRA calls on a pipeline given to sdaccel.accelerate() (diffusers_adapter/lora.py): merged into the
+weights the engine reads, with diffusers' adapter bookkeeping, no peft and no recompilation."""
 
 from pathlib import Path
 
@@ -11,8 +11,7 @@ import sdaccel
 from sdaccel.engines import ENGINES
 from sdaccel.errors import UsageError
 
-from sd_fixtures import diffusers_pipeline, sdxl_kohya_lora
-from test_lora import ATTN, CONV, TEXT, diffusers_lora, factors, kohya_lora
+from sd_fixtures import ATTN, CONV, TEXT, diffusers_lora, diffusers_pipeline, factors, kohya_lora, sdxl_kohya_lora
 
 
 def weight_of(pipe, component, module):
