@@ -25,6 +25,8 @@ def register(subparsers) -> None:
     p.add_argument("--runs", type=int, help="timed runs per batch size (default: 10 on a GPU, 3 on a CPU)")
     p.add_argument("--warmup", type=int, help="untimed runs per batch size after its first (default: 3 GPU, 2 CPU)")
     p.add_argument("--scheduler", help="default: the preset's, else the model's own")
+    p.add_argument("--prompt", help="the prompt every call encodes (A1111's emphasis and BREAK read; any length, in "
+                                    "75-token chunks) (default: 'an astronaut riding a horse on mars')")
     p.add_argument("--guidance", type=float, help="classifier-free guidance scale (default: the preset's, else the "
                                                   "model's own; <= 1 runs one UNet batch a step)")
     p.add_argument("--preset", metavar="NAME",
@@ -88,6 +90,7 @@ def config_from_args(args: argparse.Namespace):
         clock_monitor=getattr(args, "clock_monitor", True),
         engine_opts=parse_engine_opts(getattr(args, "engine_opt", None) or [], "--engine-opt"),
         guidance=getattr(args, "guidance", None), preset=getattr(args, "preset", None),
+        **({"prompt": args.prompt} if getattr(args, "prompt", None) is not None else {}),
         workload=getattr(args, "workload", "txt2img"), strength=getattr(args, "strength", None),
         refiner=getattr(args, "refiner", None), refiner_start=getattr(args, "refiner_start", None),
         controlnets=tuple(getattr(args, "controlnet", None) or ()), control_scale=getattr(args, "control_scale", None))

@@ -90,6 +90,11 @@ class BenchConfig:
     def __post_init__(self):
         from ..engines import ENGINES
         from ..pipeline.core import validate_request
+        from ..pipeline.prompts import parse
+
+        if not isinstance(self.prompt, str):
+            raise UsageError(f"prompt must be a string, got {type(self.prompt).__name__}")
+        parse(self.prompt)  # a weight that is not a number: refused before any engine starts
 
         if self.engines is not None:
             engines = parse_name_list(self.engines, "engines") if isinstance(self.engines, str) \
@@ -292,6 +297,9 @@ class BenchConfig:
             text += f", preset {self.preset}"
         if self.guidance is not None:
             text += f", guidance {self.guidance:g}"
+        if self.prompt != DEFAULT_PROMPT:
+            shown = self.prompt if len(self.prompt) <= 60 else self.prompt[:57] + "..."
+            text += f", prompt {shown!r} ({len(self.prompt)} characters)"
         return text
 
     def engine_options(self, engine: str) -> dict[str, Any]:

@@ -78,6 +78,9 @@ def register(sub) -> None:
     gen.add_argument("--control-end", action="append", type=float, default=[], metavar="F",
                      help="with --controlnet: the fraction of the steps after which it stops (default: 1)")
     gen.add_argument("--negative", default="", help="negative prompt (default: none)")
+    gen.add_argument("--prompt-syntax", choices=["a1111", "none"], default="a1111",
+                     help="a1111 (default): (word) x1.1, [word] /1.1, (word:1.3), \\( for a bracket, BREAK; none: "
+                          "every character is text. Prompts of any length are encoded in 75-token chunks either way")
     gen.add_argument("--guidance", type=float,
                      help="classifier-free guidance scale, finite and >= 0; <= 1 runs the UNet once per step "
                           "(default: the model's own, 7.5 for SD)")
@@ -104,6 +107,7 @@ def cmd_generate(args) -> int:
     from ..pipeline.images import image_batch, mask_batch
     from ..pipeline.load import load
     from ..pipeline.presets import get_preset
+    from ..pipeline.prompts import parse
     from ..pipeline.request import validate_fraction, validate_request
 
     # Everything checkable without a model is checked before loading one, the output folder included.
@@ -120,6 +124,8 @@ def cmd_generate(args) -> int:
         raise SdaccelError("--refiner finishes a text-to-image call: without --image/--mask (to refine a "
                            "picture, give the refiner as --model with --image)")
     validate_fraction("--refiner-start", args.refiner_start)
+    for text in (args.prompt, args.negative):
+        parse(text, args.prompt_syntax)  # a weight that is not a number, before the model loads
     loras = parse_loras(args.lora)
     if args.repeat < 1:
         raise SdaccelError(f"--repeat must be >= 1, got {args.repeat}")
@@ -167,7 +173,7 @@ def cmd_generate(args) -> int:
                       width=args.width, batch_size=args.batch, seed=args.seed, scheduler=args.scheduler,
                       timestep_spacing=args.timestep_spacing, prediction_type=args.prediction_type,
                       preset=args.preset, aesthetic_score=args.aesthetic_score, progress=not args.no_progress,
-                      strict=args.strict, **workload)
+                      strict=args.strict, prompt_syntax=args.prompt_syntax, **workload)
         runs.append(result.timings)
     paths = save_images(result, out_dir, overwrite=args.overwrite)
     params = result.params

@@ -42,6 +42,14 @@ class HashTokenizer:
     def tokenize(self, prompt: str) -> list[int]:
         return [self._word_id(w) for w in _WORD.findall(prompt.lower())]
 
+    def token_ids(self, text: str) -> list[int]:
+        """The text's ids without BOS, EOS or padding (what prompt chunking lays out)."""
+        return self.tokenize(text)
+
+    @property
+    def comma_token_id(self) -> int:
+        return self._word_id(",")
+
     def __call__(self, prompts: list[str] | str) -> torch.Tensor:
         if isinstance(prompts, str):
             prompts = [prompts]
@@ -66,6 +74,14 @@ class HFTokenizerAdapter:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.model_max_length = tokenizer.model_max_length
+        self.bos_token_id, self.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+        self.pad_token_id = tokenizer.pad_token_id
+        # CLIP's comma as a word of its own (A1111 breaks long prompts after it); None in a vocabulary without it.
+        self.comma_token_id = tokenizer.get_vocab().get(",</w>")
+
+    def token_ids(self, text: str) -> list[int]:
+        """The text's ids without BOS, EOS or padding (what prompt chunking lays out)."""
+        return self.tokenizer(text, add_special_tokens=False, truncation=False).input_ids
 
     def __call__(self, prompts: list[str] | str) -> torch.Tensor:
         if isinstance(prompts, str):

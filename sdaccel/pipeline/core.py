@@ -32,6 +32,7 @@ from .control import Control
 from .image_start import (ImageEncoder, Start, Window, initial_noise, latent_shape, paste_unmasked, schedule_window,
                           starting_point)
 from .memory_estimate import check_fits
+from .prompts import apply_weights, batch_chunks
 from .request import (AESTHETIC_SCORE, MAX_SEED, MAX_SIDE, MAX_STEPS, NEGATIVE_AESTHETIC_SCORE, Request,
                       resolve_request, validate_request)
 from .timing import StageTimer, StageTimings
@@ -60,7 +61,7 @@ class GenerationResult:
 
 @dataclass
 class Conditioning:
-    context: torch.Tensor  # (B', 77, D): B' = 2B with guidance (uncond first), else B
+    context: torch.Tensor  # (B', 77 x chunks, D): B' = 2B with guidance (uncond first), else B
     text_embeds: torch.Tensor | None = None  # SDXL pooled embedding
     time_ids: torch.Tensor | None = None  # SDXL size/crop conditioning
 
@@ -138,16 +139,25 @@ class Pipeline:
 
     @torch.inference_mode()
     def encode_prompt(self, prompts: list[str], negatives: list[str], guidance: bool, height: int, width: int,
-                      aesthetic_scores: tuple[float, float] | None = None) -> Conditioning:
-        """One batched pass per text encoder over [negatives..., prompts...]. aesthetic_scores: (positive,
+                      aesthetic_scores: tuple[float, float] | None = None,
+                      prompt_syntax: str = "a1111") -> Conditioning:
+        """One batched pass per text encoder over [negatives..., prompts...], every prompt in its 75-token chunks
+        with its emphasis (prompts.py; the context is 77 x chunks tokens long). aesthetic_scores: (positive,
         negative), for a model conditioned on them (the SDXL refiner); else the defaults."""
         spec = self.spec
         texts = negatives + prompts if guidance else prompts
+        tokenizers = self.components.tokenizers
+        laid = [batch_chunks(texts, tokenizer, prompt_syntax) for tokenizer in tokenizers]
+        chunks = max(count for _, _, count in laid)
+        if any(count != chunks for _, _, count in laid):  # tokenizers that split a prompt differently
+            laid = [batch_chunks(texts, tokenizer, prompt_syntax, chunks) for tokenizer in tokenizers]
         hiddens, pooled = [], None
-        for tokenizer, encode in zip(self.components.tokenizers, self.stages.text_encoders):
-            ids = tokenizer(texts).to(self.device, non_blocking=True)
-            hidden, pooled = encode(ids)
-            hiddens.append(hidden)
+        for (ids, weights, _), encode in zip(laid, self.stages.text_encoders):
+            hidden, pooled = encode(ids.to(self.device, non_blocking=True))
+            if weights is not None:
+                hidden = apply_weights(hidden, weights)
+            hiddens.append(hidden.reshape(len(texts), chunks * hidden.shape[1], hidden.shape[2]))
+            pooled = pooled.reshape(len(texts), chunks, -1)[:, 0]  # the first chunk's, as A1111 pools
         context = torch.cat(hiddens, dim=-1) if len(hiddens) > 1 else hiddens[0]
         if not spec.is_xl:
             return Conditioning(context)
@@ -186,7 +196,7 @@ class Pipeline:
                  aesthetic_score: float | None = None, negative_aesthetic_score: float | None = None,
                  control_image=None, controlnet_scale: float | list[float] | None = None,
                  control_start: float | list[float] | None = None,
-                 control_end: float | list[float] | None = None) -> GenerationResult:
+                 control_end: float | list[float] | None = None, prompt_syntax: str = "a1111") -> GenerationResult:
         """Text to image, and with `image` (PIL image(s) or a tensor, sides multiples of 8):
         seed (default 0) draws the batch's noise from one generator, as diffusers does; seeds (one per output image,
         instead of seed) draws each image's from its own, so image i is the image a call of its own with seeds[i]
@@ -204,6 +214,8 @@ class Pipeline:
         size, which it sets when height and width are unset), controlnet_scale (default 1), control_start and
         control_end (fractions of the denoised steps, default 0 and 1): control.py. Without a control_image the
         call runs the model alone.
+        Prompts of any length, with A1111's emphasis and BREAK (prompt_syntax "a1111", the default; "none": every
+        character is text): prompts.py.
         All as diffusers' pipelines for these workloads compute them."""
         spec = self.spec
         request = resolve_request(
@@ -214,7 +226,7 @@ class Pipeline:
             denoising_start=denoising_start, denoising_end=denoising_end, aesthetic_score=aesthetic_score,
             negative_aesthetic_score=negative_aesthetic_score, controlnets=len(self.components.controlnets),
             control_image=control_image, controlnet_scale=controlnet_scale, control_start=control_start,
-            control_end=control_end)
+            control_end=control_end, prompt_syntax=prompt_syntax)
         _check_latents(latents, spec, request)
         n, cfg = request.n, request.cfg
         check_fits(spec, request.height, request.width, n, self.dtype, cfg, self.device)
@@ -226,7 +238,8 @@ class Pipeline:
         timer = StageTimer(self.device)
         with timer.stage("text"):
             cond = self.encode_prompt(request.prompts, request.negatives, cfg, request.height, request.width,
-                                      (request.aesthetic_score, request.negative_aesthetic_score))
+                                      (request.aesthetic_score, request.negative_aesthetic_score),
+                                      request.prompt_syntax)
         sched.set_timesteps(request.steps)  # on the host: the scheduler's arithmetic never waits for the GPU
         window = schedule_window(sched, request)
         encoder = ImageEncoder(self.stages.encode, spec.vae_scaling_factor, self.device, self.engine.name,

@@ -18,6 +18,7 @@ from ..errors import UsageError
 from .control import Control, check_control_size, resolve_control
 from .images import image_batch, mask_batch
 from .presets import get_preset
+from .prompts import parse
 
 MAX_STEPS = 1000  # the schedulers' training schedule has 1000 timesteps: more steps than that cannot be spaced
 MAX_SIDE = 16384  # pixels; far beyond any SD model's training size (memory is checked separately, per machine)
@@ -93,6 +94,7 @@ class Request:
     negative_aesthetic_score: float
     control: Control | None = None  # the ControlNets' images, scales and spans; None: no ControlNet this call
     seeds: tuple[int, ...] | None = None  # one per output image, each drawing its own noise; None: `seed` for all
+    prompt_syntax: str = "a1111"  # how prompts are read: A1111's emphasis and BREAK, or "none" (prompts.py)
 
     @property
     def n(self) -> int:
@@ -116,6 +118,7 @@ class Request:
         return dict(prompt=self.prompts[0], negative_prompt=self.negatives[0], steps=self.steps,
                     guidance=self.guidance, height=self.height, width=self.width, seed=self.seed,
                     **({"seeds": list(self.seeds)} if self.seeds is not None else {}),
+                    **({"prompt_syntax": self.prompt_syntax} if self.prompt_syntax != "a1111" else {}),
                     batch_size=self.n, preset=self.preset, workload=self.workload,
                     strength=self.strength if self.workload in ("img2img", "inpaint") else None,
                     denoising_start=self.denoising_start, denoising_end=self.denoising_end,
@@ -130,7 +133,8 @@ def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=
                     timestep_spacing=None, prediction_type=None, preset=None, image=None, mask=None,
                     mask_blur: float = 0, strength=None, keep_unmasked: bool = False, denoising_start=None,
                     denoising_end=None, aesthetic_score=None, negative_aesthetic_score=None, controlnets: int = 0,
-                    control_image=None, controlnet_scale=None, control_start=None, control_end=None) -> Request:
+                    control_image=None, controlnet_scale=None, control_start=None, control_end=None,
+                    prompt_syntax: str = "a1111") -> Request:
     """Check and complete one call's settings for a model `spec` (Pipeline.generate's arguments) with
     `controlnets` ControlNets loaded beside it (control.py). seed None: 0, or seeds[0] with per-image `seeds`."""
     if preset is not None:  # the preset fills what the call leaves unset
@@ -207,6 +211,10 @@ def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=
     if not prompts:
         raise UsageError("no prompt given")
     negatives = _as_list(negative_prompt, len(prompts), "negative prompts")
+    for text in prompts + negatives:  # the syntax's errors (a weight that is not a number) before any work
+        if not isinstance(text, str):
+            raise UsageError(f"prompts must be strings, got {type(text).__name__}")
+        parse(text, prompt_syntax)
     prompts = [p for p in prompts for _ in range(batch_size)]
     negatives = [n for n in negatives for _ in range(batch_size)]
     for name, given in (("image", init_image), ("mask", init_mask)):
@@ -228,7 +236,7 @@ def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=
                    prediction_type=prediction_type, preset=preset, output=output, latents=latents, image=init_image,
                    mask=init_mask, mask_blur=mask_blur, strength=strength, keep_unmasked=bool(keep_unmasked),
                    denoising_start=denoising_start, denoising_end=denoising_end, aesthetic_score=scores[0],
-                   negative_aesthetic_score=scores[1], control=control, seeds=seeds)
+                   negative_aesthetic_score=scores[1], control=control, seeds=seeds, prompt_syntax=prompt_syntax)
 
 
 def _as_list(value: str | list[str] | None, n: int, what: str) -> list[str]:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 # Pipeline.generate keywords a job may set, besides prompt, negative_prompt, seed and n (batch_size).
 SETTINGS = ("steps", "guidance", "height", "width", "scheduler", "timestep_spacing", "prediction_type", "preset",
             "image", "mask", "mask_blur", "strength", "keep_unmasked", "control_image", "controlnet_scale",
-            "control_start", "control_end")
+            "control_start", "control_end", "prompt_syntax")
 # Settings that never let a job share a call with others (they are per-request inputs).
 ALONE = ("image", "mask", "control_image")
 

@@ -32,7 +32,8 @@ async def generate(body: GenerateRequest, request: Request):
                     scheduler=body.scheduler, timestep_spacing=body.timestep_spacing, preset=body.preset,
                     image=image, mask=mask, strength=body.strength,
                     mask_blur=body.mask_blur if mask is not None else None,
-                    keep_unmasked=body.keep_unmasked if mask is not None else None)
+                    keep_unmasked=body.keep_unmasked if mask is not None else None,
+                    prompt_syntax=body.prompt_syntax if body.prompt_syntax != "a1111" else None)
     job = Job(model=s.model_name(body.model), prompt=body.prompt, negative_prompt=body.negative_prompt, n=body.n,
               seed=request_seed(body.seed), settings=settings)
     (result,) = await s.run(request, [job])

@@ -45,6 +45,7 @@ class GenerateRequest(BaseModel):
     strength: float | None = None
     mask_blur: float = 0
     keep_unmasked: bool = False
+    prompt_syntax: Literal["a1111", "none"] = "a1111"  # A1111's emphasis and BREAK, or every character as text
     response_format: Literal["b64_json", "png"] = "b64_json"  # png: the image itself (n = 1, output_format png)
     output_format: Literal["png", "jpeg", "webp"] = "png"  # as OpenAI's images API
     output_compression: int = Field(100, ge=0, le=100)  # jpeg/webp quality, as OpenAI's: 100 keeps the most

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from ..errors import UsageError
 from ..models.schedulers import TIMESTEP_SPACINGS, canonical
 from ..pipeline.presets import get_preset
+from ..pipeline.prompts import parse
 from ..pipeline.request import MAX_SEED, validate_request
 from .jobs import SETTINGS, Job, QueueFullError
 
@@ -59,6 +60,7 @@ def check_job(job: Job, models: Mapping[str, Any]) -> None:
     for name in ("prompt", "negative_prompt"):
         if not isinstance(getattr(job, name), str):
             raise UsageError(f"{name} must be a string, got {type(getattr(job, name)).__name__}")
+        parse(getattr(job, name), job.settings.get("prompt_syntax") or "a1111")  # its emphasis reads
     unknown = sorted(set(job.settings) - set(SETTINGS))
     if unknown:
         raise UsageError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(SETTINGS)}")

@@ -33,9 +33,22 @@ def test_bench_command_end_to_end(tmp_path):
     (["--baseline", "warp"], "unknown baseline engine 'warp'"),
     (["--steps", "many"], "invalid int value"),
     (["--height", "100"], "height must be a multiple of 8 from 8 to"),
+    (["--prompt", "a (red:1.2.3) car"], "the weight '1.2.3'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path, capsys):
     assert cli.main(["bench", *args, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("sdaccel: error:") and message in err[0], err
     assert not list(tmp_path.iterdir())  # nothing measured, nothing written
+
+
+def test_a_given_prompt_is_the_benchmarks_and_its_title_says_so():
+    from sdaccel.bench.cli import config_from_args
+    from sdaccel.cli.main import build_parser
+
+    args = build_parser().parse_args(["bench", "--prompt", "a (red:1.3) car BREAK a road", "--device", "cpu"])
+    config = config_from_args(args)
+    assert config.prompt == "a (red:1.3) car BREAK a road"
+    assert "prompt 'a (red:1.3) car BREAK a road' (28 characters)" in config.workload_title()
+    default = config_from_args(build_parser().parse_args(["bench", "--device", "cpu"]))
+    assert "prompt" not in default.workload_title()

@@ -266,6 +266,27 @@ def test_generate_png_format_and_random_seed(server):
     assert decoded.format == "WEBP" and decoded.size == (32, 32)
 
 
+def test_prompts_are_read_with_a1111s_emphasis_on_every_api(server):
+    def image(path, prompt, **extra):
+        if path == "/v1/generate":
+            r = _generate(server, prompt=prompt, seed=3, **extra)
+            assert r.status_code == 200, r.text
+            return _pixels(r.json()["images"][0])
+        body = {"prompt": prompt, "steps": 2, "width": 32, "height": 32, "seed": 3, "sampler_name": "DDIM"}
+        r = httpx.post(f"{server.url}{path}", json=body, headers=AUTH, timeout=120)
+        assert r.status_code == 200, r.text
+        return _pixels(r.json()["images"][0])
+
+    for path in ("/v1/generate", "/sdapi/v1/txt2img"):
+        plain = image(path, "a red cube")
+        assert np.array_equal(image(path, "a (red:1.0) cube"), plain)  # emphasis of 1 is no emphasis
+        assert not np.array_equal(image(path, "a (red:1.6) cube"), plain)
+    literal = image("/v1/generate", "a (red:1.6) cube", prompt_syntax="none")
+    assert not np.array_equal(literal, image("/v1/generate", "a (red:1.6) cube"))
+    r = _generate(server, prompt="a (red:1.2.3) cube")
+    assert r.status_code == 400 and "1.2.3" in r.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("path, body, status, words", [
     ("/v1/images/generations", {"prompt": "x", "size": "64"}, 400, "WIDTHxHEIGHT"),
     ("/v1/images/generations", {"prompt": "x", "size": "60x60"}, 400, "multiple of 8"),
