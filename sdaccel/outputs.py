@@ -61,7 +61,8 @@ def png_parameters(params: dict, index: int) -> str:
         lines.append(f"Negative prompt: {params['negative_prompt']}")
     lines.append(
         f"Steps: {params['steps']}, Sampler: {params['scheduler']}, CFG scale: {params['guidance']}, "
-        f"Seed: {params['seed']}, Size: {params['width']}x{params['height']}, Model: {params['model']}, "
+        + (f"Seed: {_image_seed(params, index)}, " if params.get("seed") is not None else "")
+        + f"Size: {params['width']}x{params['height']}, Model: {params['model']}, "
         f"Batch index: {index}, Engine: {params['engine']}, Dtype: {params['dtype']}, "
         f"Timestep spacing: {params['timestep_spacing']}, Prediction type: {params['prediction_type']}, "
         + (f"Preset: {params['preset']}, " if params.get("preset") else "")
@@ -80,6 +81,12 @@ def png_parameters(params: dict, index: int) -> str:
     return "\n".join(lines)
 
 
+def _image_seed(params: dict, index: int):
+    """Image `index`'s own seed: its entry of per-image seeds, else the call's seed."""
+    seeds = params.get("seeds")
+    return seeds[index] if seeds else params["seed"]
+
+
 def image_names(out_dir: Path, stem: str, seed: int, count: int, attempt: int) -> list[Path]:
     """The names of one call's images: `{stem}-{seed}-{i:02d}.png`, and for a later run whose names are taken,
     the same with `-{attempt}` (2, 3, ...)."""
@@ -96,6 +103,7 @@ def save_images(result, out_dir: Path, stem: str = "image", overwrite: bool = Fa
     out_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(out_dir, f".{glob.escape(stem)}-*.part")  # what killed runs left
     seed, count = result.params["seed"], len(result.images)
+    seed = "generator" if seed is None else seed  # noise from the caller's generator: no seed to name
     attempt = 1
     while not overwrite and any(p.exists() for p in image_names(out_dir, stem, seed, count, attempt)):
         attempt += 1

@@ -34,7 +34,7 @@ from .image_start import (ImageEncoder, Start, Window, initial_noise, latent_sha
 from .memory_estimate import check_fits
 from .prompts import apply_weights, batch_chunks
 from .request import (AESTHETIC_SCORE, MAX_SEED, MAX_SIDE, MAX_STEPS, NEGATIVE_AESTHETIC_SCORE, Request,
-                      resolve_request, validate_request)
+                      from_diffusers_names, resolve_request, validate_request)
 from .timing import StageTimer, StageTimings
 
 __all__ = ["Pipeline", "GenerationResult", "Conditioning", "initial_noise", "latent_shape", "validate_request",
@@ -196,11 +196,12 @@ class Pipeline:
                  aesthetic_score: float | None = None, negative_aesthetic_score: float | None = None,
                  control_image=None, controlnet_scale: float | list[float] | None = None,
                  control_start: float | list[float] | None = None,
-                 control_end: float | list[float] | None = None, prompt_syntax: str = "a1111") -> GenerationResult:
+                 control_end: float | list[float] | None = None, prompt_syntax: str = "a1111", generator=None,
+                 **diffusers_names: Any) -> GenerationResult:
         """Text to image, and with `image` (PIL image(s) or a tensor, sides multiples of 8):
-        seed (default 0) draws the batch's noise from one generator, as diffusers does; seeds (one per output image,
+        seed draws the batch's noise from one generator, as diffusers does; seeds (one per output image,
         instead of seed) draws each image's from its own, so image i is the image a call of its own with seeds[i]
-        gives (samplers that draw noise at every step, like euler_a, still share one generator, seeded seeds[0]).
+        gives (samplers that draw noise at every step, like euler_a, still share one generator, seeded from seeds[0]).
         - image to image: the image through the VAE encoder, noised to the step `strength` of the way
           (0 < strength <= 1, default 0.8), denoised from there (steps * strength UNet steps);
         - with `mask` (white: repaint), inpainting: a 9-channel inpainting model takes the mask and the masked
@@ -214,10 +215,17 @@ class Pipeline:
         size, which it sets when height and width are unset), controlnet_scale (default 1), control_start and
         control_end (fractions of the denoised steps, default 0 and 1): control.py. Without a control_image the
         call runs the model alone.
+        seed None (the default) is a random seed, which params["seed"] reports. diffusers' names work too:
+        num_inference_steps, guidance_scale, num_images_per_prompt, output_type ("pil", "latent"), generator (a
+        torch.Generator, or one per image, drawing the noise as diffusers' pipelines draw it).
         Prompts of any length, with A1111's emphasis and BREAK (prompt_syntax "a1111", the default; "none": every
         character is text): prompts.py.
         All as diffusers' pipelines for these workloads compute them."""
         spec = self.spec
+        if diffusers_names:
+            chosen = from_diffusers_names(diffusers_names, dict(steps=steps, guidance=guidance, batch_size=batch_size,
+                                                                output=output))
+            steps, guidance, batch_size, output = (chosen[k] for k in ("steps", "guidance", "batch_size", "output"))
         request = resolve_request(
             spec, prompt, negative_prompt, steps=steps, guidance=guidance, height=height, width=width,
             batch_size=batch_size, seed=seed, seeds=seeds, scheduler=scheduler, output=output, latents=latents,
@@ -226,14 +234,15 @@ class Pipeline:
             denoising_start=denoising_start, denoising_end=denoising_end, aesthetic_score=aesthetic_score,
             negative_aesthetic_score=negative_aesthetic_score, controlnets=len(self.components.controlnets),
             control_image=control_image, controlnet_scale=controlnet_scale, control_start=control_start,
-            control_end=control_end, prompt_syntax=prompt_syntax)
+            control_end=control_end, prompt_syntax=prompt_syntax, generator=generator)
         _check_latents(latents, spec, request)
         n, cfg = request.n, request.cfg
         check_fits(spec, request.height, request.width, n, self.dtype, cfg, self.device)
         sched_name = canonical(request.scheduler or spec.default_scheduler)
         sched = self.scheduler(sched_name, request.timestep_spacing, request.prediction_type)
-        # Ancestral samplers' per-step noise: one generator for the batch (its images depend on which share it).
-        step_gen = torch.Generator(self.device).manual_seed(request.seed + 1)
+        # Ancestral samplers' per-step noise: one generator for the batch (its images depend on which share it), or
+        # the caller's, as diffusers' pipelines draw it.
+        step_gen = generator if generator is not None else torch.Generator(self.device).manual_seed(request.seed + 1)
 
         timer = StageTimer(self.device)
         with timer.stage("text"):

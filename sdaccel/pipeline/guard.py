@@ -26,6 +26,7 @@ import torch
 
 from ..errors import OutputCheckError
 from .remedies import fp32_decode, to_uint8
+from .request import random_seed
 
 # A uint8 image is "flat" when every channel's standard deviation over its pixels is below this...
 FLAT_STD = 1.0
@@ -171,6 +172,24 @@ def _replace_image(result, image: torch.Tensor) -> None:
         result.images = [Image.fromarray(a) for a in image.permute(0, 2, 3, 1).cpu().numpy()]
 
 
+def _same_draws_each_time(generate, kwargs: dict):
+    """`generate` such that a rerun draws the first call's noise: a random seed (seed None) is chosen once, and a
+    caller's generators are rewound to their state before the first call."""
+    if kwargs.get("generator") is None:
+        if kwargs.get("seed") is None and kwargs.get("seeds") is None:
+            kwargs["seed"] = random_seed()
+        return generate
+    given = kwargs["generator"]
+    generators = list(given) if isinstance(given, (list, tuple)) else [given]
+    states = [g.get_state() for g in generators if isinstance(g, torch.Generator)]
+
+    def rewound(*args, **kw):
+        for g, state in zip(generators, states):
+            g.set_state(state)
+        return generate(*args, **kw)
+    return rewound
+
+
 def run_guarded(pipe, *args, strict: bool = False, generate=None, **kwargs):
     """pipe(*args, **kwargs), checked once at the end and repaired when it came out non-finite.
 
@@ -183,7 +202,7 @@ def run_guarded(pipe, *args, strict: bool = False, generate=None, **kwargs):
 
     generate: the unguarded generation function (default: pipe.generate, which reports `decoded_finite`).
     """
-    generate = pipe.generate if generate is None else generate
+    generate = _same_draws_each_time(pipe.generate if generate is None else generate, kwargs)
     result = generate(*args, **kwargs)
     report = _inspect_result(result)
     remedies: list[str] = []

@@ -86,17 +86,24 @@ def initial_noise(spec, height: int, width: int, seed: int, batch: int = 1) -> t
 
 
 class Draws:
-    """A call's random draws, on the CPU: from one generator seeded with the call's seed, or with per-image seeds
-    each image's share (one row of the batch) from its own generator."""
+    """A call's random draws: from one generator (seeded with the call's seed, on the CPU, or the caller's own), or
+    each image's share (one row of the batch) from its own (per-image seeds, or a list of the caller's)."""
 
-    def __init__(self, seed: int, seeds: tuple[int, ...] | None = None):
-        self.generator = None if seeds else torch.Generator("cpu").manual_seed(seed)
-        self.generators = [torch.Generator("cpu").manual_seed(s) for s in seeds] if seeds else None
+    def __init__(self, seed: int, seeds: tuple[int, ...] | None = None, generator=None):
+        if isinstance(generator, (list, tuple)):
+            self.generator, self.generators = None, list(generator)
+        elif generator is not None:
+            self.generator, self.generators = generator, None
+        elif seeds:
+            self.generator, self.generators = None, [torch.Generator("cpu").manual_seed(s) for s in seeds]
+        else:
+            self.generator, self.generators = torch.Generator("cpu").manual_seed(seed), None
 
     def randn(self, shape: tuple[int, ...]) -> torch.Tensor:
         if self.generators is None:
-            return torch.randn(shape, generator=self.generator, dtype=torch.float32)
-        return torch.cat([torch.randn((1, *shape[1:]), generator=g, dtype=torch.float32) for g in self.generators])
+            return torch.randn(shape, generator=self.generator, device=self.generator.device, dtype=torch.float32)
+        return torch.cat([torch.randn((1, *shape[1:]), generator=g, device=g.device, dtype=torch.float32)
+                          for g in self.generators])
 
     def sample(self, moments: torch.Tensor, n: int) -> torch.Tensor:
         """A sample of the VAE encoder's distribution for n images (one image's moments serve them all)."""
@@ -140,7 +147,7 @@ class ImageEncoder:
 def starting_point(spec, sched, request: Request, window: Window, encoder: ImageEncoder,
                    device: torch.device) -> Start:
     """The loop's starting latents (and an inpainting UNet's extra inputs or a plain UNet's blend) for `request`."""
-    n, draws = request.n, Draws(request.seed, request.seeds)
+    n, draws = request.n, Draws(request.seed, request.seeds, request.generator)
     timesteps = sched.timesteps[window.first:window.stop]
     if request.denoising_start is not None:  # the refiner continues the given state: no new noise
         latents = request.latents if request.latents is not None else encoder(request.image, draws, n)

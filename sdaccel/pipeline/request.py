@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,45 @@ def validate_request(steps, height, width, batch_size: int = 1, guidance: float 
 def validate_seed(name: str, seed) -> None:
     if not _is_integer(seed) or not 0 <= seed <= MAX_SEED:
         raise UsageError(f"{name} must be an integer from 0 to {MAX_SEED}, got {seed!r}")
+
+
+def random_seed() -> int:
+    """A seed for a call that names none: in A1111's range, a seed a user can type back in."""
+    return secrets.randbelow(2**32)
+
+
+def _check_generators(generator) -> None:
+    for one in generator if isinstance(generator, (list, tuple)) else [generator]:
+        if not isinstance(one, torch.Generator):
+            raise UsageError(f"generator must be a torch.Generator or a list of them, got {type(one).__name__}")
+
+
+# diffusers' names for Pipeline.generate's keywords: a call written for a diffusers pipeline runs unchanged.
+DIFFUSERS_NAMES = {"num_inference_steps": "steps", "guidance_scale": "guidance", "num_images_per_prompt": "batch_size",
+                   "output_type": "output"}
+OUTPUT_TYPES = {"pil": "pil", "latent": "latent"}  # diffusers' output_type values with the same meaning here
+
+
+def from_diffusers_names(given: dict[str, Any], ours: dict[str, Any]) -> dict[str, Any]:
+    """`ours` (generate's keywords as called) with diffusers' names in `given` put in their place. A name neither
+    knows is a TypeError, as Python's own; one given under both names, or an output_type with another meaning
+    here ("pt", "np": float arrays in [0, 1]), is a UsageError."""
+    unknown = sorted(set(given) - set(DIFFUSERS_NAMES))
+    if unknown:
+        raise TypeError(f"generate() got an unexpected keyword argument {unknown[0]!r}")
+    defaults = {"steps": None, "guidance": None, "batch_size": 1, "output": "pil"}
+    out = dict(ours)
+    for name, value in given.items():
+        mine = DIFFUSERS_NAMES[name]
+        if out[mine] != defaults[mine]:
+            raise UsageError(f"{name} and {mine} name one setting: give one of them")
+        if name == "output_type":
+            if value not in OUTPUT_TYPES:
+                raise UsageError(f"output_type {value!r} is not returned: use 'pil' or 'latent', or output='tensor' "
+                                 "for a uint8 tensor on the device")
+            value = OUTPUT_TYPES[value]
+        out[mine] = value
+    return out
 
 
 def validate_fraction(name: str, value) -> None:
@@ -95,6 +135,7 @@ class Request:
     control: Control | None = None  # the ControlNets' images, scales and spans; None: no ControlNet this call
     seeds: tuple[int, ...] | None = None  # one per output image, each drawing its own noise; None: `seed` for all
     prompt_syntax: str = "a1111"  # how prompts are read: A1111's emphasis and BREAK, or "none" (prompts.py)
+    generator: Any = None  # a torch.Generator (or one per image) the noise is drawn from instead of a seed
 
     @property
     def n(self) -> int:
@@ -116,7 +157,8 @@ class Request:
     def params(self) -> dict[str, Any]:
         """What the output records (PNG parameters, benchmark rows) beyond the pipeline's own fields."""
         return dict(prompt=self.prompts[0], negative_prompt=self.negatives[0], steps=self.steps,
-                    guidance=self.guidance, height=self.height, width=self.width, seed=self.seed,
+                    guidance=self.guidance, height=self.height, width=self.width,
+                    seed=None if self.generator is not None else self.seed,
                     **({"seeds": list(self.seeds)} if self.seeds is not None else {}),
                     **({"prompt_syntax": self.prompt_syntax} if self.prompt_syntax != "a1111" else {}),
                     batch_size=self.n, preset=self.preset, workload=self.workload,
@@ -134,9 +176,11 @@ def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=
                     mask_blur: float = 0, strength=None, keep_unmasked: bool = False, denoising_start=None,
                     denoising_end=None, aesthetic_score=None, negative_aesthetic_score=None, controlnets: int = 0,
                     control_image=None, controlnet_scale=None, control_start=None, control_end=None,
-                    prompt_syntax: str = "a1111") -> Request:
+                    prompt_syntax: str = "a1111", generator=None) -> Request:
     """Check and complete one call's settings for a model `spec` (Pipeline.generate's arguments) with
-    `controlnets` ControlNets loaded beside it (control.py). seed None: 0, or seeds[0] with per-image `seeds`."""
+    `controlnets` ControlNets loaded beside it (control.py). seed None: a random one (reported in params), or
+    seeds[0] with per-image `seeds`; `generator` (a torch.Generator, or one per image) draws the noise instead, as
+    diffusers' pipelines draw it."""
     if preset is not None:  # the preset fills what the call leaves unset
         given = dict(scheduler=scheduler, steps=steps, guidance=guidance, timestep_spacing=timestep_spacing,
                      prediction_type=prediction_type)
@@ -203,7 +247,13 @@ def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=
         for one in seeds:
             validate_seed("each of seeds", one)
         seed = seeds[0]
-    seed = 0 if seed is None else seed
+    if generator is not None:
+        if seed is not None or seeds is not None:
+            raise UsageError("give generator (diffusers' way) or seed / seeds, not both")
+        _check_generators(generator)
+        seed = 0  # recorded as None: the generator's state, not a seed, decides the noise
+    elif seed is None:
+        seed = random_seed()
     validate_request(steps, height, width, batch_size, guidance, seed, strength)
     if output not in ("pil", "tensor", "latent"):
         raise UsageError(f"output must be pil, tensor or latent, got {output!r}")
@@ -223,6 +273,9 @@ def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=
     check_control_size(control, height, width, len(prompts))
     if seeds is not None and len(seeds) != len(prompts):
         raise UsageError(f"seeds: {len(seeds)} seeds for {len(prompts)} output images (give one per image)")
+    if isinstance(generator, (list, tuple)) and len(generator) != len(prompts):
+        raise UsageError(f"generator: {len(generator)} generators for {len(prompts)} output images (give one, or "
+                         "one per image)")
     scores = []
     for name, value, default in (("aesthetic_score", aesthetic_score, AESTHETIC_SCORE),
                                  ("negative_aesthetic_score", negative_aesthetic_score, NEGATIVE_AESTHETIC_SCORE)):
@@ -236,7 +289,8 @@ def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=
                    prediction_type=prediction_type, preset=preset, output=output, latents=latents, image=init_image,
                    mask=init_mask, mask_blur=mask_blur, strength=strength, keep_unmasked=bool(keep_unmasked),
                    denoising_start=denoising_start, denoising_end=denoising_end, aesthetic_score=scores[0],
-                   negative_aesthetic_score=scores[1], control=control, seeds=seeds, prompt_syntax=prompt_syntax)
+                   negative_aesthetic_score=scores[1], control=control, seeds=seeds, prompt_syntax=prompt_syntax,
+                   generator=generator)
 
 
 def _as_list(value: str | list[str] | None, n: int, what: str) -> list[str]:

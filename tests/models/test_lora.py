@@ -42,8 +42,8 @@ def test_lora_matches_weights_merged_by_hand(fmt, tmp_path):
     for component, module in deltas:
         torch.testing.assert_close(weight(pipe, component, module), weight(reference, component, module),
                                    rtol=0, atol=1e-6)
-    a = pipe("a cat", steps=2, output="latent").latents
-    b = reference("a cat", steps=2, output="latent").latents
+    a = pipe("a cat", seed=0, steps=2, output="latent").latents
+    b = reference("a cat", seed=0, steps=2, output="latent").latents
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)  # the weights differ by fp32 summation order alone
 
 
@@ -94,12 +94,12 @@ def test_compiled_code_reads_the_new_weights_without_recompiling(tmp_path):
 
     path, deltas = diffusers_lora(tmp_path, 0)
     pipe = sdaccel.load("synthetic:sd15-tiny", engine="compile", device="cpu")
-    pipe("a cat", steps=1, output="latent")
+    pipe("a cat", seed=0, steps=1, output="latent")
     compiled = counters["stats"]["unique_graphs"]
     pipe.set_loras({str(path): 1.0})
-    got = pipe("a cat", steps=1, output="latent").latents
+    got = pipe("a cat", seed=0, steps=1, output="latent").latents
     assert counters["stats"]["unique_graphs"] == compiled  # nothing compiled again
-    want = by_hand("sd15-tiny", deltas, 1.0)("a cat", steps=1, output="latent").latents
+    want = by_hand("sd15-tiny", deltas, 1.0)("a cat", seed=0, steps=1, output="latent").latents
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -109,10 +109,10 @@ def test_fast_engine_fused_blocks_read_the_new_weights(tmp_path):
 
     path, deltas = diffusers_lora(tmp_path, 0)
     fast = Pipeline(build_synthetic(get_spec("sd15-tiny")), engine=FastEngine(allow_cpu=True), dtype="fp32")
-    fast("a cat", steps=2, scheduler="ddim", output="latent")
+    fast("a cat", seed=0, steps=2, scheduler="ddim", output="latent")
     fast.set_loras({str(path): 0.9})
-    got = fast("a cat", steps=2, scheduler="ddim", output="latent").latents
-    want = by_hand("sd15-tiny", deltas, 0.9)("a cat", steps=2, scheduler="ddim", output="latent").latents
+    got = fast("a cat", seed=0, steps=2, scheduler="ddim", output="latent").latents
+    want = by_hand("sd15-tiny", deltas, 0.9)("a cat", seed=0, steps=2, scheduler="ddim", output="latent").latents
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -143,18 +143,18 @@ def test_fast_engine_switches_loras_without_recapturing(tmp_path):
     first, deltas = diffusers_lora(tmp_path, 0)
     second, _ = kohya_lora(tmp_path / "k.safetensors", 5)
     fast = sdaccel.load("synthetic:sd15-tiny", engine="fast", device="cuda", dtype="fp16")
-    base = fast("a cat", steps=3, scheduler="ddim", output="latent").latents
+    base = fast("a cat", seed=0, steps=3, scheduler="ddim", output="latent").latents
     graphs = {name: len(g.graphs) for name, g in fast.stages.info["graphs"].items() if hasattr(g, "graphs")}
     fast.set_loras({str(first): 1.0})
-    with_lora = fast("a cat", steps=3, scheduler="ddim", output="latent").latents
+    with_lora = fast("a cat", seed=0, steps=3, scheduler="ddim", output="latent").latents
     fast.set_loras({str(second): 1.0})
     fast.set_loras({})
-    back = fast("a cat", steps=3, scheduler="ddim", output="latent").latents
+    back = fast("a cat", seed=0, steps=3, scheduler="ddim", output="latent").latents
     assert {name: len(g.graphs) for name, g in fast.stages.info["graphs"].items() if hasattr(g, "graphs")} == graphs
     assert torch.equal(back, base) and not torch.equal(with_lora, base)
     eager = sdaccel.load("synthetic:sd15-tiny", engine="eager", device="cuda", dtype="fp16")
     eager.set_loras({str(first): 1.0})
-    want = eager("a cat", steps=3, scheduler="ddim", output="latent").latents
+    want = eager("a cat", seed=0, steps=3, scheduler="ddim", output="latent").latents
     assert (with_lora - want).norm() / want.norm() < 2e-2
 
 

@@ -135,14 +135,14 @@ def test_clean_generation_passes_without_warnings(tiny_pipe):
     pipe = tiny_pipe()
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        result = run_guarded(pipe, PROMPT, steps=STEPS)
+        result = run_guarded(pipe, PROMPT, seed=0, steps=STEPS)
     assert our_warnings(record) == []  # random-weight images are noise: never flagged as flat or black
     assert result.guard.ok and result.guard.remedies == [] and result.guard.image_finite is True
     assert not attention_is_upcast(pipe)
 
 
 def test_nan_latents_rerun_with_fp32_attention(tiny_pipe, monkeypatch):
-    clean = tiny_pipe()("a lighthouse at dusk", steps=STEPS, output="tensor")
+    clean = tiny_pipe()("a lighthouse at dusk", seed=0, steps=STEPS, output="tensor")
     pipe = tiny_pipe()
     nan_calls = nan_unet_until_upcast(pipe)
     remedy_calls, engine = [], pipe.engine
@@ -151,7 +151,7 @@ def test_nan_latents_rerun_with_fp32_attention(tiny_pipe, monkeypatch):
     monkeypatch.setattr(engine, "drop_graphs", lambda: remedy_calls.append("drop") or real_drop())
 
     with pytest.warns(PrecisionFallbackWarning, match="non-finite latents from the UNet .*fp32 attention"):
-        result = run_guarded(pipe, PROMPT, steps=STEPS, output="tensor")
+        result = run_guarded(pipe, PROMPT, seed=0, steps=STEPS, output="tensor")
     assert remedy_calls == ["upcast", "drop"] and len(nan_calls) > 0  # through the engine's methods
     assert attention_is_upcast(pipe)
     assert torch.isfinite(result.latents).all()
@@ -163,11 +163,11 @@ def test_nan_latents_rerun_with_fp32_attention(tiny_pipe, monkeypatch):
 
 
 def test_nan_image_is_decoded_again_in_fp32(tiny_pipe):
-    clean = tiny_pipe()(PROMPT, steps=STEPS)
+    clean = tiny_pipe()(PROMPT, seed=0, steps=STEPS)
     pipe = tiny_pipe()
     nan_decode(pipe)
     with pytest.warns(PrecisionFallbackWarning, match="VAE decoder .*decoded again in fp32"):
-        result = run_guarded(pipe, PROMPT, steps=STEPS)
+        result = run_guarded(pipe, PROMPT, seed=0, steps=STEPS)
     assert result.guard.remedies == ["vae_fp32_decode"] and result.guard.ok
     assert not attention_is_upcast(pipe)  # the UNet was fine: left alone
     assert torch.equal(result.image_tensor, clean.image_tensor)
@@ -184,7 +184,7 @@ def test_strict_raises_a_one_line_error_instead(tiny_pipe, inject, message):
     inject(pipe)
     with warnings.catch_warnings(record=True) as record, pytest.raises(NonFiniteOutputError) as info:
         warnings.simplefilter("always")
-        run_guarded(pipe, PROMPT, steps=STEPS, strict=True)
+        run_guarded(pipe, PROMPT, seed=0, steps=STEPS, strict=True)
     assert str(info.value) == message and isinstance(info.value, OutputCheckError)
     assert not isinstance(info.value, SdaccelError)  # a numerical failure, not the caller's input: exit code 3
     assert our_warnings(record) == [] and not attention_is_upcast(pipe)
@@ -196,17 +196,17 @@ def test_a_remedy_that_does_not_help_is_an_error(tiny_pipe):
     pipe.stages.unet = lambda *a, **k: stage(*a, **k) * float("nan")  # NaN whatever the attention precision
     with pytest.warns(PrecisionFallbackWarning), \
             pytest.raises(NonFiniteOutputError, match="still non-finite with fp32 attention"):
-        run_guarded(pipe, PROMPT, steps=STEPS)
+        run_guarded(pipe, PROMPT, seed=0, steps=STEPS)
 
 
 def test_black_image_is_flagged(tiny_pipe):
     pipe = tiny_pipe()
     pipe.stages.decode = lambda latents: torch.full((latents.shape[0], 3, 64, 64), -1.0)  # -1 decodes to black
     with pytest.warns(DegenerateImageWarning, match=r"image 0: black \(max value 0 < 8\)"):
-        result = run_guarded(pipe, PROMPT, steps=STEPS)
+        result = run_guarded(pipe, PROMPT, seed=0, steps=STEPS)
     assert result.guard.image_issues and not result.guard.ok and result.guard.failed_component is None
     with pytest.raises(DegenerateImageError, match="degenerate output"):
-        run_guarded(pipe, PROMPT, steps=STEPS, strict=True)
+        run_guarded(pipe, PROMPT, seed=0, steps=STEPS, strict=True)
 
 
 def test_latent_output_checks_latents_only(tiny_pipe):
@@ -219,7 +219,7 @@ def test_an_engine_that_cannot_upcast_makes_it_an_error(tiny_pipe, monkeypatch):
     nan_unet_until_upcast(pipe)
     monkeypatch.setattr(pipe.engine, "upcast_attention", lambda: 0)  # as onnxruntime's: nothing it can switch
     with pytest.raises(NonFiniteOutputError, match="cannot switch its attention to fp32"):
-        run_guarded(pipe, PROMPT, steps=STEPS)
+        run_guarded(pipe, PROMPT, seed=0, steps=STEPS)
 
 
 def test_the_loaded_pipeline_call_is_guarded(tiny_pipe):
@@ -231,12 +231,12 @@ def test_the_loaded_pipeline_call_is_guarded(tiny_pipe):
     pipe = tiny_pipe()
     nan_unet_until_upcast(pipe)
     with pytest.warns(PrecisionFallbackWarning):
-        result = pipe(PROMPT, steps=STEPS)
+        result = pipe(PROMPT, seed=0, steps=STEPS)
     assert result.guard.remedies == ["unet_fp32_attention"] and torch.isfinite(result.latents).all()
-    assert pipe(PROMPT, steps=STEPS).guard.remedies == []  # the fp32 attention stays: no second fallback
-    assert pipe(PROMPT, steps=STEPS, guard=False).guard is None
+    assert pipe(PROMPT, seed=0, steps=STEPS).guard.remedies == []  # the fp32 attention stays: no second fallback
+    assert pipe(PROMPT, seed=0, steps=STEPS, guard=False).guard is None
     assert isinstance(pipe, GuardedPipeline) and isinstance(pipe.pipeline, Pipeline)
-    assert pipe.pipeline(PROMPT, steps=STEPS).guard is None
+    assert pipe.pipeline(PROMPT, seed=0, steps=STEPS).guard is None
 
 
 def test_the_fp32_encoder_remedy_is_the_pipelines_own_and_follows_weight_changes(tiny_pipe):

@@ -36,8 +36,8 @@ def test_fused_pipeline_matches_eager(arch, exact_fp32):
     fast = sdaccel.Pipeline(build_synthetic(get_spec(arch)), engine=engine, dtype="fp32")
     assert engine.fusion_counts["transformer_block"] >= 4 and engine.fusion_counts["vae_resnet"] == 6
     assert engine.fusion_counts["upsample"] == engine.fusion_counts["vae_upsample"] == 1
-    a = eager("a cat", steps=2, scheduler="ddim", output="tensor")
-    b = fast("a cat", steps=2, scheduler="ddim", output="tensor")
+    a = eager("a cat", seed=0, steps=2, scheduler="ddim", output="tensor")
+    b = fast("a cat", seed=0, steps=2, scheduler="ddim", output="tensor")
     torch.testing.assert_close(b.latents, a.latents, rtol=1e-4, atol=1e-4)
     assert (a.image_tensor.int() - b.image_tensor.int()).abs().max() <= 1
 
@@ -117,8 +117,8 @@ def test_cfg_prefix_refused_where_an_unfused_block_would_meet_the_context():
             == "down_blocks.0.attentions.0 (Transformer2DModel) is not a fused block")
     seen = spy_on_steps(fast)
     eager = sdaccel.Pipeline(custom(build_synthetic(get_spec("sd15-tiny"))), engine="eager", dtype="fp32")
-    a = eager("a cat", steps=1, scheduler="ddim", output="latent")
-    b = fast("a cat", steps=1, scheduler="ddim", output="latent")
+    a = eager("a cat", seed=0, steps=1, scheduler="ddim", output="latent")
+    b = fast("a cat", seed=0, steps=1, scheduler="ddim", output="latent")
     assert seen == [(2, 2)]
     torch.testing.assert_close(b.latents, a.latents, rtol=1e-4, atol=1e-4)
 
@@ -132,8 +132,8 @@ def test_pipeline_passes_cfg_latents_once_to_a_stage_that_shares_the_prefix():
     fast = sdaccel.Pipeline(build_synthetic(get_spec("sd15-tiny")), engine=FastEngine(allow_cpu=True), dtype="fp32")
     assert fast.stages.unet_takes_cfg_once
     seen = spy_on_steps(fast)
-    fast("a cat", steps=1, scheduler="ddim", output="latent")
-    fast("a cat", steps=1, scheduler="ddim", output="latent", guidance=1.0)
+    fast("a cat", seed=0, steps=1, scheduler="ddim", output="latent")
+    fast("a cat", seed=0, steps=1, scheduler="ddim", output="latent", guidance=1.0)
     assert seen == [(1, 2), (1, 1)]
 
 
@@ -148,10 +148,10 @@ def test_fast_engine_needs_a_gpu_by_default():
 def test_fast_engine_on_gpu_matches_eager_and_reuses_graphs(arch):
     eager = sdaccel.load(f"synthetic:{arch}", engine="eager", device="cuda", dtype="fp16")
     fast = sdaccel.load(f"synthetic:{arch}", engine="fast", device="cuda", dtype="fp16")
-    a = eager("a cat", steps=3, scheduler="ddim", output="tensor")
-    b = fast("a cat", steps=3, scheduler="ddim", output="tensor")
-    c = fast("a dog", steps=3, scheduler="ddim", output="tensor", batch_size=2)
-    fast("a cat", steps=3, scheduler="ddim", output="tensor")
+    a = eager("a cat", seed=0, steps=3, scheduler="ddim", output="tensor")
+    b = fast("a cat", seed=0, steps=3, scheduler="ddim", output="tensor")
+    c = fast("a dog", seed=0, steps=3, scheduler="ddim", output="tensor", batch_size=2)
+    fast("a cat", seed=0, steps=3, scheduler="ddim", output="tensor")
     graphs = fast.stages.info["graphs"]["unet_loop"].graphs
     assert len(graphs) == 2  # batch 1 and batch 2 (CFG doubles both), captured once each
     assert fast.stages.info["graphs"]["unet"].graphs == {}  # the loop's steps come from its plan
@@ -178,7 +178,7 @@ def test_fp32_attention_exception_and_bad_options():
     pipe = sdaccel.Pipeline(build_synthetic(get_spec("sd21-tiny")), engine=engine, dtype="bf16")
     block = pipe.components.unet.down_blocks[0].attentions[0].blocks[0]
     assert block.attn1.fp32 and block.attn2.fp32
-    assert torch.isfinite(pipe("a cat", steps=2, output="latent").latents).all()
+    assert torch.isfinite(pipe("a cat", seed=0, steps=2, output="latent").latents).all()
     with pytest.raises(sdaccel.UsageError, match="fp32_ops: unknown softmax_everything; known: attention"):
         FastEngine(fp32_ops=["softmax_everything"])
     with pytest.raises(sdaccel.UsageError, match="attention must be one of auto, sdpa"):
@@ -195,7 +195,7 @@ def test_compile_workers_option(tmp_path, monkeypatch):
     one, other = FastEngine(allow_cpu=True, compile_workers=0), FastEngine(allow_cpu=True, compile_workers=8)
     for engine in (one, other):
         pipe = sdaccel.Pipeline(build_synthetic(get_spec("sd15-tiny")), engine=engine, device="cpu")
-        pipe("a cat", steps=1, output="latent")
+        pipe("a cat", seed=0, steps=1, output="latent")
     # How many processes compile changes nothing the cache holds; on the CPU there is nothing to compile.
     assert one.cache.path == other.cache.path and one.options()["compile_workers"] == 0
     assert one.builds.reports == other.builds.reports == []
@@ -226,17 +226,17 @@ def test_each_new_shape_compiles_its_kernels_side_by_side_once(tmp_path, monkeyp
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     engine = FastEngine(compile_workers=2)
     pipe = sdaccel.load("synthetic:sd15-tiny", engine=engine, device="cuda", dtype="fp16")
-    first = pipe("a cat", steps=2, scheduler="ddim", output="tensor")
-    pipe("a cat", steps=2, scheduler="ddim", output="tensor")
+    first = pipe("a cat", seed=0, steps=2, scheduler="ddim", output="tensor")
+    pipe("a cat", seed=0, steps=2, scheduler="ddim", output="tensor")
     assert [r["stage"].split()[0] for r in engine.builds.reports] == ["text_encoder0", "unet_loop", "decode"]
     assert all(not r["failures"] and r["built"] == r["kernels"] for r in engine.builds.reports)
     assert len(pipe.stages.info["notes"]) == sum(r["kernels"] > 0 for r in engine.builds.reports)
     eager = sdaccel.load("synthetic:sd15-tiny", engine="eager", device="cuda", dtype="fp16")
-    reference = eager("a cat", steps=2, scheduler="ddim", output="tensor")
+    reference = eager("a cat", seed=0, steps=2, scheduler="ddim", output="tensor")
     assert (first.latents - reference.latents).norm() / reference.latents.norm() < 2e-2
     # A later start with the same cache: the engine cache says these shapes are done, so no dry run.
     again = FastEngine(compile_workers=2)
-    sdaccel.load("synthetic:sd15-tiny", engine=again, device="cuda", dtype="fp16")("a cat", steps=2, output="tensor")
+    sdaccel.load("synthetic:sd15-tiny", seed=0, engine=again, device="cuda", dtype="fp16")("a cat", steps=2, output="tensor")
     assert again.builds.reports == []
 
 
@@ -251,7 +251,7 @@ def test_vae_dtype_option_sets_the_decoder_dtype():
     pipe = sdaccel.Pipeline(components, engine=engine, dtype="fp32")
     assert pipe.components.vae.decoder.conv_in.weight.dtype == torch.bfloat16
     assert pipe.components.unet.conv_in.weight.dtype == torch.float32
-    out = pipe("a cat", steps=1, output="tensor")
+    out = pipe("a cat", seed=0, steps=1, output="tensor")
     assert out.image_tensor.shape[-2:] == (64, 64) and torch.isfinite(out.latents).all()
     assert engine.options()["vae_dtype"] == "bf16"
     with pytest.raises(sdaccel.UsageError, match="vae_dtype must be one of auto, fp32, fp16, bf16"):
@@ -283,7 +283,7 @@ def test_refresh_weights_after_a_lora_style_merge(exact_fp32, fold):
     eager = sdaccel.Pipeline(build_synthetic(get_spec("sd15-tiny")), engine="eager", dtype="fp32")
     block = fast.components.unet.down_blocks[0].attentions[0].blocks[0]
     packed_at = block.attn1.packed_weight.data_ptr()
-    fast("a cat", steps=2, scheduler="ddim", output="latent")  # on a GPU: graphs captured on the old weights
+    fast("a cat", seed=0, steps=2, scheduler="ddim", output="latent")  # on a GPU: graphs captured on the old weights
     for pipe in (fast, eager):  # the same "LoRA" delta merged into both, by assignment as diffusers does
         gen = torch.Generator().manual_seed(0)
         for name, p in pipe.components.unet.named_parameters():
@@ -291,13 +291,13 @@ def test_refresh_weights_after_a_lora_style_merge(exact_fp32, fold):
             if any(key in name for key in ("attn1.to_q.weight", "attn2.to_v.weight", "ff.net.2.weight",
                                            "time_emb_proj.weight", "conv1.bias", "conv2.bias", "proj_out.bias")):
                 p.data = p.data + 0.05 * torch.randn(p.shape, generator=gen).to(p)
-    stale = fast("a cat", steps=2, scheduler="ddim", output="latent").latents
+    stale = fast("a cat", seed=0, steps=2, scheduler="ddim", output="latent").latents
     counts = fast.refresh_weights()
     assert counts["copied"] >= 5 and counts["packed_attention"] == 8  # self- and cross-attention of 4 blocks
     assert counts["rebuilt_resnet_parts"] >= 2 and counts["folded_out_biases"] == (4 if fold else 0)
     assert block.attn1.packed_weight.data_ptr() == packed_at
-    fresh = fast("a cat", steps=2, scheduler="ddim", output="latent").latents
-    reference = eager("a cat", steps=2, scheduler="ddim", output="latent").latents
+    fresh = fast("a cat", seed=0, steps=2, scheduler="ddim", output="latent").latents
+    reference = eager("a cat", seed=0, steps=2, scheduler="ddim", output="latent").latents
     torch.testing.assert_close(fresh, reference, rtol=1e-4, atol=1e-4)
     assert not torch.allclose(stale, reference, atol=1e-4)  # without the refresh the q change was ignored
 
@@ -325,13 +325,13 @@ def test_refresh_weights_reaches_captured_cuda_graphs(engine):
     """Under CUDA graphs a replaced weight is invisible until refresh_weights copies it into the captured memory."""
     graphed = sdaccel.load("synthetic:sd15-tiny", engine=engine, device="cuda", dtype="fp16")
     eager = sdaccel.load("synthetic:sd15-tiny", engine="eager", device="cuda", dtype="fp16")
-    graphed("a cat", steps=2, scheduler="ddim", output="latent")  # capture / compile first
+    graphed("a cat", seed=0, steps=2, scheduler="ddim", output="latent")  # capture / compile first
     for pipe in (graphed, eager):
         weight = pipe.components.unet.conv_in.weight
         weight.data = weight.data * 1.5
-    reference = eager("a cat", steps=2, scheduler="ddim", output="latent").latents
+    reference = eager("a cat", seed=0, steps=2, scheduler="ddim", output="latent").latents
     assert graphed.refresh_weights()["copied"] == 1
-    fresh = graphed("a cat", steps=2, scheduler="ddim", output="latent").latents
+    fresh = graphed("a cat", seed=0, steps=2, scheduler="ddim", output="latent").latents
     assert ((fresh - reference).norm() / reference.norm()) < 1e-2
 
 
@@ -347,9 +347,9 @@ def test_weights_replaced_before_the_first_capture_are_restored_into_place(exact
             if any(key in name for key in ("attn1.to_q.weight", "attn2.to_k.weight", "conv1.bias",
                                            "time_emb_proj.weight")):
                 p.data = p.data + 0.05 * torch.randn(p.shape, generator=gen).to(p)
-    reference = eager("a cat", steps=2, scheduler="ddim", output="latent").latents
-    first = fast("a cat", steps=2, scheduler="ddim", output="latent").latents  # captures
+    reference = eager("a cat", seed=0, steps=2, scheduler="ddim", output="latent").latents
+    first = fast("a cat", seed=0, steps=2, scheduler="ddim", output="latent").latents  # captures
     assert fast.refresh_weights()["copied"] == 0  # already back in place
-    again = fast("a cat", steps=2, scheduler="ddim", output="latent").latents
+    again = fast("a cat", seed=0, steps=2, scheduler="ddim", output="latent").latents
     for out in (first, again):
         torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-4)

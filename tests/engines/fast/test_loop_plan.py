@@ -54,7 +54,7 @@ def test_plan_matches_per_step_calls_and_projects_once_per_image(arch):
     assert planned.stages.info["loop_plan"] == "on" and plain.stages.info["loop_plan"] == "off: off"
     assert plain.stages.plan_loop is None
     planned_calls, plain_calls = _count_projections(planned), _count_projections(plain)
-    kw = dict(steps=3, scheduler="euler", output="latent")
+    kw = dict(seed=0, steps=3, scheduler="euler", output="latent")
     for prompt in ("a cat", "a dog"):  # a new context into the same buffers: never the previous image's K/V
         a, b = plain(prompt, **kw), planned(prompt, **kw)
         torch.testing.assert_close(b.latents, a.latents, rtol=1e-4, atol=1e-4)
@@ -80,7 +80,7 @@ def test_a_plan_without_time_projections_hands_each_step_its_timestep():
     planned, plain = _pipe("sd15-tiny"), _pipe("sd15-tiny", loop_plan=False)
     plan = planned.stages.plan_loop
     plan.time_projections, plan.time_width = None, 0
-    kw = dict(steps=3, scheduler="euler", output="latent")
+    kw = dict(seed=0, steps=3, scheduler="euler", output="latent")
     torch.testing.assert_close(planned("a cat", **kw).latents, plain("a cat", **kw).latents, rtol=1e-4, atol=1e-4)
     (key, buffers), = plan.buffers.items()
     assert buffers.step is None and key[1] is None
@@ -88,7 +88,7 @@ def test_a_plan_without_time_projections_hands_each_step_its_timestep():
 
 def test_plan_without_guidance_and_after_a_weight_change():
     planned, plain = _pipe("sd15-tiny"), _pipe("sd15-tiny", loop_plan=False)
-    kw = dict(steps=2, scheduler="ddim", output="latent")
+    kw = dict(seed=0, steps=2, scheduler="ddim", output="latent")
     torch.testing.assert_close(planned("a cat", guidance=1.0, **kw).latents, plain("a cat", guidance=1.0, **kw).latents,
                                rtol=1e-4, atol=1e-4)
     for pipe in (planned, plain):  # e.g. a LoRA fused into the cross-attention's K and the time projections
@@ -121,7 +121,7 @@ def test_plan_refusals():
 def test_plan_in_cuda_graphs_matches_per_step_graphs(arch):
     """Graphs read the plan's buffers at fixed addresses: a second prompt must reach them, as must a new batch."""
     planned, plain = _pipe(arch, "cuda", "fp16"), _pipe(arch, "cuda", "fp16", loop_plan=False)
-    kw = dict(steps=4, scheduler="euler", output="latent")
+    kw = dict(seed=0, steps=4, scheduler="euler", output="latent")
     for prompt, batch in (("a cat", 1), ("a dog", 1), ("a dog", 2)):
         a, b = plain(prompt, batch_size=batch, **kw), planned(prompt, batch_size=batch, **kw)
         err = ((b.latents - a.latents).norm() / a.latents.norm()).item()
