@@ -66,7 +66,11 @@ def png_parameters(params: dict, index: int) -> str:
         f"Batch index: {index}, Engine: {params['engine']}, Dtype: {params['dtype']}, "
         f"Timestep spacing: {params['timestep_spacing']}, Prediction type: {params['prediction_type']}, "
         + (f"Preset: {params['preset']}, " if params.get("preset") else "")
+        + (f"Clip skip: {params['clip_skip'] + 1}, " if params.get("clip_skip") else "")  # A1111 counts from 1
+        + (f"Variation seed: {_image_subseed(params, index)}, Variation seed strength: "
+           f"{params['subseed_strength']}, " if params.get("subseed_strength") else "")
         + (f"Denoising strength: {params['strength']}, " if params.get("strength") is not None else "")
+        + _hires_parameters(params)
         + (f"Workload: {params['workload']}, " if params.get("workload", "txt2img") != "txt2img" else "")
         + (f"Mask blur: {params['mask_blur']}, " if params.get("mask_blur") else "")
         + (f"Keep unmasked: {params['keep_unmasked']}, " if params.get("keep_unmasked") else "")
@@ -76,15 +80,44 @@ def png_parameters(params: dict, index: int) -> str:
             params["controlnets"], params["controlnet_scale"])) + ", " if params.get("controlnets") else "")
         + ("LoRAs: " + " ".join(f"{Path(k).name}:{v}" for k, v in params["loras"].items()) + ", "
            if params.get("loras") else "")
+        + ('TI hashes: "' + ", ".join(f"{k}: {v}" for k, v in params["embeddings"].items()) + '", '
+           if params.get("embeddings") else "")
         + "Generator: sdaccel"
     )
     return "\n".join(lines)
+
+
+def _hires_parameters(params: dict) -> str:
+    """Hires fix's entries as A1111 writes them ("Hires upscale: 2, Hires steps: 20, Hires upscaler: Latent, "), or
+    "" without hires fix."""
+    if not params.get("hires_upscaler"):
+        return ""
+    resize = params.get("hires_resize")
+    text = f"Hires resize: {resize[0]}x{resize[1]}, " if resize else f"Hires upscale: {params['hires_scale']:g}, "
+    text += f"Hires steps: {params['hires_steps']}, Hires upscaler: {params['hires_upscaler']}, "
+    for key, name in (("hires_scheduler", "Hires sampler"), ("hires_prompt", "Hires prompt"),
+                      ("hires_negative_prompt", "Hires negative prompt")):
+        if params.get(key) is not None:
+            text += f"{name}: {_quoted(params[key])}, "
+    return text
+
+
+def _quoted(text: str) -> str:
+    """A value as A1111's infotext quotes it: as a JSON string when a comma, colon or newline would split it."""
+    import json
+
+    return json.dumps(text, ensure_ascii=False) if any(c in text for c in ",:\n") else text
 
 
 def _image_seed(params: dict, index: int):
     """Image `index`'s own seed: its entry of per-image seeds, else the call's seed."""
     seeds = params.get("seeds")
     return seeds[index] if seeds else params["seed"]
+
+
+def _image_subseed(params: dict, index: int):
+    """Image `index`'s variation seed: its own (a server's per-image params), else its entry of the call's."""
+    return params["subseed"] if "subseed" in params else params["subseeds"][index]
 
 
 def image_names(out_dir: Path, stem: str, seed: int, count: int, attempt: int) -> list[Path]:

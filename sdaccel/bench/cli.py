@@ -53,6 +53,16 @@ def register(subparsers) -> None:
                         "ControlNets (onnxruntime) get a row saying so")
     p.add_argument("--control-scale", type=float, metavar="S",
                    help="--controlnet: the ControlNets' controlnet_scale, one value for all (default: 1.0)")
+    p.add_argument("--hires", type=float, metavar="SCALE",
+                   help="txt2img: hires fix in every call (A1111's): generate at --height x --width, upscale by "
+                        "SCALE, then image to image at that size; the denoise column times the first pass, refine "
+                        "the second")
+    p.add_argument("--hires-upscaler", metavar="NAME", help="with --hires: Latent (default), 'Latent (bicubic)', "
+                                                            "Lanczos, ... as A1111 names them")
+    p.add_argument("--hires-steps", type=int, metavar="N",
+                   help="with --hires: the second pass's steps (default: --steps), run as A1111 runs them")
+    p.add_argument("--hires-strength", type=float, metavar="S",
+                   help="with --hires: the second pass's denoising strength, in (0, 1] (default: 0.7)")
     p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], help="default: fp16 on GPU, fp32 on CPU")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--baseline", default="eager", help="engine the speed-up column is relative to (default: eager)")
@@ -93,7 +103,9 @@ def config_from_args(args: argparse.Namespace):
         **({"prompt": args.prompt} if getattr(args, "prompt", None) is not None else {}),
         workload=getattr(args, "workload", "txt2img"), strength=getattr(args, "strength", None),
         refiner=getattr(args, "refiner", None), refiner_start=getattr(args, "refiner_start", None),
-        controlnets=tuple(getattr(args, "controlnet", None) or ()), control_scale=getattr(args, "control_scale", None))
+        controlnets=tuple(getattr(args, "controlnet", None) or ()), control_scale=getattr(args, "control_scale", None),
+        hires_scale=getattr(args, "hires", None), hires_upscaler=getattr(args, "hires_upscaler", None),
+        hires_steps=getattr(args, "hires_steps", None), hires_strength=getattr(args, "hires_strength", None))
 
 
 EXIT_TERMINATED = 128 + 15  # the shell's code for a process ended by SIGTERM

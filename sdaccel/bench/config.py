@@ -84,6 +84,12 @@ class BenchConfig:
     # ControlNets steering every call (sdaccel.load's controlnet=), as given; a single name is taken as one
     controlnets: tuple[str, ...] = ()
     control_scale: float | None = None  # with controlnets: their controlnet_scale; None: DEFAULT_CONTROL_SCALE
+    # hires fix (txt2img): each call's first pass at height x width, its second at hires_scale times that
+    # (Pipeline.generate's hires_*: pipeline/hires.py)
+    hires_scale: float | None = None
+    hires_upscaler: str | None = None  # None: "Latent" (resolved() fills in the name)
+    hires_steps: int | None = None  # None or 0: the first pass's steps
+    hires_strength: float | None = None  # None: hires.HIRES_STRENGTH (resolved() fills it in)
     simulate_oom_at_batch: int | None = None  # test hook: batches >= this raise a simulated CUDA OOM in the worker
     notes: tuple[str, ...] = field(default=(), compare=False)  # what resolved() picked, and why
 
@@ -154,6 +160,20 @@ class BenchConfig:
             validate_fraction("refiner-start", self.refiner_start)
         if self.preset is not None:
             object.__setattr__(self, "preset", get_preset(self.preset).name)
+        self._check_hires(workload)
+
+    def _check_hires(self, workload: str) -> None:
+        """--hires and its settings: only together, only on txt2img, each as hires fix takes it."""
+        from ..pipeline.hires import check_hires_settings
+
+        if self.hires_scale is None:
+            for name in ("hires_upscaler", "hires_steps", "hires_strength"):
+                if getattr(self, name) is not None:
+                    raise UsageError(f"--{name.replace('_', '-')} needs --hires")
+            return
+        if workload != "txt2img":
+            raise UsageError(f"--hires needs --workload txt2img (this is {workload}): hires fix is text to image's")
+        check_hires_settings(self.hires_scale, None, self.hires_upscaler, self.hires_steps, self.hires_strength)
 
     def _check_controlnets(self) -> None:
         """ControlNet names (a synthetic one must be known) and --control-scale (only with a ControlNet, finite).
@@ -238,7 +258,8 @@ class BenchConfig:
                                    notes=tuple(self.notes) + tuple(notes))
 
     def _workload_defaults(self) -> dict[str, Any]:
-        """strength, refiner_start and the preset's steps when left unset, and notes saying what the run does."""
+        """strength, refiner_start, hires fix's upscaler and strength and the preset's steps when left unset, and
+        notes saying what the run does."""
         from ..pipeline.presets import get_preset
 
         fields: dict[str, Any] = {}
@@ -249,6 +270,15 @@ class BenchConfig:
             fields["refiner_start"] = DEFAULT_REFINER_START
         if self.controlnets and self.control_scale is None:
             fields["control_scale"] = DEFAULT_CONTROL_SCALE
+        if self.hires_scale is not None:
+            from ..pipeline.hires import HIRES_STRENGTH, get_upscaler
+
+            fields["hires_upscaler"] = get_upscaler(self.hires_upscaler).name
+            if self.hires_strength is None:
+                fields["hires_strength"] = HIRES_STRENGTH
+            notes.append(f"hires fix x{self.hires_scale:g}: each call generates at the run's size, upscales "
+                         f"({fields['hires_upscaler']}) and runs image to image at the larger size; the denoise "
+                         "column is the first pass, refine the second")
         if self.workload == "img2img":
             notes.append("workload img2img: a fixed synthetic init image (gradient and smooth noise) at the run's "
                          "size, through the VAE encoder each call (the encode column)")
@@ -275,10 +305,13 @@ class BenchConfig:
 
     def workload_fields(self) -> dict[str, Any]:
         """What a result row records of the workload (schema columns)."""
-        return dict(workload=self.workload, strength=self.strength, refiner=self.refiner,
-                    refiner_start=self.refiner_start, preset=self.preset,
+        hires = self.hires_scale is not None
+        return dict(workload=self.workload, strength=self.hires_strength if hires else self.strength,
+                    refiner=self.refiner, refiner_start=self.refiner_start, preset=self.preset,
                     controlnets="+".join(self.controlnets) or None,
-                    control_scale=self.control_scale if self.controlnets else None)
+                    control_scale=self.control_scale if self.controlnets else None,
+                    hires_scale=self.hires_scale, hires_upscaler=self.hires_upscaler,
+                    hires_steps=(self.hires_steps or self.steps) if hires else None)
 
     def workload_title(self) -> str:
         """The workload in a few words, for the table's title: "workload img2img (strength 0.75)", "workload refiner
@@ -293,6 +326,9 @@ class BenchConfig:
             scale = DEFAULT_CONTROL_SCALE if self.control_scale is None else self.control_scale
             text += (f", ControlNet{'s' if len(self.controlnets) > 1 else ''} {' + '.join(self.controlnets)} "
                      f"(scale {scale:g})")
+        if self.hires_scale is not None:
+            text += (f", hires fix x{self.hires_scale:g} ({self.hires_upscaler or 'Latent'}, "
+                     f"{self.hires_steps or self.steps} steps at strength {self.hires_strength})")
         if self.preset is not None:
             text += f", preset {self.preset}"
         if self.guidance is not None:

@@ -157,7 +157,8 @@ CLOCK_NOTE = ("SM MHz: the GPU's SM clock, median over the timed runs (nvidia-sm
 
 # (column, table header, what the note says of it): stages only some workloads have
 STAGE_COLUMNS = (("encode_median_s", "encode s", "median of the VAE encoder stage (the init image to latents)"),
-                 ("refine_median_s", "refine s", "median of the refiner's denoising loop"))
+                 ("refine_median_s", "refine s", "median of the refiner's denoising loop, or hires fix's second "
+                                                 "pass"))
 
 
 def shown_stages(rows: list[dict]) -> list[tuple[str, str, str]]:

@@ -21,6 +21,9 @@ COLUMNS: tuple[str, ...] = (
     "workload", "strength", "refiner", "refiner_start",
     # the ControlNets steering every call ("+"-joined, as given; empty for none) and their controlnet_scale
     "controlnets", "control_scale",
+    # hires fix (txt2img): the second pass's scale of the first's size, upscaler and steps (its strength is in
+    # `strength`); the row's height and width are the first pass's, as A1111 records them
+    "hires_scale", "hires_upscaler", "hires_steps",
     "batch_size", "mode",
     # cold start: load + engine prepare + first image at `cold_start_batch`, in a fresh process
     "cold_start_s", "cold_load_s", "cold_first_image_s", "cold_start_batch",
@@ -33,8 +36,9 @@ COLUMNS: tuple[str, ...] = (
     "first_run_device_MB", "second_run_device_MB",
     # timed runs (end-to-end wall clock, synchronised) and per-stage medians (CUDA events on a GPU)
     "runs", "latency_mean_s", "latency_median_s", "latency_p90_s", "latency_min_s", "latency_max_s",
-    # encode: the init image through the VAE encoder (img2img, inpaint; 0 otherwise); denoise: the (base) model's
-    # loop; refine: the refiner's loop (0 without one).
+    # encode: the init image through the VAE encoder (img2img, inpaint, hires fix's pixel upscalers; 0 otherwise);
+    # denoise: the (base) model's loop, hires fix's first pass; refine: the refiner's loop, or hires fix's second
+    # pass (0 without either).
     # unet_calls: the UNet evaluations of one image's loops, base and refiner (the scheduler's timesteps: PNDM's 50
     # steps make 51; img2img's strength runs a share of them); unet_it_s: those a second of denoise + refine medians
     "text_median_s", "encode_median_s", "denoise_median_s", "refine_median_s", "decode_median_s", "unet_calls",
@@ -59,9 +63,10 @@ INT_COLUMNS = frozenset({"height", "width", "steps", "batch_size", "cold_start_b
 FLOAT_COLUMNS = frozenset(
     name for name in COLUMNS
     if name.endswith(("_s", "_MB")) and name not in {"warmup_s"}
-) | {"guidance", "strength", "refiner_start", "control_scale", "unet_it_s", "images_per_min", "speedup_vs_baseline",
-     "psnr_vs_fp32_db", "gpu_sm_mhz_median", "gpu_sm_mhz_min", "gpu_sm_mhz_max", "gpu_power_w_max",
-     "gpu_temperature_c_max"}
+) | {"guidance", "strength", "refiner_start", "control_scale", "hires_scale", "unet_it_s", "images_per_min",
+     "speedup_vs_baseline", "psnr_vs_fp32_db", "gpu_sm_mhz_median", "gpu_sm_mhz_min", "gpu_sm_mhz_max",
+     "gpu_power_w_max", "gpu_temperature_c_max",
+     "hires_steps"}  # a count, but None without hires fix (INT_COLUMNS are never None)
 LIST_COLUMNS = frozenset({"warmup_s"})  # JSON lists; JSON-encoded text in the CSV
 
 

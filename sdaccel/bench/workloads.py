@@ -70,8 +70,8 @@ def control_image(height: int, width: int):
 
 def workload_kwargs(spec, cfg) -> dict[str, Any]:
     """The call's keywords beyond the shared ones: preset, guidance, the workload's init image, mask, strength or
-    handoff, and the ControlNets' control image (one per ControlNet) and scale. `spec`: the (base) model's, for its
-    own size when the run gives none; `cfg`: a resolved BenchConfig."""
+    handoff, the ControlNets' control image (one per ControlNet) and scale, and hires fix's settings. `spec`: the
+    (base) model's, for its own size when the run gives none; `cfg`: a resolved BenchConfig."""
     kwargs: dict[str, Any] = dict(guidance=cfg.guidance, preset=cfg.preset)  # None: the preset's, else the model's
     height = spec.height if cfg.height is None else cfg.height
     width = spec.width if cfg.width is None else cfg.width
@@ -85,4 +85,7 @@ def workload_kwargs(spec, cfg) -> dict[str, Any]:
             kwargs["mask"] = centre_mask(height, width)
     elif cfg.workload == "refiner":
         kwargs["refiner_start"] = cfg.refiner_start
+    if cfg.hires_scale is not None:
+        kwargs.update(hires_scale=cfg.hires_scale, hires_upscaler=cfg.hires_upscaler, hires_steps=cfg.hires_steps,
+                      hires_strength=cfg.hires_strength)
     return kwargs

@@ -27,6 +27,14 @@ def register(sub) -> None:
     gen.add_argument("--batch", type=int, default=1,
                      help="images per call (default: 1); a batch that cannot fit in memory is refused up front")
     gen.add_argument("--seed", type=int, default=0, help="initial noise seed, >= 0 (default: 0)")
+    gen.add_argument("--subseed", type=int, metavar="SEED",
+                     help="variation seed (A1111's): with --subseed-strength, image i's noise turns towards seed "
+                          "SEED + i's (default: a random one)")
+    gen.add_argument("--subseed-strength", type=float, default=0.0, metavar="S",
+                     help="how far, from 0 (none, the default) to 1 (the variation seed's image)")
+    gen.add_argument("--clip-skip", type=int, metavar="N",
+                     help="condition on the text encoder's hidden states N layers before the usual one "
+                          "(diffusers' count: 1 is A1111's 'Clip skip: 2'; default: 0)")
     gen.add_argument("--scheduler", metavar="NAME",
                      help=f"sampler: {', '.join(SCHEDULERS)}; UI spellings are accepted ('Euler a', 'DPM++ 2M "
                           f"Karras'); default: the model's own (pndm for SD)")
@@ -52,6 +60,18 @@ def register(sub) -> None:
     gen.add_argument("--keep-unmasked", action="store_true",
                      help="with --mask: paste the image's own pixels back outside the mask (a VAE round trip "
                           "alters them slightly)")
+    gen.add_argument("--hires", type=float, metavar="SCALE",
+                     help="hires fix (A1111's): generate at --width x --height, upscale by SCALE (to the latent "
+                          "grid), then image to image at that size")
+    gen.add_argument("--hires-upscaler", metavar="NAME",
+                     help="with --hires: Latent (default), 'Latent (antialiased)', 'Latent (bicubic)', 'Latent "
+                          "(bicubic antialiased)', 'Latent (nearest)', 'Latent (nearest-exact)', Lanczos, Nearest, "
+                          "None (a Lanczos resize), as A1111 names them")
+    gen.add_argument("--hires-steps", type=int, metavar="N",
+                     help="with --hires: the second pass's steps (default: 0, the first pass's), run as A1111 runs "
+                          "them: the last N of N / strength")
+    gen.add_argument("--hires-strength", type=float, metavar="S",
+                     help="with --hires: the second pass's denoising strength, in (0, 1] (default: 0.7)")
     gen.add_argument("--refiner", metavar="MODEL",
                      help="an SDXL refiner (folder, file, repo id or synthetic:sdxl-refiner) to finish an SDXL "
                           "base model's images: the base runs the first --refiner-start of the steps, the "
@@ -64,6 +84,10 @@ def register(sub) -> None:
     gen.add_argument("--lora", action="append", default=[], metavar="FILE[:SCALE]",
                      help="a LoRA file (.safetensors, diffusers/PEFT or kohya format) merged into the weights at "
                           "SCALE (default 1); repeat it to stack LoRAs")
+    gen.add_argument("--embeddings", metavar="DIR",
+                     help="textual-inversion embeddings (.pt, .bin, .safetensors; A1111's or diffusers' format) "
+                          "that the prompt names by file name: a folder, whose files made for another model are "
+                          "skipped, or one file")
     gen.add_argument("--controlnet", action="append", default=[], metavar="MODEL",
                      help="a ControlNet for the model (diffusers folder, .safetensors file, repo id or "
                           "synthetic:controlnet-<arch>); repeat it for several, each with its --control-image")
@@ -105,10 +129,10 @@ def cmd_generate(args) -> int:
     from ..models.schedulers import canonical
     from ..outputs import prepare_output_folder, save_images
     from ..pipeline.images import image_batch, mask_batch
-    from ..pipeline.load import load
+    from ..pipeline.load import load, read_embeddings
     from ..pipeline.presets import get_preset
     from ..pipeline.prompts import parse
-    from ..pipeline.request import validate_fraction, validate_request
+    from ..pipeline.request import validate_fraction, validate_request, variation
 
     # Everything checkable without a model is checked before loading one, the output folder included.
     validate_request(1 if args.steps is None else args.steps, args.height, args.width, args.batch, args.guidance,
@@ -124,6 +148,8 @@ def cmd_generate(args) -> int:
         raise SdaccelError("--refiner finishes a text-to-image call: without --image/--mask (to refine a "
                            "picture, give the refiner as --model with --image)")
     validate_fraction("--refiner-start", args.refiner_start)
+    hires = hires_settings(args)
+    variation(args.subseed, args.subseed_strength, 1)
     for text in (args.prompt, args.negative):
         parse(text, args.prompt_syntax)  # a weight that is not a number, before the model loads
     loras = parse_loras(args.lora)
@@ -150,12 +176,15 @@ def cmd_generate(args) -> int:
     engine = args.engine or ("onnxruntime" if onnx_folder else "eager")
     options = engine_options(engine, args)
     engine_object = get_engine(engine, device, **options)  # options checked before the model loads
+    if args.embeddings:
+        read_embeddings(engine_object, args.embeddings)  # every file checked before the model loads
     # An ONNX folder, given as the model or as the engine's folder option, leaves nothing to build.
     first_start = "" if onnx_folder or options.get("folder") else engine_object.first_start
     status(f"loading {model} on the {engine} engine ({device})"
            + (f"; with caches still empty, the engine {first_start}" if first_start else ""))
     pipe = load(model, engine=engine_object, dtype=args.dtype, device=device, arch=args.arch, seed=args.seed,
-                refiner=args.refiner, refiner_start=args.refiner_start, controlnet=args.controlnet or None)
+                refiner=args.refiner, refiner_start=args.refiner_start, controlnet=args.controlnet or None,
+                embeddings=args.embeddings)
     first = pipe.base if args.refiner else pipe
     if loras:
         first.set_loras(loras)  # a refiner keeps its own weights: LoRAs are made for one architecture
@@ -165,6 +194,7 @@ def cmd_generate(args) -> int:
         image=init_image, mask=mask, strength=args.strength, mask_blur=args.mask_blur,
         keep_unmasked=args.keep_unmasked)
     workload.update(control)
+    workload.update(hires)
     runs = []
     for i in range(args.repeat):
         if i == 0 and first.engine.first_call:
@@ -173,20 +203,44 @@ def cmd_generate(args) -> int:
                       width=args.width, batch_size=args.batch, seed=args.seed, scheduler=args.scheduler,
                       timestep_spacing=args.timestep_spacing, prediction_type=args.prediction_type,
                       preset=args.preset, aesthetic_score=args.aesthetic_score, progress=not args.no_progress,
-                      strict=args.strict, prompt_syntax=args.prompt_syntax, **workload)
+                      strict=args.strict, prompt_syntax=args.prompt_syntax, clip_skip=args.clip_skip,
+                      subseed=args.subseed, subseed_strength=args.subseed_strength, **workload)
         runs.append(result.timings)
     paths = save_images(result, out_dir, overwrite=args.overwrite)
     params = result.params
-    evaluations = runs[-1].evaluations
+    evaluations, hires = runs[-1].evaluations, params.get("hires_upscaler") is not None
+    steps = params["steps"] + (params["hires_steps"] if hires else 0)
     print(f"model {params['model']} | engine {first.engine.name} | {params['dtype']} | device {device} | "
-          f"{params['width']}x{params['height']} x{params['batch_size']} | {params['steps']} steps "
-          f"{params['scheduler']}" + (f" ({evaluations} UNet evaluations)" if evaluations != params["steps"] else ""))
+          f"{params['width']}x{params['height']}"
+          + (f" -> hires {params['hires_width']}x{params['hires_height']}" if hires else "")
+          + f" x{params['batch_size']} | {params['steps']} steps"
+          + (f" + {params['hires_steps']} hires steps" if hires else "")
+          + f" {params['scheduler']}" + (f" ({evaluations} UNet evaluations)" if evaluations != steps else ""))
     for i, timings in enumerate(runs):
         label = "timings" if len(runs) == 1 else f"run {i + 1}{' (cold)' if i == 0 else ''}"
         print(f"{label}: {timings.line()}")
     for path in paths:
         print(f"wrote {path}")
     return 0
+
+
+def hires_settings(args) -> dict:
+    """The --hires flags as Pipeline.generate's hires_* arguments, checked now (before the model loads)."""
+    from ..pipeline.hires import check_hires_settings
+
+    flags = (("--hires-upscaler", args.hires_upscaler), ("--hires-steps", args.hires_steps),
+             ("--hires-strength", args.hires_strength))
+    if args.hires is None:
+        for flag, given in flags:
+            if given is not None:
+                raise SdaccelError(f"{flag} needs --hires")
+        return {}
+    for flag, given in (("--image", args.image), ("--refiner", args.refiner), ("--controlnet", args.controlnet)):
+        if given:
+            raise SdaccelError(f"--hires runs on text to image (A1111's hires fix): without {flag}")
+    check_hires_settings(args.hires, None, args.hires_upscaler, args.hires_steps, args.hires_strength)
+    return dict(hires_scale=args.hires, hires_upscaler=args.hires_upscaler, hires_steps=args.hires_steps,
+                hires_strength=args.hires_strength)
 
 
 def control_settings(args) -> dict:

@@ -33,6 +33,17 @@ def register(sub) -> None:
     p.add_argument("--engine", metavar="|".join(ENGINE_NAMES), help="default: fast on a GPU, eager on CPU")
     p.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="an option of the engine (repeatable; `sdaccel engines NAME` lists them)")
+    p.add_argument("--embeddings", metavar="DIR",
+                   help="a folder of textual-inversion embeddings (.pt, .bin, .safetensors; A1111's or diffusers' "
+                        "format) that prompts name by file name; each model takes the files made for it, "
+                        "/sdapi/v1/embeddings lists them")
+    p.add_argument("--loras", metavar="DIR",
+                   help="a folder of LoRA files (.safetensors; .pt/.ckpt/.bin of tensors) that requests name by file "
+                        "stem: <lora:name:weight> in a prompt, /v1/generate's loras; /sdapi/v1/loras lists them")
+    p.add_argument("--controlnet", action="append", default=[], metavar="[NAME=]REF",
+                   help="a ControlNet (folder, file, repo id or synthetic:controlnet-<arch>) loaded beside every "
+                        "served model it fits, named NAME or after its file; repeatable; requests use it through "
+                        "A1111's alwayson_scripts.controlnet units or /v1/generate's controlnet")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--gpus", metavar="all|0,1,...",
                    help="one worker process per GPU, each with its own engines, behind one server; all: every "
@@ -51,6 +62,9 @@ def register(sub) -> None:
     p.add_argument("--warm", metavar="HxW:N,N,...", action="append", default=[],
                    help="shapes run once at start so the first requests find their kernels ready, e.g. "
                         "512x512:1,2,4 (repeatable); /ready turns 200 after")
+    p.add_argument("--preview-every", type=int, default=5, metavar="N",
+                   help="a live preview of the running call's first image every N steps, which /sdapi/v1/progress "
+                        "returns as current_image (A1111's show_progress_every_n_steps; 0: none; default: 5)")
     p.add_argument("--api-key", help=f"required as 'Authorization: Bearer KEY' or 'X-API-Key' (default: "
                                      f"${API_KEY_ENV}); /health and /ready stay open")
     p.add_argument("--timeout", type=float, default=600.0,
@@ -148,6 +162,8 @@ def cmd_serve(args) -> int:
     if args.timeout <= 0:
         raise SdaccelError(f"--timeout must be > 0 seconds, got {args.timeout}")
     warm = parse_warm(args.warm)
+    if args.preview_every < 0:
+        raise SdaccelError(f"--preview-every must be >= 0 steps (0: no previews), got {args.preview_every}")
     devices = worker_devices(args.gpus, args.cpu_workers, args.device, args.ray)
     try:
         import uvicorn
@@ -167,12 +183,25 @@ def cmd_serve(args) -> int:
     models = parse_models(args.model, default_model(device_type))
     engine = (args.engine or ("fast" if device_type == "cuda" else "eager")).strip().lower()
     options = engine_options(engine, args)
+    if args.embeddings:
+        from ..pipeline.load import read_embeddings
+
+        if not os.path.isdir(args.embeddings):
+            raise SdaccelError(f"--embeddings {args.embeddings}: not a folder")
+        read_embeddings(engine, args.embeddings)  # a bad file: one line now, not a worker that fails to start
+    from ..serve.controlnets import controlnet_plan, parse_controlnets
+    from ..serve.loras import LoraFolder
+
+    loras = LoraFolder(args.loras) if args.loras else None
+    controlnets = parse_controlnets(args.controlnet)
+    controlnet_plan(models, controlnets)  # a ControlNet that fits no served model: one line now
     _log_to_stderr()
     if args.ray:
-        return _serve_on_ray(args, models, engine, options, device, warm, api_key)
+        return _serve_on_ray(args, models, engine, options, device, warm, api_key, controlnets)
     metrics = Metrics()
     settings = dict(engine=engine, engine_options=options, dtype=args.dtype, max_batch=args.max_batch,
-                    batch_window_ms=args.batch_window_ms, max_queue=args.max_queue, warm=warm, events=metrics)
+                    batch_window_ms=args.batch_window_ms, max_queue=args.max_queue, warm=warm, events=metrics,
+                    embeddings=args.embeddings, controlnets=controlnets, preview_every=args.preview_every)
     if devices is None:
         worker = Worker(models, device=str(device), **settings)
         where = str(device)
@@ -180,7 +209,7 @@ def cmd_serve(args) -> int:
         worker = ProcessWorkers(models, devices=devices, **settings)
         where = f"{len(devices)} worker processes: {', '.join(devices)}"
     worker.start()  # loads and warms on its thread(s) while the server starts: /ready says when it is done
-    app = create_app(worker, api_key=api_key, request_timeout_s=args.timeout, metrics=metrics)
+    app = create_app(worker, api_key=api_key, request_timeout_s=args.timeout, metrics=metrics, loras=loras)
     config = uvicorn.Config(app, host=args.host, port=args.port, access_log=False, log_level="info",
                             timeout_graceful_shutdown=None, lifespan="on")
     server = uvicorn.Server(config)
@@ -199,7 +228,8 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def _serve_on_ray(args, models: dict[str, str], engine: str, options: dict, device, warm, api_key) -> int:
+def _serve_on_ray(args, models: dict[str, str], engine: str, options: dict, device, warm, api_key,
+                  controlnets: dict[str, str]) -> int:
     if args.replicas < 1:
         raise SdaccelError(f"--replicas must be >= 1, got {args.replicas}")
     try:
@@ -213,7 +243,9 @@ def _serve_on_ray(args, models: dict[str, str], engine: str, options: dict, devi
                                device="cuda" if device.type == "cuda" else str(device), dtype=args.dtype,
                                max_batch=args.max_batch, batch_window_ms=args.batch_window_ms,
                                max_queue=args.max_queue, warm=warm, api_key=api_key,
-                               request_timeout_s=args.timeout)
+                               request_timeout_s=args.timeout, embeddings=args.embeddings,
+                               loras=os.path.abspath(args.loras) if args.loras else None, controlnets=controlnets,
+                               preview_every=args.preview_every)
     status(f"serving {', '.join(models)} on Ray Serve: {args.replicas} replica(s) of the {engine} engine, "
            f"{gpus:g} GPU each, at http://{args.host}:{args.port}")
     run(settings, replicas=args.replicas, gpus_per_replica=gpus, host=args.host, port=args.port,

@@ -17,7 +17,8 @@ from ..errors import UsageError
 from ..models.components import Components
 from .options import EngineConfig
 
-TextStage = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # ids -> (hidden states, pooled)
+# (ids[, clip_skip]) -> (hidden states, pooled); clip_skip (diffusers' meaning, default 0) selects an earlier layer
+TextStage = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 # (latents, timestep, context, text_embeds, time_ids) -> model output; inputs in any float dtype, output fp32.
 UNetStage = Callable[..., torch.Tensor]
 # One image's denoising loop: (step index, latents) -> model output, as UNetStage's for that step's timestep.

@@ -393,12 +393,20 @@ def _text_stage(run, te, outputs: list[str], device: torch.device):
     pooled_width = int(te.config["projection_dim"]) if te.with_projection else width
     hidden_name, pooled_name = text_encoder_outputs(te)
     wanted = outputs.index(hidden_name), outputs.index(pooled_name)
+    layers = int(te.config["num_hidden_layers"])
 
-    def encode(ids: torch.Tensor):
+    def encode(ids: torch.Tensor, clip_skip: int = 0):
+        hidden_at = wanted[0]
+        if clip_skip:  # an encoder read at its penultimate layer exports every layer's: an earlier one is there
+            name = f"hidden_states.{layers - 1 - clip_skip}"
+            if not te.penultimate or name not in outputs:
+                raise UsageError("clip_skip needs the text encoder's inner layers, which this ONNX graph does not "
+                                 "output (an SD1/SD2 export gives its last layer only): use a torch engine")
+            hidden_at = outputs.index(name)
         b, s = ids.shape
         shapes = {name: (b, pooled_width) if name == "text_embeds" else (b, width) if name == "pooler_output"
                   else (b, s, width) for name in outputs}
         values = run.run({TEXT_INPUT: ids}, shapes, torch.float32)
-        return values[wanted[0]].to(device), values[wanted[1]].to(device)
+        return values[hidden_at].to(device), values[wanted[1]].to(device)
 
     return encode

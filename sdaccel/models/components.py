@@ -28,6 +28,7 @@ class Components:
     synthetic: bool = False  # random weights: images are noise by construction
     onnx_folder: Path | None = None  # an ONNX pipeline folder (model_index.json, <component>/model.onnx)
     controlnets: list[nn.Module] = field(default_factory=list)  # diffusers ControlNetModel(s) steering the UNet
+    embeddings: Any = None  # embeddings.LoadedEmbeddings put into the text encoders and tokenizers, or None
 
     def modules(self) -> list[nn.Module]:
         return [m for m in (self.unet, self.vae, *self.text_encoders, *self.controlnets) if m is not None]
@@ -37,14 +38,23 @@ class Components:
 # attributes) so that `sdaccel.accelerate` can patch a diffusers pipeline's modules without recursing into itself.
 
 
-def text_encoder_fn(encoder: nn.Module, penultimate: bool) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-    """ids -> (per-token hidden states the UNet attends to, pooled embedding)."""
+def text_encoder_fn(encoder: nn.Module, penultimate: bool) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """(ids, clip_skip=0) -> (per-token hidden states the UNet attends to, pooled embedding). clip_skip as diffusers
+    defines it: the hidden states of that many layers before the usual one, through the final layer norm for an
+    encoder read at its last layer (SD1/SD2), as they are for one read at its penultimate layer (SDXL). The pooled
+    embedding is the last layer's either way."""
     forward = type(encoder).forward.__get__(encoder)
     with_projection = hasattr(encoder, "text_projection")
+    final_norm = getattr(encoder, "text_model", encoder).final_layer_norm  # transformers 5 flattened text_model
 
-    def encode(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = forward(ids, output_hidden_states=penultimate, return_dict=True)
-        hidden = out.hidden_states[-2] if penultimate else out.last_hidden_state
+    def encode(ids: torch.Tensor, clip_skip: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        out = forward(ids, output_hidden_states=penultimate or clip_skip > 0, return_dict=True)
+        if penultimate:
+            hidden = out.hidden_states[-2 - clip_skip]
+        elif clip_skip:
+            hidden = final_norm(out.hidden_states[-1 - clip_skip])
+        else:
+            hidden = out.last_hidden_state
         pooled = out.text_embeds if with_projection else out.pooler_output
         return hidden, pooled
 

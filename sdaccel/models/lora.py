@@ -9,8 +9,9 @@ touch, so `set_loras({})` restores them bit for bit however many switches came b
 Formats: diffusers / PEFT (`lora_A` / `lora_B`, as diffusers' save_lora_weights writes; alpha from the file's
 metadata when it has some, else alpha = rank) and kohya / A1111 (`lora_down` / `lora_up` / `alpha`, with diffusers'
 names or, mapped by diffusers' SDXL reader, the original repositories' block names), Linear and convolution layers
-(LoCon), UNet and text encoders. Parsed files are cached in host memory by path, size and
-modification time.
+(LoCon), UNet and text encoders. Files: `.safetensors`, or the same tensors saved by torch (`.pt`, `.ckpt`, `.bin`),
+read with torch.load(weights_only=True), which loads tensors and never runs code from the file. Parsed files are
+cached in host memory by path, size and modification time.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ..errors import UsageError
 _KOHYA_PREFIXES = {"lora_unet_": "unet", "lora_te_": "text_encoder", "lora_te1_": "text_encoder",
                    "lora_te2_": "text_encoder_2"}
 _DIFFUSERS_PREFIXES = ("unet.", "text_encoder.", "text_encoder_2.")
+TORCH_SUFFIXES = (".pt", ".ckpt", ".bin")  # torch.save files, read with weights_only=True
 
 
 @dataclass(frozen=True)
@@ -61,10 +63,10 @@ _SGM_BLOCKS = ("input_blocks", "middle_block", "output_blocks")  # the original 
 
 
 def read_lora(path: str | os.PathLike, unet_config: Mapping | None = None, pinned: bool = False) -> list[LoraLayer]:
-    """The layers of a LoRA file (.safetensors), parsed once per (path, size, modification time, UNet layout).
-    unet_config: the UNet's diffusers config, which kohya files naming the UNet's blocks the original repositories'
-    way (SGM names: most SDXL ones) need to be mapped to its layers. pinned: keep the factors in page-locked memory
-    (for merges on a GPU; the cached copy is replaced once)."""
+    """The layers of a LoRA file (.safetensors, or .pt/.ckpt/.bin of tensors), parsed once per (path, size,
+    modification time, UNet layout). unet_config: the UNet's diffusers config, which kohya files naming the UNet's
+    blocks the original repositories' way (SGM names: most SDXL ones) need to be mapped to its layers. pinned: keep
+    the factors in page-locked memory (for merges on a GPU; the cached copy is replaced once)."""
     file = Path(path)
     try:
         stat = file.stat()
@@ -90,14 +92,10 @@ def forget_lora(path: str | os.PathLike) -> None:
 
 
 def _parse(file: Path, unet_config: Mapping | None = None) -> list[LoraLayer]:
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(file), framework="pt") as f:
-            metadata = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise UsageError(f"LoRA {file}: not a safetensors file sdaccel can read ({exc.__class__.__name__})") from None
+    if file.suffix.lower() in TORCH_SUFFIXES:
+        tensors, metadata = _read_torch_file(file), {}
+    else:
+        tensors, metadata = _read_safetensors(file)
     tensors = {k: v for k, v in tensors.items() if "dora_scale" not in k}
     if any(k.startswith(tuple(_KOHYA_PREFIXES)) for k in tensors):
         sgm = any(k.startswith("lora_unet_") and any(b in k for b in _SGM_BLOCKS) for k in tensors)
@@ -113,6 +111,29 @@ def _parse(file: Path, unet_config: Mapping | None = None) -> list[LoraLayer]:
         raise UsageError(f"LoRA {file}: no LoRA layers in a format sdaccel reads (diffusers/PEFT lora_A/lora_B, "
                          f"kohya lora_down/lora_up)")
     return layers
+
+
+def _read_safetensors(file: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise UsageError(f"LoRA {file}: not a safetensors file sdaccel can read ({exc.__class__.__name__})") from None
+
+
+def _read_torch_file(file: Path) -> dict[str, torch.Tensor]:
+    """A torch.save file's tensors (a flat {name: tensor} dict, as kohya's .pt LoRAs hold), loaded with
+    weights_only=True."""
+    try:
+        loaded = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - an unpickling error, a truncated file, a non-tensor object
+        raise UsageError(f"LoRA {file}: not a torch file of tensors sdaccel can read ({exc.__class__.__name__})") \
+            from None
+    if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+        raise UsageError(f"LoRA {file}: holds no {{name: tensor}} dict")
+    return {str(k): v for k, v in loaded.items()}
 
 
 def _kohya_layers(tensors: dict[str, torch.Tensor]) -> list[LoraLayer]:

@@ -1,6 +1,7 @@
 """One call of a loaded model: encode -> denoise -> decode (core.Pipeline), what it is asked (request, presets,
 control, image_start), what it reports (timing), the output guard around it (guard, remedies), the SDXL base +
-refiner pair (refiner), and `load` (load.py), which builds all of it from a model reference.
+refiner pair (refiner), A1111's hires fix in two calls (hires), and `load` (load.py), which builds all of it from a
+model reference.
 
 The names below resolve on first use, so `sdaccel.pipeline.presets` and the other light modules import without
 torch (`sdaccel --help`, `sdaccel cache`)."""

@@ -29,18 +29,21 @@ from ..models.components import Components
 from ..models.lora import LoraWeights
 from ..models.schedulers import canonical, make_scheduler
 from .control import Control
+from .hires import hires_call
 from .image_start import (ImageEncoder, Start, Window, initial_noise, latent_shape, paste_unmasked, schedule_window,
                           starting_point)
 from .memory_estimate import check_fits
-from .prompts import apply_weights, batch_chunks
+from .prompts import apply_weights, batch_chunks, parse
 from .request import (AESTHETIC_SCORE, MAX_SEED, MAX_SIDE, MAX_STEPS, NEGATIVE_AESTHETIC_SCORE, Request,
                       from_diffusers_names, resolve_request, validate_request)
+from .stopping import STOP
 from .timing import StageTimer, StageTimings
 
 __all__ = ["Pipeline", "GenerationResult", "Conditioning", "initial_noise", "latent_shape", "validate_request",
            "MAX_SEED", "MAX_SIDE", "MAX_STEPS"]
 
-StepCallback = Callable[[int, float, torch.Tensor], None]  # (step index, timestep, latents after the step)
+# (step index, timestep, latents after the step) -> STOP to end the denoising there (stopping.py), else None
+StepCallback = Callable[[int, float, torch.Tensor], Any]
 # (final latents, decoded-finite flag or None, uint8 image or None, encoded-finite flag or None) -> flags on the
 # device, without a sync
 OutputChecks = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None], torch.Tensor]
@@ -101,6 +104,13 @@ class Pipeline:
 
     # ------------------------------------------------------------------------------------------------ pieces
 
+    @property
+    def embeddings(self) -> dict[str, int]:
+        """The textual-inversion embeddings loaded (sdaccel.load(..., embeddings=)): name -> the token positions
+        (vectors) it takes in a prompt."""
+        loaded = self.components.embeddings
+        return {} if loaded is None else {name: e.count for name, e in loaded.loaded.items()}
+
     def set_loras(self, loras: dict[str, float]) -> dict[str, int]:
         """Merge exactly these LoRA files ({path: scale}) into the weights, replacing the ones set before; {}
         returns to the base weights, bit for bit. The engine's graphs and compiled code read the new weights
@@ -140,10 +150,11 @@ class Pipeline:
     @torch.inference_mode()
     def encode_prompt(self, prompts: list[str], negatives: list[str], guidance: bool, height: int, width: int,
                       aesthetic_scores: tuple[float, float] | None = None,
-                      prompt_syntax: str = "a1111") -> Conditioning:
+                      prompt_syntax: str = "a1111", clip_skip: int = 0) -> Conditioning:
         """One batched pass per text encoder over [negatives..., prompts...], every prompt in its 75-token chunks
         with its emphasis (prompts.py; the context is 77 x chunks tokens long). aesthetic_scores: (positive,
-        negative), for a model conditioned on them (the SDXL refiner); else the defaults."""
+        negative), for a model conditioned on them (the SDXL refiner); else the defaults. clip_skip: the hidden
+        states that many layers earlier (diffusers' meaning; the text stages' second input)."""
         spec = self.spec
         texts = negatives + prompts if guidance else prompts
         tokenizers = self.components.tokenizers
@@ -153,7 +164,8 @@ class Pipeline:
             laid = [batch_chunks(texts, tokenizer, prompt_syntax, chunks) for tokenizer in tokenizers]
         hiddens, pooled = [], None
         for (ids, weights, _), encode in zip(laid, self.stages.text_encoders):
-            hidden, pooled = encode(ids.to(self.device, non_blocking=True))
+            ids = ids.to(self.device, non_blocking=True)
+            hidden, pooled = encode(ids, clip_skip) if clip_skip else encode(ids)
             if weights is not None:
                 hidden = apply_weights(hidden, weights)
             hiddens.append(hidden.reshape(len(texts), chunks * hidden.shape[1], hidden.shape[2]))
@@ -197,7 +209,12 @@ class Pipeline:
                  control_image=None, controlnet_scale: float | list[float] | None = None,
                  control_start: float | list[float] | None = None,
                  control_end: float | list[float] | None = None, prompt_syntax: str = "a1111", generator=None,
-                 **diffusers_names: Any) -> GenerationResult:
+                 clip_skip: int | None = None, subseed: int | list[int] | None = None,
+                 subseed_strength: float = 0.0, hires_scale: float | None = None,
+                 hires_size: tuple[int, int] | None = None, hires_upscaler: str | None = None,
+                 hires_steps: int | None = None, hires_strength: float | None = None,
+                 hires_prompt: str | list[str] | None = None, hires_negative_prompt: str | list[str] | None = None,
+                 hires_scheduler: str | None = None, **diffusers_names: Any) -> GenerationResult:
         """Text to image, and with `image` (PIL image(s) or a tensor, sides multiples of 8):
         seed draws the batch's noise from one generator, as diffusers does; seeds (one per output image,
         instead of seed) draws each image's from its own, so image i is the image a call of its own with seeds[i]
@@ -218,9 +235,20 @@ class Pipeline:
         seed None (the default) is a random seed, which params["seed"] reports. diffusers' names work too:
         num_inference_steps, guidance_scale, num_images_per_prompt, output_type ("pil", "latent"), generator (a
         torch.Generator, or one per image, drawing the noise as diffusers' pipelines draw it).
+        clip_skip (diffusers' count: 1 conditions on the layer before the usual one; A1111's "Clip skip: 2"). subseed
+        and subseed_strength: A1111's variation seeds, each image's starting noise turned by slerp towards its
+        subseed's (subseed + i for image i, or one per image), strength 0 (none) to 1 (the subseed's noise).
         Prompts of any length, with A1111's emphasis and BREAK (prompt_syntax "a1111", the default; "none": every
         character is text): prompts.py.
+        hires_scale (or hires_size=(width, height), 0 keeping the aspect ratio): A1111's hires fix, this call at its
+        size, then upscaled (hires_upscaler: "Latent" (default), "Latent (bicubic)", ..., "Lanczos") and run again
+        as image to image there (hires_steps, default the first pass's; hires_strength, default 0.7;
+        hires_prompt, hires_negative_prompt, hires_scheduler, default the first pass's): hires.py.
+        callback(i, t, latents) runs after each denoising step; returning stopping.STOP ends the denoising there and
+        the call decodes the latents reached (params["interrupted_at_step"]: the steps run), as A1111 answers an
+        interrupted job.
         All as diffusers' pipelines for these workloads compute them."""
+        hires = hires_call(locals())  # None unless hires_scale / hires_size ask for hires fix; read before any name
         spec = self.spec
         if diffusers_names:
             chosen = from_diffusers_names(diffusers_names, dict(steps=steps, guidance=guidance, batch_size=batch_size,
@@ -234,10 +262,13 @@ class Pipeline:
             denoising_start=denoising_start, denoising_end=denoising_end, aesthetic_score=aesthetic_score,
             negative_aesthetic_score=negative_aesthetic_score, controlnets=len(self.components.controlnets),
             control_image=control_image, controlnet_scale=controlnet_scale, control_start=control_start,
-            control_end=control_end, prompt_syntax=prompt_syntax, generator=generator)
+            control_end=control_end, prompt_syntax=prompt_syntax, generator=generator, clip_skip=clip_skip,
+            subseed=subseed, subseed_strength=subseed_strength)
         _check_latents(latents, spec, request)
         n, cfg = request.n, request.cfg
         check_fits(spec, request.height, request.width, n, self.dtype, cfg, self.device)
+        if hires is not None:  # a first pass at this size, then one at the target size: two calls of this method
+            return hires.run(self, request)
         sched_name = canonical(request.scheduler or spec.default_scheduler)
         sched = self.scheduler(sched_name, request.timestep_spacing, request.prediction_type)
         # Ancestral samplers' per-step noise: one generator for the batch (its images depend on which share it), or
@@ -248,7 +279,7 @@ class Pipeline:
         with timer.stage("text"):
             cond = self.encode_prompt(request.prompts, request.negatives, cfg, request.height, request.width,
                                       (request.aesthetic_score, request.negative_aesthetic_score),
-                                      request.prompt_syntax)
+                                      request.prompt_syntax, request.clip_skip)
         sched.set_timesteps(request.steps)  # on the host: the scheduler's arithmetic never waits for the GPU
         window = schedule_window(sched, request)
         encoder = ImageEncoder(self.stages.encode, spec.vae_scaling_factor, self.device, self.engine.name,
@@ -259,8 +290,10 @@ class Pipeline:
         # Steps as asked for, in the window's share: PNDM evaluates the UNet 51 times for 50 steps.
         steps_run = max(1, round(request.steps * evaluations / len(sched.timesteps)))
         with timer.stage("denoise"):
-            latents = self._denoise(sched, start, window, cond, request.guidance, cfg, step_gen, callback,
-                                    progress, steps_run, request.control)
+            latents, stopped = self._denoise(sched, start, window, cond, request.guidance, cfg, step_gen, callback,
+                                             progress, steps_run, request.control)
+        if stopped is not None:  # a callback ended the loop: the timings count the steps that ran
+            evaluations, steps_run = stopped, max(1, round(request.steps * stopped / len(sched.timesteps)))
         with timer.stage("decode"):
             image = decoded_finite = None
             if request.output != "latent":
@@ -277,11 +310,18 @@ class Pipeline:
         params = dict(request.params(), scheduler=sched_name, model=self.components.source, engine=self.engine.name,
                       dtype=dtype_name(self.dtype), timestep_spacing=sched.config.timestep_spacing,
                       prediction_type=sched.config.prediction_type)
+        if stopped is not None:
+            params["interrupted_at_step"] = stopped
         if request.control is not None:
             params["controlnets"] = [getattr(net, "sdaccel_source", type(net).__name__)
                                      for net in self.components.controlnets]
         if self.lora_weights.active:
             params["loras"] = dict(self.lora_weights.active)
+        if self.components.embeddings is not None:  # the embeddings the prompts name: {name: file hash}
+            used = self.components.embeddings.used_in(text for prompt in (*request.prompts, *request.negatives)
+                                                      for text, _ in parse(prompt, request.prompt_syntax) if text)
+            if used:
+                params["embeddings"] = used
         if spec.aesthetic_score:
             params.update(aesthetic_score=request.aesthetic_score,
                           negative_aesthetic_score=request.negative_aesthetic_score)
@@ -309,7 +349,8 @@ class Pipeline:
 
     def _denoise(self, sched, start: Start, window: Window, cond: Conditioning, guidance: float, cfg: bool,
                  step_gen: torch.Generator, callback: StepCallback | None, progress: bool, steps: int,
-                 control: Control | None = None) -> torch.Tensor:
+                 control: Control | None = None) -> tuple[torch.Tensor, int | None]:
+        """The latents after the loop, and the steps run when the callback stopped it early (else None)."""
         # Host copies of the timesteps for the scheduler's arithmetic, device copies for the UNet: no per-step sync.
         timesteps = sched.timesteps[window.first:window.stop]
         timesteps_host = timesteps.tolist()
@@ -344,13 +385,15 @@ class Pipeline:
             latents = sched.step(pred, t, latents, return_dict=False, **step_kwargs)[0]
             if start.blend is not None:
                 latents = start.blend(i, latents)
-            if callback is not None:
-                callback(i, t, latents)
+            if callback is not None and callback(i, t, latents) is STOP:
+                if bar is not None:
+                    bar.close()
+                return latents, i + 1  # decoded as they are, as A1111 answers an interrupted job
             if bar is not None:  # counted in steps: PNDM evaluates the UNet steps + 1 times
                 bar.update(round((i + 1) * steps / evaluations) - bar.n)
         if bar is not None:
             bar.close()
-        return latents
+        return latents, None
 
 
 @dataclass

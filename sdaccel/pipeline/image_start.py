@@ -48,7 +48,7 @@ def schedule_window(sched, request: Request) -> Window:
         if sched.order == 2 and kept % 2 == 0:
             kept += 1  # a second-order scheduler must not start between its two evaluations of a step
         first = len(timesteps) - min(kept, len(timesteps))
-    elif request.image is not None:  # img2img, inpainting: steps * strength steps remain
+    elif request.strength is not None:  # img2img (from an image or latents), inpainting: steps * strength remain
         kept = min(int(request.steps * request.strength), request.steps)
         if kept < 1:
             raise UsageError(f"strength {request.strength} of {request.steps} steps leaves no step to run: raise "
@@ -85,11 +85,25 @@ def initial_noise(spec, height: int, width: int, seed: int, batch: int = 1) -> t
                        dtype=torch.float32)
 
 
+def slerp(t: float, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """A1111's spherical interpolation of two (C, H, W) noises from `low` (t = 0) to `high` (t = 1), along dim 1 as
+    its variation seeds take it; nearly parallel noises (cosine above 0.9995) interpolate linearly."""
+    low_unit, high_unit = low / low.norm(dim=1, keepdim=True), high / high.norm(dim=1, keepdim=True)
+    cos = (low_unit * high_unit).sum(1)
+    if cos.mean() > 0.9995:
+        return torch.lerp(low, high, t)
+    omega = torch.acos(cos)
+    sin = torch.sin(omega)
+    return (torch.sin((1 - t) * omega) / sin).unsqueeze(1) * low + (torch.sin(t * omega) / sin).unsqueeze(1) * high
+
+
 class Draws:
     """A call's random draws: from one generator (seeded with the call's seed, on the CPU, or the caller's own), or
     each image's share (one row of the batch) from its own (per-image seeds, or a list of the caller's)."""
 
-    def __init__(self, seed: int, seeds: tuple[int, ...] | None = None, generator=None):
+    def __init__(self, seed: int, seeds: tuple[int, ...] | None = None, generator=None,
+                 subseeds: tuple[int, ...] | None = None, subseed_strength: float = 0.0):
+        self.subseeds, self.subseed_strength = subseeds, subseed_strength
         if isinstance(generator, (list, tuple)):
             self.generator, self.generators = None, list(generator)
         elif generator is not None:
@@ -104,6 +118,16 @@ class Draws:
             return torch.randn(shape, generator=self.generator, device=self.generator.device, dtype=torch.float32)
         return torch.cat([torch.randn((1, *shape[1:]), generator=g, device=g.device, dtype=torch.float32)
                           for g in self.generators])
+
+    def noise(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """The starting noise: randn, each image's turned towards its subseed's by A1111's variation slerp."""
+        noise = self.randn(shape)
+        if self.subseeds is None:
+            return noise
+        rows = [slerp(self.subseed_strength, noise[i], torch.randn(
+            shape[1:], generator=torch.Generator("cpu").manual_seed(s), dtype=torch.float32).to(noise.device))
+            for i, s in enumerate(self.subseeds)]
+        return torch.stack(rows)
 
     def sample(self, moments: torch.Tensor, n: int) -> torch.Tensor:
         """A sample of the VAE encoder's distribution for n images (one image's moments serve them all)."""
@@ -147,19 +171,21 @@ class ImageEncoder:
 def starting_point(spec, sched, request: Request, window: Window, encoder: ImageEncoder,
                    device: torch.device) -> Start:
     """The loop's starting latents (and an inpainting UNet's extra inputs or a plain UNet's blend) for `request`."""
-    n, draws = request.n, Draws(request.seed, request.seeds, request.generator)
+    n, draws = request.n, Draws(request.seed, request.seeds, request.generator, request.subseeds,
+                                request.subseed_strength)
     timesteps = sched.timesteps[window.first:window.stop]
     if request.denoising_start is not None:  # the refiner continues the given state: no new noise
         latents = request.latents if request.latents is not None else encoder(request.image, draws, n)
         return Start(latents.to(device, torch.float32))
-    if request.image is None:  # a fresh generator's first draw: initial_noise(seed)
-        noise = request.latents if request.latents is not None else draws.randn(
+    if request.image is None and request.strength is None:  # a fresh generator's first draw: initial_noise(seed)
+        noise = request.latents if request.latents is not None else draws.noise(
             latent_shape(spec, request.height, request.width, n))
         return Start(noise.to(device, torch.float32) * sched.init_noise_sigma)
     first_t = timesteps[:1].repeat(n)
-    if request.mask is None:  # img2img
-        encoded = encoder(request.image, draws, n)
-        noise = draws.randn(encoded.shape).to(device)
+    if request.mask is None:  # img2img: the image's latents, or the latents given
+        given = request.image is None
+        encoded = request.latents.to(device, torch.float32) if given else encoder(request.image, draws, n)
+        noise = draws.noise(encoded.shape).to(device)
         return Start(sched.add_noise(encoded, noise, first_t))
 
     # Inpainting. The model sees the mask binarized at 0.5 (diffusers' mask processor), at latent resolution.
@@ -169,7 +195,7 @@ def starting_point(spec, sched, request: Request, window: Window, encoder: Image
     image_latents = None
     if not spec.is_inpaint or not from_noise:
         image_latents = encoder(request.image, draws, n)
-    noise = draws.randn(latent_shape(spec, request.height, request.width, n)).to(device)
+    noise = draws.noise(latent_shape(spec, request.height, request.width, n)).to(device)
     latents = noise * sched.init_noise_sigma if from_noise else sched.add_noise(image_latents, noise, first_t)
     latent_mask = F.interpolate(mask, size=(request.height // spec.vae_scale, request.width // spec.vae_scale))
     latent_mask = latent_mask.to(device).expand(n, -1, -1, -1)

@@ -9,6 +9,7 @@ from ..engines import ENGINES, Engine
 from ..errors import ModelLoadError, UsageError
 from ..models import is_onnx_pipeline_folder, load_components
 from ..models.controlnet import load_controlnet
+from ..models.embeddings import apply_embeddings, embedding_sources
 from ..models.onnx_folder import folder_target
 from .core import Pipeline
 from .guard import GuardedPipeline, output_checks
@@ -16,7 +17,8 @@ from .refiner import BaseAndRefiner
 
 
 def load(model: str = "synthetic:sd15", engine=None, dtype=None, device=None, *, arch: str | None = None,
-         seed: int = 0, refiner: str | None = None, refiner_start: float = 0.8, controlnet=None, **engine_options):
+         seed: int = 0, refiner: str | None = None, refiner_start: float = 0.8, controlnet=None, embeddings=None,
+         **engine_options):
     """Load `model` and prepare it on `engine` (a name, with its options as keyword arguments or `config=`, or an
     engine object). Returns the Pipeline inside the output guard (pipeline.guard.GuardedPipeline): callable like a
     diffusers pipeline, each call's output checked once and repaired in fp32 if it came out non-finite.
@@ -34,11 +36,15 @@ def load(model: str = "synthetic:sd15", engine=None, dtype=None, device=None, *,
     `synthetic:controlnet-<arch>`) or a list of them, made for the model's UNet; calls then take control_image=
     (one per ControlNet), controlnet_scale=, control_start= and control_end= (Pipeline.generate). The fast engine
     runs the ControlNets with the UNet's fused blocks, ControlNets and UNet of a step in one CUDA graph.
+    embeddings: textual-inversion embeddings (models/embeddings.py) a prompt names by their file names: a folder
+    (its files made for another model are skipped, with a warning), a file, or a list of them; every file is read
+    and checked before the model loads. `pipe.embeddings` lists the loaded ones. Not on the onnxruntime engine.
     """
     dev = resolve_device(device)
     if isinstance(model, (str, os.PathLike)) and is_onnx_pipeline_folder(model):
         engine, dtype = _onnx_folder_defaults(model, engine, dtype, dev)
     engine = "eager" if engine is None else engine
+    found = None if embeddings is None else read_embeddings(engine, embeddings)
     dt = resolve_dtype(dtype, dev)
     # Load weights in the target dtype straight onto the device: no fp32 copy of SDXL on the host.
     components = load_components(model, arch=arch, seed=seed, device=dev, dtype=dt)
@@ -46,12 +52,16 @@ def load(model: str = "synthetic:sd15", engine=None, dtype=None, device=None, *,
         refs = [controlnet] if isinstance(controlnet, (str, os.PathLike)) else list(controlnet)
         components.controlnets = [load_controlnet(ref, components.spec, seed=seed, device=dev, dtype=dt)
                                   for ref in refs]
+    if found is not None:  # before the engine is prepared: its graphs and compiled code see the grown tables
+        components.embeddings = apply_embeddings(components, found)
     pipe = _guarded(components, engine, dt, dev, engine_options)
     if refiner is None:
         return pipe
     if isinstance(engine, Engine):  # an engine object serves one model: the refiner gets its twin
         engine = type(engine)(engine.config)
     second = load_components(refiner, seed=seed, device=dev, dtype=dt)
+    if found is not None:
+        second.embeddings = apply_embeddings(second, found)
     return BaseAndRefiner(pipe, _guarded(second, engine, dt, dev, engine_options), refiner_start)
 
 
@@ -59,6 +69,16 @@ def _guarded(components, engine, dtype, device, engine_options) -> GuardedPipeli
     """A Pipeline that queues the guard's checks behind its decode, inside the guard that reads them."""
     return GuardedPipeline(Pipeline(components, engine=engine, dtype=dtype, device=device,
                                     output_checks=output_checks, **engine_options))
+
+
+def read_embeddings(engine, embeddings):
+    """`embeddings` (load's argument) read and checked for `engine` (a name or an engine object): UsageError for
+    a bad file or folder, or an engine that does not compute with the torch text encoders."""
+    cls = type(engine) if isinstance(engine, Engine) else ENGINES.get(str(engine).strip().lower())
+    if cls is not None and not cls.reads_module_weights:
+        raise UsageError(f"embeddings: the {cls.name} engine runs exported graphs, whose text encoders cannot take "
+                         f"new token embeddings: use the eager, compile or fast engine")
+    return embedding_sources(embeddings)
 
 
 def _onnx_folder_defaults(folder, engine, dtype, device):

@@ -11,7 +11,8 @@ brackets is a boundary too (A1111 reads it as the word there).
 
 Every prompt is tokenized fragment by fragment (runs of one weight), then laid out in chunks of 75 tokens. A full
 chunk that had a comma in its last 20 tokens moves the tokens after that comma to the next chunk, as A1111 does, so
-a phrase is not cut in two. Each chunk becomes one 77-token row (BOS, 75 tokens padded, EOS) for the text encoder;
+a phrase is not cut in two; an embedding's ids (models/embeddings.py) that do not fit in a chunk start the next,
+as A1111 keeps them together. Each chunk becomes one 77-token row (BOS, 75 tokens padded, EOS) for the text encoder;
 the rows' hidden states are concatenated along the sequence (77 x chunks tokens of context) and the pooled
 embedding (SDXL) is the first chunk's. After encoding, each token's hidden state is multiplied by its weight and the
 chunk's mean is restored (A1111's rule; A1111 takes the mean over the whole batch, here over each prompt's chunk, so
@@ -121,6 +122,7 @@ def chunk(fragments: list[tuple[str | None, float]], tokenizer) -> Chunks:
     tokens: list[int] = []
     token_weights: list[float] = []
     last_comma = -1
+    spans = getattr(tokenizer, "embedding_spans", {})  # an embedding's first id -> its ids (models/embeddings.py)
 
     def close(tokens: list[int], token_weights: list[float]) -> None:
         pad = CHUNK_TOKENS - len(tokens)
@@ -144,7 +146,7 @@ def chunk(fragments: list[tuple[str | None, float]], tokenizer) -> Chunks:
                 cut = last_comma + 1  # the phrase after the comma moves to the next chunk whole
                 close(tokens[:cut], token_weights[:cut])
                 tokens, token_weights, last_comma = tokens[cut:], token_weights[cut:], -1
-            if len(tokens) == CHUNK_TOKENS:
+            if len(tokens) + spans.get(token, 1) > CHUNK_TOKENS:  # full, or no room for a whole embedding
                 close(tokens, token_weights)
                 tokens, token_weights, last_comma = [], [], -1
             tokens.append(token)

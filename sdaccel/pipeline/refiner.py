@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import UsageError
 from .request import validate_fraction
+from .stopping import decode_stopped, stopped_at
 from .timing import StageTimings
 
 REFINER_START = 0.8  # the handoff diffusers' documentation uses for SDXL base + refiner
@@ -41,10 +42,15 @@ class BaseAndRefiner:
                  aesthetic_score: float | None = None, negative_aesthetic_score: float | None = None,
                  callback=None, progress: bool = False, **settings: Any):
         """Settings as Pipeline.generate's (steps, guidance, seed, scheduler, size, batch, preset, ...), shared by
-        both models; the refiner's aesthetic scores apply to it alone. No init image or mask: a text-to-image call."""
+        both models; the refiner's aesthetic scores apply to it alone. No init image or mask: a text-to-image call.
+        callback: after each step of both models, the refiner's numbered on from the base's (STOP ends the call:
+        stopping.py)."""
         for name in ("image", "mask", "latents", "denoising_start", "denoising_end", "strength"):
             if settings.get(name) is not None:
                 raise UsageError(f"{name}: not taken by a base + refiner call (the handoff sets where each starts)")
+        hires = [name for name, value in settings.items() if name.startswith("hires_") and value is not None]
+        if hires:
+            raise UsageError(f"{hires[0]}: hires fix does not run with a refiner (run the base model alone)")
         start = self.refiner_start if refiner_start is None else refiner_start
         validate_fraction("refiner_start", start)
         # A ControlNet steers the base, the one it was loaded with; the refiner finishes the image as it is.
@@ -52,11 +58,18 @@ class BaseAndRefiner:
                    if k in settings}
         first = self.base(prompt, negative_prompt, denoising_end=start, output="latent", progress=progress,
                           callback=callback, **settings, **control)
+        if stopped_at(first) is not None:  # interrupted in the base's share: its latents decoded, no refiner
+            first.params.update(refiner_start=start, workload="refiner")
+            return decode_stopped(self.base, first, output)
         settings.pop("height", None), settings.pop("width", None)  # the latents carry the size
         h, w = first.params["height"], first.params["width"]
+        ran = first.timings.evaluations  # the refiner's steps are numbered on from the base's
         second = self.refiner(prompt, negative_prompt, latents=first.latents, denoising_start=start, output=output,
                               height=h, width=w, aesthetic_score=aesthetic_score, progress=progress,
-                              negative_aesthetic_score=negative_aesthetic_score, **settings)
+                              negative_aesthetic_score=negative_aesthetic_score, **settings,
+                              callback=None if callback is None else lambda i, t, x: callback(ran + i, t, x))
+        if stopped_at(second) is not None:
+            second.params["interrupted_at_step"] += ran
         second.timings = _combined(first.timings, second.timings)
         if first.guard is not None and second.guard is not None:  # what the base's check repaired, named as its
             second.guard.remedies = [f"base: {r}" for r in first.guard.remedies] + second.guard.remedies

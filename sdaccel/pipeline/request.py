@@ -91,6 +91,44 @@ def from_diffusers_names(given: dict[str, Any], ours: dict[str, Any]) -> dict[st
     return out
 
 
+def validate_clip_skip(spec, clip_skip) -> int:
+    """clip_skip as diffusers defines it (A1111's "Clip skip" N is N - 1 here): None or 0 is the model's own layer;
+    at most every text encoder's layers less one."""
+    if clip_skip is None:
+        return 0
+    most = min(int(te.config["num_hidden_layers"]) for te in spec.text_encoders) - 1
+    if not _is_integer(clip_skip) or not 0 <= clip_skip <= most:
+        raise UsageError(f"clip_skip must be an integer from 0 to {most} for {spec.name} (diffusers' count: 1 "
+                         f"skips one layer, A1111's 'Clip skip: 2'), got {clip_skip!r}")
+    return int(clip_skip)
+
+
+def variation(subseed, strength, n: int, generator=None) -> tuple[tuple[int, ...] | None, float]:
+    """A1111's variation seeds: (one subseed per image, strength). subseed: an integer (image i takes subseed + i,
+    as A1111 numbers them), a list of one per image, or None (a random one when strength > 0); strength in [0, 1],
+    0 (the default) meaning no variation."""
+    strength = 0.0 if strength is None else strength
+    if not _is_number(strength) or not 0 <= strength <= 1:
+        raise UsageError(f"subseed_strength must be a number from 0 to 1, got {strength!r}")
+    if strength == 0:
+        if subseed is not None and not _is_integer(subseed) and not isinstance(subseed, (list, tuple)):
+            raise UsageError(f"subseed must be an integer or a list of them, got {subseed!r}")
+        return None, 0.0
+    if generator is not None:
+        raise UsageError("subseed_strength draws the variation from subseeds: give seed / seeds, not generator")
+    if subseed is None:
+        subseed = random_seed()
+    if isinstance(subseed, (list, tuple)):
+        if len(subseed) != n:
+            raise UsageError(f"subseed: {len(subseed)} subseeds for {n} output images (give one, or one per image)")
+        subseeds = tuple(subseed)
+    else:
+        subseeds = tuple(subseed + i for i in range(n)) if _is_integer(subseed) else (subseed,)
+    for one in subseeds:
+        validate_seed("subseed", one)
+    return subseeds, float(strength)
+
+
 def validate_fraction(name: str, value) -> None:
     """denoising_start / denoising_end / refiner_start: a fraction of the schedule strictly inside (0, 1)."""
     if value is not None and (not _is_number(value) or not 0 < value < 1):
@@ -122,7 +160,9 @@ class Request:
     prediction_type: str | None
     preset: str | None
     output: str
-    latents: torch.Tensor | None  # given starting latents: noise (txt2img), or the state at denoising_start
+    # given starting latents: noise (txt2img), the state at denoising_start, or with strength clean latents that
+    # image to image noises (hires fix's second pass)
+    latents: torch.Tensor | None
     image: torch.Tensor | None  # (1 or n, 3, H, W) in [-1, 1], on the CPU
     mask: torch.Tensor | None  # (1 or n, 1, H, W) in [0, 1] (white: repaint), blurred, not binarized, on the CPU
     mask_blur: float
@@ -136,6 +176,9 @@ class Request:
     seeds: tuple[int, ...] | None = None  # one per output image, each drawing its own noise; None: `seed` for all
     prompt_syntax: str = "a1111"  # how prompts are read: A1111's emphasis and BREAK, or "none" (prompts.py)
     generator: Any = None  # a torch.Generator (or one per image) the noise is drawn from instead of a seed
+    clip_skip: int = 0  # diffusers' meaning: condition on the hidden states this many layers earlier
+    subseeds: tuple[int, ...] | None = None  # A1111's variation seeds, one per image; None: no variation
+    subseed_strength: float = 0.0  # how far each image's noise turns towards its subseed's (A1111's slerp)
 
     @property
     def n(self) -> int:
@@ -152,7 +195,7 @@ class Request:
             return "inpaint"
         if self.denoising_start is not None:
             return "refine"
-        return "img2img" if self.image is not None else "txt2img"
+        return "img2img" if self.image is not None or self.strength is not None else "txt2img"
 
     def params(self) -> dict[str, Any]:
         """What the output records (PNG parameters, benchmark rows) beyond the pipeline's own fields."""
@@ -161,6 +204,9 @@ class Request:
                     seed=None if self.generator is not None else self.seed,
                     **({"seeds": list(self.seeds)} if self.seeds is not None else {}),
                     **({"prompt_syntax": self.prompt_syntax} if self.prompt_syntax != "a1111" else {}),
+                    **({"clip_skip": self.clip_skip} if self.clip_skip else {}),
+                    **({"subseeds": list(self.subseeds), "subseed_strength": self.subseed_strength}
+                       if self.subseeds is not None else {}),
                     batch_size=self.n, preset=self.preset, workload=self.workload,
                     strength=self.strength if self.workload in ("img2img", "inpaint") else None,
                     denoising_start=self.denoising_start, denoising_end=self.denoising_end,
@@ -176,11 +222,12 @@ def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=
                     mask_blur: float = 0, strength=None, keep_unmasked: bool = False, denoising_start=None,
                     denoising_end=None, aesthetic_score=None, negative_aesthetic_score=None, controlnets: int = 0,
                     control_image=None, controlnet_scale=None, control_start=None, control_end=None,
-                    prompt_syntax: str = "a1111", generator=None) -> Request:
+                    prompt_syntax: str = "a1111", generator=None, clip_skip=None, subseed=None,
+                    subseed_strength=None) -> Request:
     """Check and complete one call's settings for a model `spec` (Pipeline.generate's arguments) with
     `controlnets` ControlNets loaded beside it (control.py). seed None: a random one (reported in params), or
     seeds[0] with per-image `seeds`; `generator` (a torch.Generator, or one per image) draws the noise instead, as
-    diffusers' pipelines draw it."""
+    diffusers' pipelines draw it. clip_skip: validate_clip_skip; subseed, subseed_strength: variation()."""
     if preset is not None:  # the preset fills what the call leaves unset
         given = dict(scheduler=scheduler, steps=steps, guidance=guidance, timestep_spacing=timestep_spacing,
                      prediction_type=prediction_type)
@@ -229,8 +276,8 @@ def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=
             raise UsageError("strength and denoising_start exclude each other (the start is denoising_start)")
     elif init_image is not None:
         strength = (INPAINT_STRENGTH if init_mask is not None else IMG2IMG_STRENGTH) if strength is None else strength
-    elif strength is not None:
-        raise UsageError("strength needs an image (image to image)")
+    elif strength is not None and latents is None:
+        raise UsageError("strength needs an image (image to image), or latents to noise to it")
 
     control = resolve_control(controlnets, control_image, controlnet_scale, control_start, control_end)
     if control is not None and init_image is None:  # the output takes the control image's size by default
@@ -276,6 +323,9 @@ def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=
     if isinstance(generator, (list, tuple)) and len(generator) != len(prompts):
         raise UsageError(f"generator: {len(generator)} generators for {len(prompts)} output images (give one, or "
                          "one per image)")
+    subseeds, subseed_strength = variation(subseed, subseed_strength, len(prompts), generator)
+    if subseeds is not None and latents is not None:
+        raise UsageError("subseed_strength varies the seed's noise: it does not apply to given latents")
     scores = []
     for name, value, default in (("aesthetic_score", aesthetic_score, AESTHETIC_SCORE),
                                  ("negative_aesthetic_score", negative_aesthetic_score, NEGATIVE_AESTHETIC_SCORE)):
@@ -290,7 +340,8 @@ def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=
                    mask=init_mask, mask_blur=mask_blur, strength=strength, keep_unmasked=bool(keep_unmasked),
                    denoising_start=denoising_start, denoising_end=denoising_end, aesthetic_score=scores[0],
                    negative_aesthetic_score=scores[1], control=control, seeds=seeds, prompt_syntax=prompt_syntax,
-                   generator=generator)
+                   generator=generator, clip_skip=validate_clip_skip(spec, clip_skip), subseeds=subseeds,
+                   subseed_strength=subseed_strength)
 
 
 def _as_list(value: str | list[str] | None, n: int, what: str) -> list[str]:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-# encode: an init image through the VAE encoder (img2img, inpainting); refine: the SDXL refiner's denoising loop
+# encode: an init image through the VAE encoder (img2img, inpainting); refine: the SDXL refiner's denoising loop, or
+# hires fix's second pass
 STAGES = ("text", "encode", "denoise", "refine", "decode")
 
 
@@ -24,7 +25,8 @@ class StageTimings:
     denoise: float = 0.0
     decode: float = 0.0
     encode: float = 0.0  # 0 without an init image
-    refine: float = 0.0  # 0 without a refiner (refiner.BaseAndRefiner): then `denoise` is the base model's loop
+    # 0 without a refiner (refiner.BaseAndRefiner) or hires fix's second pass (hires.py): then `denoise` is the loop
+    refine: float = 0.0
     total: float = 0.0
     steps: int = 0
     # UNet evaluations in the denoising loop: the scheduler's timesteps, not always `steps` (diffusers' PNDM, SD1.x's

@@ -1,6 +1,6 @@
 """The HTTP layer of `sdaccel serve`: sdaccel's own API (routes_native.py), the OpenAI images API (routes_openai.py)
-and a subset of A1111's (routes_a1111.py) on a worker (worker_api.WorkerBase: a Worker, or ProcessWorkers), with the
-page, health, readiness and metrics routes here.
+and a subset of A1111's (routes_a1111.py; progress, interrupt and skip: routes_progress.py) on a worker
+(worker_api.WorkerBase: a Worker, or ProcessWorkers), with the page, health, readiness and metrics routes here.
 
 Handlers only check the server's limits, submit jobs and answer: the worker's thread runs every pipeline call (and
 resolves its request), request images are decoded and answer images encoded and the JSON rendered on other threads,
@@ -18,8 +18,9 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from . import routes_a1111, routes_native, routes_openai
+from . import routes_a1111, routes_a1111_info, routes_native, routes_networks, routes_openai, routes_progress
 from .context import Served, served
+from .loras import LoraFolder
 from .metrics import Metrics
 from .middleware import Gate, error_response, install_error_handlers
 from .schemas import Limits
@@ -28,11 +29,11 @@ from .worker_api import WorkerBase
 
 def create_app(worker: WorkerBase, *, api_key: str | None = None, limits: Limits = Limits(),
                request_timeout_s: float = 600.0, metrics: Metrics | None = None,
-               stop_worker_on_shutdown: bool = True) -> FastAPI:
+               stop_worker_on_shutdown: bool = True, loras: LoraFolder | None = None) -> FastAPI:
     """The FastAPI app serving `worker` (started by the caller). `metrics`: the Metrics the worker was built with
     (events=metrics), which /metrics shows; without one the app counts its requests and the queue in its own, and
-    the worker's calls are not shown. Shutting down (SIGTERM under uvicorn) finishes in-flight requests, then stops
-    the worker after its queued jobs."""
+    the worker's calls are not shown. `loras`: the LoRA files requests may name (--loras). Shutting down (SIGTERM
+    under uvicorn) finishes in-flight requests, then stops the worker after its queued jobs."""
     if metrics is None:
         metrics = Metrics()
     metrics.bind(worker)
@@ -45,11 +46,12 @@ def create_app(worker: WorkerBase, *, api_key: str | None = None, limits: Limits
 
     app = FastAPI(title="sdaccel", lifespan=lifespan)
     app.state.served = Served(worker=worker, limits=limits, request_timeout_s=request_timeout_s,
-                              checkpoint=next(iter(worker.models)))
+                              checkpoint=next(iter(worker.models)), loras=loras)
     app.state.worker, app.state.metrics, app.state.limits = worker, metrics, limits
     install_error_handlers(app)
     app.add_middleware(Gate, api_key=api_key, limits=limits, metrics=metrics)
-    for router in (routes_native.router, routes_openai.router, routes_a1111.router, _probes):
+    for router in (routes_native.router, routes_openai.router, routes_a1111.router, routes_a1111_info.router,
+                   routes_progress.router, routes_networks.router, _probes):
         app.include_router(router)
     return app
 

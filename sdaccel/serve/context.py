@@ -13,6 +13,7 @@ from fastapi import Request
 
 from ..pipeline.request import MAX_SEED
 from .jobs import Job, JobResult
+from .loras import LoraFolder
 from .middleware import ApiError, ClientGone
 from .schemas import Limits
 from .worker_api import WorkerBase
@@ -28,6 +29,8 @@ class Served:
     limits: Limits
     request_timeout_s: float
     checkpoint: str  # A1111's sd_model_checkpoint: txt2img's default model (set by POST /sdapi/v1/options)
+    loras: LoraFolder | None = None  # the LoRA files requests may name (--loras DIR)
+    clip_skip: int = 0  # A1111's CLIP_stop_at_last_layers less one (POST /sdapi/v1/options): its requests' default
 
     def model_name(self, name: str | None) -> str:
         """A request's model: a served one's name (404 otherwise), or the first served one."""

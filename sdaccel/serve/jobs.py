@@ -1,12 +1,12 @@
 """What a server request asks the worker for (Job), what it gets back (JobResult), and which jobs may share one
 pipeline call (batch_key).
 
-Jobs of the same model, size, steps, scheduler and guidance run as one batched call, each with its own prompt,
-negative prompt, seed and image count: its images take seeds seed, seed + 1, ... (A1111's numbering), the call
+Jobs of the same model, LoRA set, size, steps, scheduler and guidance run as one batched call, each with its own
+prompt, negative prompt, seed and image count: its images take seeds seed, seed + 1, ... (A1111's numbering), the call
 drawing each image's initial noise from its own seed exactly as a call of its own would draw it, so a batched job
 gets the images it would get alone. Schedulers that draw fresh noise at every step
-(euler_a, LCM, TCD...) draw it from one generator per call; their jobs run alone, as do jobs with an init image or
-mask and jobs on a model with ControlNets.
+(euler_a, LCM, TCD...) draw it from one generator per call; their jobs run alone, as do jobs with an init image,
+mask or control image.
 """
 
 from __future__ import annotations
@@ -20,7 +20,11 @@ from typing import Any, Callable
 # Pipeline.generate keywords a job may set, besides prompt, negative_prompt, seed and n (batch_size).
 SETTINGS = ("steps", "guidance", "height", "width", "scheduler", "timestep_spacing", "prediction_type", "preset",
             "image", "mask", "mask_blur", "strength", "keep_unmasked", "control_image", "controlnet_scale",
-            "control_start", "control_end", "prompt_syntax")
+            "control_start", "control_end", "prompt_syntax", "clip_skip", "subseed_strength",
+            # hires fix (pipeline/hires.py): in the batch key like every setting, so only jobs with the same hires
+            # settings share a call
+            "hires_scale", "hires_size", "hires_upscaler", "hires_steps", "hires_strength", "hires_prompt",
+            "hires_negative_prompt", "hires_scheduler")
 # Settings that never let a job share a call with others (they are per-request inputs).
 ALONE = ("image", "mask", "control_image")
 
@@ -53,7 +57,9 @@ class Job:
     negative_prompt: str = ""
     n: int = 1
     seed: int = 0  # the first image's; image i takes seed + i
+    subseed: int | None = None  # with settings' subseed_strength: the first image's variation seed, image i's + i
     settings: dict[str, Any] = field(default_factory=dict)  # Pipeline.generate keywords (SETTINGS)
+    loras: tuple[tuple[str, float], ...] = ()  # LoRA files merged for its call: (path, weight), sorted (loras.py)
     deadline: float | None = None  # time.monotonic() after which it must not start
     submitted: float = field(default_factory=time.monotonic)
     future: Future = field(default_factory=Future)  # set by the worker: a JobResult or an exception
@@ -82,4 +88,4 @@ def batch_key(job: Job, stochastic_scheduler: bool) -> tuple | None:
     if stochastic_scheduler or any(job.settings.get(name) is not None for name in ALONE):
         return None
     settings = {k: v for k, v in job.settings.items() if v is not None}
-    return (job.model, tuple(sorted((k, repr(v)) for k, v in settings.items())))
+    return (job.model, job.loras, tuple(sorted((k, repr(v)) for k, v in settings.items())))

@@ -31,6 +31,10 @@ class ReplicaSettings:
     warm: tuple[tuple[int, int, int], ...] = ()
     api_key: str | None = None
     request_timeout_s: float = 600.0
+    embeddings: str | None = None  # a folder of textual-inversion embeddings every model loads
+    loras: str | None = None  # the folder of LoRA files requests may name
+    controlnets: dict[str, str] = field(default_factory=dict)  # {name: reference}, beside each model they fit
+    preview_every: int = 5  # steps between the live previews of /sdapi/v1/progress (0: none)
 
 
 class Replica:
@@ -38,6 +42,7 @@ class Replica:
 
     def __init__(self, settings: dict[str, Any]):
         from .app import create_app
+        from .loras import LoraFolder
         from .metrics import Metrics
         from .worker import Worker
 
@@ -45,11 +50,13 @@ class Replica:
         metrics = Metrics()
         self.worker = Worker(s.models, engine=s.engine, engine_options=s.engine_options, device=s.device,
                              dtype=s.dtype, max_batch=s.max_batch, batch_window_ms=s.batch_window_ms,
-                             max_queue=s.max_queue, warm=tuple(map(tuple, s.warm)), events=metrics)
+                             max_queue=s.max_queue, warm=tuple(map(tuple, s.warm)), events=metrics,
+                             embeddings=s.embeddings, controlnets=s.controlnets, preview_every=s.preview_every)
         self.worker.start()
         self.worker.wait_ready()  # a replica is healthy once its models are loaded and warm
         self.app = create_app(self.worker, api_key=s.api_key, request_timeout_s=s.request_timeout_s,
-                              metrics=metrics, stop_worker_on_shutdown=False)
+                              metrics=metrics, stop_worker_on_shutdown=False,
+                              loras=LoraFolder(s.loras) if s.loras else None)
         self.name = f"{socket.gethostname()}:{os.getpid()}"
 
     async def __call__(self, request):

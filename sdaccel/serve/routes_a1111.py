@@ -1,6 +1,8 @@
 """The subset of AUTOMATIC1111's web UI API that sdaccel runs (/sdapi/v1/*: what webuiapi and A1111 clients call):
-txt2img, img2img with inpainting, the models, the checkpoint option and progress. Seeds as A1111 numbers them: a
-request's images take seed, seed + 1, ..., each one its own job, reproducible alone by its seed."""
+txt2img (with hires fix), img2img with inpainting as A1111 runs it (a1111_img2img.py), the models, the options
+(checkpoint, clip skip), the embeddings, the upscalers; every field honoured or refused by name (a1111_fields.py).
+Progress, interrupt and skip: routes_progress.py; samplers, memory, png-info: routes_a1111_info.py. Seeds as A1111 numbers them: a request's images take
+seed, seed + 1, ..., each one its own job, reproducible alone by its seed."""
 
 from __future__ import annotations
 
@@ -8,14 +10,19 @@ import asyncio
 import json
 import re
 import time
+from dataclasses import replace
 
 from fastapi import APIRouter, Request
 
-from ..models.schedulers import canonical
 from ..pipeline.request import MAX_SEED, validate_request
 from .context import Served, check_limits, request_seed, served
 from .encoding import b64, decode_image, json_answer, jsonable, pngs
+from .a1111_fields import check_eta, check_fields, read_options, sampler
+from .a1111_hires import a1111_hires, check_hires_limits, latent_upscale_modes, upscalers
+from .a1111_img2img import prepare_inpainting, resize_image
+from .a1111_scripts import request_scripts
 from .jobs import Job
+from .loras import keep_request_prompt, request_loras
 from .middleware import ApiError
 from .schemas import A1111Img2Img, A1111Options, A1111Txt2Img, Limits
 
@@ -32,8 +39,9 @@ async def img2img(body: A1111Img2Img, request: Request):
     s = served(request)
     if len(body.init_images) != 1:
         raise ApiError(400, f"init_images: give one image, got {len(body.init_images)}")
-    image, mask = await asyncio.to_thread(_inputs, body, s.limits)
-    return await _generate(s, body, request, image=image, mask=mask)
+    check_fields(body)
+    image, mask, inpainting = await asyncio.to_thread(_inputs, body, s.limits)
+    return await _generate(s, body, request, image=image, mask=mask, inpainting=inpainting)
 
 
 @router.get("/sd-models")
@@ -44,38 +52,49 @@ async def sd_models(request: Request):
 
 @router.get("/options")
 async def get_options(request: Request):
-    return {"sd_model_checkpoint": served(request).checkpoint}
+    s = served(request)
+    return {"sd_model_checkpoint": s.checkpoint, "CLIP_stop_at_last_layers": s.clip_skip + 1, "sd_vae": "Automatic"}
 
 
 @router.post("/options")
 async def set_options(body: A1111Options, request: Request):
     s = served(request)
-    if body.sd_model_checkpoint is not None:
-        s.checkpoint = s.model_name(_checkpoint(body.sd_model_checkpoint, s.worker.models))
+    _keep_options(s, read_options(body.model_dump(exclude_none=True), s.worker.models, "options"))
     return None
 
 
-@router.get("/progress")
-async def progress(request: Request):
-    worker = served(request).worker
-    snap = worker.progress.snapshot()
-    steps, step = snap.get("steps") or 0, snap.get("step") or 0
-    fraction = step / steps if steps else 0.0
-    elapsed = time.monotonic() - snap["started"] if snap else 0.0
-    eta = elapsed / fraction - elapsed if fraction > 0 else 0.0
-    queued = worker.queue_depth()
-    return {"progress": fraction, "eta_relative": eta,
-            "state": {"skipped": False, "interrupted": False, "job": "txt2img" if snap else "",
-                      "job_count": queued + (1 if snap else 0), "job_timestamp": "0", "job_no": 0,
-                      "sampling_step": step, "sampling_steps": steps},
-            "current_image": None, "textinfo": f"{snap.get('images', 0)} image(s), {queued} job(s) queued"
-            if snap else None}
+def _keep_options(s: Served, options: dict) -> None:
+    """Options (a1111_fields.read_options) as the server's own, checked before any is kept."""
+    checkpoint = options.get("sd_model_checkpoint")
+    model = s.model_name(_checkpoint(checkpoint, s.worker.models)) if checkpoint is not None else s.checkpoint
+    s.checkpoint, s.clip_skip = model, options.get("clip_skip", s.clip_skip)
 
 
-async def _generate(s: Served, body: A1111Txt2Img, request: Request, image=None, mask=None):
-    """txt2img's and img2img's call: one job per image, the answer in A1111's shape (info as a JSON string)."""
-    if body.enable_hr:
-        raise ApiError(400, "enable_hr (hires fix) is not supported")
+@router.get("/embeddings")
+async def embeddings(request: Request):
+    """The current checkpoint's textual-inversion embeddings (`sdaccel serve --embeddings DIR`), in A1111's shape:
+    loaded, and skipped (the folder's files made for another model)."""
+    s = served(request)
+    if not s.worker.ready():
+        raise ApiError(503, "the models are still loading", "not_ready")
+    return s.worker.loaded_embeddings.get(s.checkpoint, {"loaded": {}, "skipped": {}})
+
+
+@router.get("/upscalers")
+async def list_upscalers():
+    """The pixel upscalers hr_upscaler takes (hires fix), in A1111's shape."""
+    return upscalers()
+
+
+@router.get("/latent-upscale-modes")
+async def list_latent_upscale_modes():
+    """The latent upscalers hr_upscaler takes (A1111's latent_upscale_modes)."""
+    return latent_upscale_modes()
+
+
+async def _generate(s: Served, body: A1111Txt2Img, request: Request, image=None, mask=None, inpainting=None):
+    """txt2img's and img2img's call: one job per image, the answer in A1111's shape (info as a JSON string);
+    `inpainting` (a1111_img2img.Inpainting) makes each output A1111's inpainting answer."""
     count = body.batch_size * body.n_iter
     strength = body.denoising_strength if image is not None else None
     check_limits(s.limits, body.prompt, body.negative_prompt, count, body.steps, body.width, body.height)
@@ -83,57 +102,84 @@ async def _generate(s: Served, body: A1111Txt2Img, request: Request, image=None,
         validate_request(1, body.height, body.width)
     if body.batch_size < 1 or body.n_iter < 1:
         raise ApiError(400, "batch_size and n_iter must be >= 1")
-    checkpoint = body.override_settings.get("sd_model_checkpoint") or s.checkpoint
-    model = s.model_name(_checkpoint(checkpoint, s.worker.models))
-    scheduler = _scheduler(body.sampler_name or body.sampler_index, body.scheduler)
+    check_fields(body)
+    overrides = read_options(body.override_settings, s.worker.models, "override_settings")
+    model = s.model_name(_checkpoint(overrides.get("sd_model_checkpoint") or s.checkpoint, s.worker.models))
+    scheduler = sampler(body.sampler_name or body.sampler_index, body.scheduler)
+    check_eta(body.eta, scheduler)
     seed = request_seed(None if body.seed == -1 else body.seed)
     if seed + count - 1 > MAX_SEED:
         raise ApiError(400, f"seed must be from 0 to {MAX_SEED - count + 1} for {count} images")
-    settings = dict(steps=body.steps, guidance=body.cfg_scale, scheduler=scheduler)
+    varied = bool(body.subseed_strength)
+    subseed = request_seed(None if body.subseed == -1 else body.subseed) if varied else -1
+    clip_skip = overrides.get("clip_skip", s.clip_skip)
+    if body.clip_skip is not None:
+        given = read_options({"CLIP_stop_at_last_layers": body.clip_skip}, s.worker.models, "clip_skip")["clip_skip"]
+        if "clip_skip" in overrides and overrides["clip_skip"] != given:
+            raise ApiError(400, "clip_skip and override_settings.CLIP_stop_at_last_layers disagree: give one")
+        clip_skip = given
+    settings = dict(steps=body.steps, guidance=body.cfg_scale, scheduler=scheduler, clip_skip=clip_skip or None,
+                    subseed_strength=body.subseed_strength or None)
     if image is not None:
-        settings.update(image=image, mask=mask, strength=strength,
-                        mask_blur=body.mask_blur if mask is not None else None)
+        settings.update(image=image, mask=mask, strength=strength)  # the mask comes blurred (a1111_img2img)
     else:
         settings.update(height=body.height, width=body.width)
+    settings.update(a1111_hires(body, scheduler, model, img2img=image is not None))  # enable_hr's hires fix
+    check_hires_limits(s.limits, settings, body.width, body.height, s.worker.models[model])
+    prompt, loras = request_loras(s.loras, body.prompt)  # <lora:name:w> tags out of the prompt, as A1111 takes them
+    if body.alwayson_scripts:  # ControlNet units (a1111_scripts.py)
+        settings.update(await asyncio.to_thread(request_scripts, s, body, model, image))
     # One job per image, seeded seed, seed+1, ... as A1111 seeds them: each image is reproducible alone by its
     # seed (ancestral samplers too, whose jobs run alone), and the worker batches the jobs into calls.
-    jobs = [Job(model=model, prompt=body.prompt, negative_prompt=body.negative_prompt, n=1, seed=seed + i,
-                settings=settings) for i in range(count)]
+    jobs = [Job(model=model, prompt=prompt, negative_prompt=body.negative_prompt, n=1, seed=seed + i,
+                subseed=subseed + i if varied else None, settings=settings, loras=loras) for i in range(count)]
     results = await s.run(request, jobs)
+    if inpainting is not None:
+        results = await asyncio.to_thread(lambda: [replace(r, images=[inpainting.finish(im) for im in r.images])
+                                                   for r in results])
+    if not body.override_settings_restore_afterwards:  # A1111: the overrides stay as the server's options
+        _keep_options(s, overrides)
+    keep_request_prompt(results, body.prompt)
     params = [r.params[0] for r in results]
     from ..outputs import png_parameters
 
     first = params[0]
     info = {"prompt": body.prompt, "all_prompts": [body.prompt] * count, "negative_prompt": body.negative_prompt,
             "all_negative_prompts": [body.negative_prompt] * count, "seed": seed,
-            "all_seeds": [p["seed"] for p in params], "subseed": -1, "all_subseeds": [-1] * count,
+            "all_seeds": [p["seed"] for p in params], "subseed": subseed,
+            "all_subseeds": [p.get("subseed", -1) for p in params], "subseed_strength": body.subseed_strength,
             "steps": first["steps"], "cfg_scale": first["guidance"], "width": first["width"],
             "height": first["height"], "sampler_name": first["scheduler"], "batch_size": body.batch_size,
             "n_iter": body.n_iter, "sd_model_name": model, "sd_model_hash": None, "seed_resize_from_w": -1,
             "seed_resize_from_h": -1, "denoising_strength": first.get("strength"),
             "infotexts": [png_parameters(p, 0) for p in params], "job_timestamp": time.strftime("%Y%m%d%H%M%S"),
-            "clip_skip": 1, "is_using_inpainting_conditioning": False}
-    return await json_answer(lambda: {"images": [b64(p) for r in results for p in pngs(r)],
+            "clip_skip": clip_skip + 1, "is_using_inpainting_conditioning": False}
+    images = (lambda: [b64(p) for r in results for p in pngs(r)]) if body.send_images else list
+    return await json_answer(lambda: {"images": images(),
                                       "parameters": body.model_dump(mode="json"),
                                       "info": json.dumps(jsonable(info))})
 
 
 def _inputs(body: A1111Img2Img, limits: Limits) -> tuple:
-    """img2img's init image and mask decoded, the image resized to the asked size (A1111's resize mode 0: just
-    resize), the mask inverted where asked and fitted to the image (on a thread: not the event loop)."""
-    from PIL import Image, ImageOps
+    """img2img's (image, mask, Inpainting or None) as the call takes them: the init image resized to width x
+    height by resize_mode; with a mask (inverted where asked), A1111's inpainting inputs (a1111_img2img.py).
+    On a thread: not the event loop."""
+    from PIL import ImageOps
 
-    image = decode_image(body.init_images[0], "init_images[0]", limits)
+    image = decode_image(body.init_images[0], "init_images[0]", limits).convert("RGB")
     mask = decode_image(body.mask, "mask", limits).convert("L") if body.mask else None
-    if body.width and body.height and image.size != (body.width, body.height):
-        check_limits(limits, "", "", 1, None, body.width, body.height)
-        validate_request(1, body.height, body.width)  # the size it is resized to
-        image = image.resize((body.width, body.height), Image.Resampling.LANCZOS)
-    if mask is not None:
-        if body.inpainting_mask_invert:
-            mask = ImageOps.invert(mask)
-        mask = mask.resize(image.size, Image.Resampling.LANCZOS) if mask.size != image.size else mask
-    return image.convert("RGB"), mask
+    width, height = body.width or image.width, body.height or image.height
+    if (width, height) != image.size:
+        check_limits(limits, "", "", 1, None, width, height)
+        validate_request(1, height, width)  # the size it is resized to
+    if mask is None:
+        return resize_image(image, width, height, body.resize_mode), None, None
+    if body.inpainting_mask_invert:
+        mask = ImageOps.invert(mask)
+    inpainting = prepare_inpainting(image, mask, width, height, blur=body.mask_blur, fill=body.inpainting_fill,
+                                    only_masked=body.inpaint_full_res, padding=body.inpaint_full_res_padding,
+                                    resize_mode=body.resize_mode)
+    return inpainting.image, inpainting.mask, inpainting
 
 
 def _checkpoint(name: str, models) -> str:
@@ -145,16 +191,3 @@ def _checkpoint(name: str, models) -> str:
         if stem in (served_name, str(ref)):
             return served_name
     return stem
-
-
-def _scheduler(sampler: str | None, schedule: str | None) -> str | None:
-    """A1111's sampler name ("Euler a", "DPM++ 2M Karras") and schedule type ("Automatic", "Karras") as one of
-    sdaccel's schedulers; None: the model's own."""
-    if not sampler:
-        return None
-    if schedule and schedule.strip().lower() not in ("automatic", "", "default"):
-        if schedule.strip().lower() != "karras":
-            raise ApiError(400, f"schedule type {schedule!r} is not supported (Automatic or Karras)")
-        if "karras" not in sampler.lower():
-            sampler = f"{sampler} Karras"
-    return canonical(sampler)

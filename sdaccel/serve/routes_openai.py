@@ -12,24 +12,43 @@ from fastapi import APIRouter, Request
 from .context import check_limits, request_seed, served
 from .encoding import b64, encoded, json_answer
 from .jobs import Job
+from .loras import keep_request_prompt, request_loras
 from .middleware import ApiError
 from .schemas import OpenAIImageRequest
 
 router = APIRouter()
 
+# OpenAI's fields sdaccel does not honour: accepted only at the values that change nothing.
+NEUTRAL = {"quality": (None, "auto", "standard"), "style": (None,), "background": (None, "auto", "opaque"),
+           "stream": (None, False), "partial_images": (None, 0)}
+
+
+def check_fields(body: OpenAIImageRequest) -> None:
+    unknown = sorted(body.model_extra or {})
+    if unknown:
+        raise ApiError(400, f"unknown field(s) {', '.join(unknown)}: not an images API field sdaccel knows")
+    for name, neutral in NEUTRAL.items():
+        value = getattr(body, name)
+        if not any(value is v or (type(value) is type(v) and value == v) for v in neutral):
+            raise ApiError(400, f"{name}={value!r} is not supported here (accepted: "
+                                f"{', '.join(repr(v) for v in neutral if v is not None)})")
+
 
 @router.post("/v1/images/generations")
 async def generations(body: OpenAIImageRequest, request: Request):
     s = served(request)
+    check_fields(body)
     if body.response_format not in (None, "b64_json"):
         raise ApiError(400, f"response_format {body.response_format!r} is not supported: this server returns "
                             f"images inline only, use response_format='b64_json'")
     width, height = _size(body.size)
     check_limits(s.limits, body.prompt, body.negative_prompt, body.n, body.steps, width, height)
-    job = Job(model=s.model_name(body.model), prompt=body.prompt, negative_prompt=body.negative_prompt, n=body.n,
+    prompt, loras = request_loras(s.loras, body.prompt)  # <lora:name:w> tags, as every API reads them
+    job = Job(model=s.model_name(body.model), prompt=prompt, negative_prompt=body.negative_prompt, n=body.n,
               seed=request_seed(body.seed), settings=dict(steps=body.steps, guidance=body.guidance, height=height,
-                                                          width=width, scheduler=body.scheduler))
+                                                          width=width, scheduler=body.scheduler), loras=loras)
     (result,) = await s.run(request, [job])
+    keep_request_prompt([result], body.prompt)
     return await json_answer(lambda: {
         "created": int(time.time()), "output_format": body.output_format,
         "data": [{"b64_json": b64(p), "revised_prompt": body.prompt}

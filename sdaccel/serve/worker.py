@@ -5,13 +5,13 @@ The GPU runs one call at a time, so one thread owns it: the HTTP layer submits j
 the cheap checks of worker_api.py) and never computes. The thread takes the oldest job, then for up to
 `batch_window_ms` gathers queued jobs with the same batch key (jobs.py) until `max_batch` images, and runs them as
 one pipeline call: the fast engine's captured graphs for that batch size replay for all of them. Every call passes
-one seed per image (each job's seed, seed + 1, ...: job_seeds), so a job gets the same images alone or batched. The
-call resolves the request (init image, mask, the checks against the model) once, on this thread; what it refuses
-fails the call's jobs with its UsageError. Where shapes were warmed at start (`warm`), a batch keeps to an image count
-warmed for its size, so a new count's graphs are not captured while requests wait. A job that waited past its
-deadline, or whose client went away, is dropped before it runs. A full queue refuses new jobs at once
-(QueueFullError, the HTTP layer's 429), with a Retry-After from the recent time per image. stop(drain=True) refuses
-new jobs and finishes every queued one.
+one seed per image (each job's seed, seed + 1, ...: job_seeds), so a job gets the same images alone or batched, and
+merges the call's LoRA set first where another one is merged (loras.use_loras: no recapture). The call resolves the
+request (init image, mask, the checks against the model) once, on this thread; what it refuses fails the call's jobs
+with its UsageError. Where shapes were warmed at start (`warm`), a batch keeps to an image count warmed for its size,
+so a new count's graphs are not captured while requests wait. A job that waited past its deadline, or whose client
+went away, is dropped before it runs. A full queue refuses new jobs at once (QueueFullError, the HTTP layer's 429),
+with a Retry-After from the recent time per image. stop(drain=True) refuses new jobs and finishes every queued one.
 """
 
 from __future__ import annotations
@@ -25,8 +25,12 @@ from typing import Any, Callable, Mapping
 
 from ..models.schedulers import STOCHASTIC_SCHEDULERS, canonical
 from ..pipeline.presets import get_preset
+from .controlnets import controlnet_plan
 from .jobs import CancelledJobError, DeadlineExceededError, Job, JobResult, batch_key
-from .worker_api import WorkerBase, WorkerEvents, job_seeds, output_size
+from .loras import use_loras
+from .previews import PREVIEW_EVERY, check_preview_every
+from .progress import Progress
+from .worker_api import WorkerBase, WorkerEvents, embeddings_listing, job_seeds, job_subseeds, output_size
 
 log = logging.getLogger("sdaccel.serve")
 
@@ -37,51 +41,34 @@ def _fail(job: Job, error: BaseException) -> None:
         job.future.set_exception(error)
 
 
-class Progress:
-    """The call running now, for /sdapi/v1/progress: its jobs, step and steps (read from other threads)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._state: dict[str, Any] = {}
-
-    def start(self, jobs: list[Job], steps: int) -> None:
-        with self._lock:
-            self._state = dict(jobs=len(jobs), images=sum(j.n for j in jobs), step=0, steps=steps,
-                               started=time.monotonic())
-
-    def step(self, index: int) -> None:
-        with self._lock:
-            if self._state:
-                self._state["step"] = index + 1
-
-    def finish(self) -> None:
-        with self._lock:
-            self._state = {}
-
-    def snapshot(self) -> dict[str, Any]:
-        with self._lock:
-            return dict(self._state)
-
-
 class Worker(WorkerBase):
     """Models on one device behind a queue. `models`: {name: model reference (as sdaccel.load takes)}; each is loaded
     on `engine` with `engine_options`. `warm`: (height, width, images) shapes each model runs once at start, so
     their kernels and graphs are ready before the first request (ready() turns true after). `events`: where the
-    calls are reported (a Metrics; default: nowhere)."""
+    calls are reported (a Metrics; default: nowhere). `embeddings`: a folder of textual-inversion embeddings every
+    model loads (sdaccel.load's embeddings=), each taking the files made for it. `controlnets`: {name: reference},
+    each loaded beside every model it fits (controlnets.controlnet_plan). `preview_every`: steps between the live
+    previews /sdapi/v1/progress shows (previews.py; 0: none). interrupt() ends the running call early (progress.py)."""
 
     def __init__(self, models: Mapping[str, str], engine: str = "eager",
                  engine_options: Mapping[str, Any] | None = None, device: str | None = None,
                  dtype: str | None = None, max_batch: int = 8, batch_window_ms: float = 5.0, max_queue: int = 64,
                  warm: tuple[tuple[int, int, int], ...] = (),
-                 events: WorkerEvents | None = None, loader: Callable[..., Any] | None = None):
+                 events: WorkerEvents | None = None, loader: Callable[..., Any] | None = None,
+                 embeddings: str | None = None, controlnets: Mapping[str, str] | None = None,
+                 preview_every: int = PREVIEW_EVERY):
         super().__init__(models, max_batch=max_batch, batch_window_ms=batch_window_ms, max_queue=max_queue,
                          events=events)
+        self.controlnets = dict(controlnets or {})
+        self.model_controlnets = controlnet_plan(self.models, self.controlnets)
+        self.preview_every = check_preview_every(preview_every)
         self.engine, self.engine_options = engine, dict(engine_options or {})
         self.device, self.dtype = device, dtype
         self.warm = tuple(warm)
         self._loader = loader
+        self.embeddings_source = embeddings
         self.pipes: dict[str, Any] = {}
-        self.progress = Progress()
+        self.progress = Progress(preview_every)
         self._queue: collections.deque[Job] = collections.deque()
         self._cv = threading.Condition()
         self._accepting = True
@@ -120,6 +107,10 @@ class Worker(WorkerBase):
     def busy(self) -> bool:
         return self._busy
 
+    def interrupt(self, skip: bool = False, call: int | None = None) -> bool:
+        """Stop the running call (the call numbered `call`, if given) at its next step boundary (progress.py)."""
+        return self.progress.request_stop(skip, call)
+
     def _enqueue(self, job: Job) -> Future:
         with self._cv:
             if not self._accepting:
@@ -157,8 +148,12 @@ class Worker(WorkerBase):
         load = self._loader or load
         for name, ref in self.models.items():
             log.info("loading %s (%s) on the %s engine", name, ref, self.engine)
+            extra = {} if self.embeddings_source is None else {"embeddings": self.embeddings_source}
+            if self.model_controlnets[name]:
+                extra["controlnet"] = [self.controlnets[net] for net in self.model_controlnets[name]]
             self.pipes[name] = load(ref, engine=self.engine, device=self.device, dtype=self.dtype,
-                                    **self.engine_options)
+                                    **extra, **self.engine_options)
+            self.loaded_embeddings[name] = embeddings_listing(self.pipes[name])
         for name, pipe in self.pipes.items():
             for height, width, images in self.warm:
                 log.info("warming %s at %dx%d x%d", name, width, height, images)
@@ -240,8 +235,8 @@ class Worker(WorkerBase):
     def _batch_key(self, job: Job) -> tuple | None:
         pipe = self.pipes[job.model]
         base = getattr(pipe, "base", pipe)
-        if getattr(base.components, "controlnets", None) or pipe is not base:
-            return None  # per-request control images; a refiner pair: one call each
+        if pipe is not base:
+            return None  # a refiner pair: one call each (control images make a job run alone: jobs.ALONE)
         name = job.settings.get("scheduler")
         if name is None and job.settings.get("preset"):
             name = get_preset(job.settings["preset"]).settings().get("scheduler")
@@ -253,12 +248,15 @@ class Worker(WorkerBase):
         settings = {k: v for k, v in jobs[0].settings.items() if v is not None}
         started = time.monotonic()
         self._busy = True
-        self.progress.start(jobs, settings.get("steps") or getattr(pipe, "spec").steps)
+        self.progress.start(jobs, settings.get("steps") or getattr(pipe, "spec").steps, pipe.spec)
         try:
+            use_loras(pipe, jobs[0].loras)  # the call's LoRA set (one per batch key), unless merged already
             result = pipe([job.prompt for job in jobs for _ in range(job.n)],
                           [job.negative_prompt for job in jobs for _ in range(job.n)],
                           seeds=[seed for job in jobs for seed in job_seeds(job)],
-                          callback=lambda i, t, latents: self.progress.step(i), **settings)
+                          **({"subseed": [s for job in jobs for s in job_subseeds(job)]}
+                             if settings.get("subseed_strength") else {}),
+                          callback=self.progress.step, **settings)  # steps, previews, and a client's stop
         except BaseException as exc:  # noqa: BLE001 - each job gets the error; the worker goes on
             log.warning("a call of %d job(s) failed: %s", len(jobs), exc)
             for job in jobs:
@@ -274,11 +272,13 @@ class Worker(WorkerBase):
         timings = result.timings.as_dict()
         self.events.batch_done(jobs[0].model, len(jobs), images, seconds, timings)
         # Each image's params name its own seed, not the call's list of them.
-        shared = {k: v for k, v in result.params.items() if k != "seeds"}
+        shared = {k: v for k, v in result.params.items() if k not in ("seeds", "subseeds")}
         at = 0
         for job in jobs:
+            variation = job_subseeds(job) if "subseeds" in result.params else [None] * job.n
             params = [dict(shared, prompt=job.prompt, negative_prompt=job.negative_prompt, seed=seed,
-                           batch_size=job.n) for seed in job_seeds(job)]
+                           batch_size=job.n, **({"subseed": sub} if sub is not None else {}))
+                      for seed, sub in zip(job_seeds(job), variation)]
             job.future.set_result(JobResult(images=result.images[at:at + job.n], params=params, timings=timings,
                                             batch_images=images, queued_s=started - job.submitted))
             at += job.n

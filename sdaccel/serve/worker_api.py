@@ -20,7 +20,7 @@ from ..errors import UsageError
 from ..models.schedulers import TIMESTEP_SPACINGS, canonical
 from ..pipeline.presets import get_preset
 from ..pipeline.prompts import parse
-from ..pipeline.request import MAX_SEED, validate_request
+from ..pipeline.request import MAX_SEED, random_seed, validate_request, variation
 from .jobs import SETTINGS, Job, QueueFullError
 
 
@@ -52,6 +52,13 @@ def job_seeds(job: Job) -> list[int]:
     return list(range(job.seed, job.seed + job.n))
 
 
+def job_subseeds(job: Job) -> list[int]:
+    """The variation seeds of a job's images, numbered as its seeds are (a random first one when unset)."""
+    first = random_seed() if job.subseed is None else job.subseed
+    job.subseed = first  # drawn once: a retried call varies as the first did
+    return list(range(first, first + job.n))
+
+
 def check_job(job: Job, models: Mapping[str, Any]) -> None:
     """UsageError for a job no call could run, found without the model or its images: nothing here decodes,
     converts or tokenizes (the pipeline's call resolves the rest)."""
@@ -70,6 +77,9 @@ def check_job(job: Job, models: Mapping[str, Any]) -> None:
                      job.seed, s.get("strength"))
     if job.seed + job.n - 1 > MAX_SEED:  # its images take seed .. seed + n - 1
         raise UsageError(f"seed must be from 0 to {MAX_SEED - job.n + 1} for {job.n} images, got {job.seed}")
+    variation(job.subseed, s.get("subseed_strength"), job.n)
+    if job.subseed is not None and job.subseed + job.n - 1 > MAX_SEED:
+        raise UsageError(f"subseed must be from 0 to {MAX_SEED - job.n + 1} for {job.n} images, got {job.subseed}")
     if s.get("scheduler") is not None:
         canonical(s["scheduler"])
     spacing = s.get("timestep_spacing")
@@ -79,11 +89,23 @@ def check_job(job: Job, models: Mapping[str, Any]) -> None:
         get_preset(s["preset"])
 
 
+def embeddings_listing(pipe) -> dict[str, dict[str, Any]]:
+    """A loaded pipeline's textual-inversion embeddings in A1111's shape ({"loaded": {name: {step, sd_checkpoint,
+    sd_checkpoint_name, shape, vectors}}, "skipped": {...}: those made for another model}); a base + refiner pair's
+    are the base's."""
+    loaded = getattr(getattr(pipe, "base", pipe), "components", None)
+    loaded = getattr(loaded, "embeddings", None)
+    return {"loaded": {}, "skipped": {}} if loaded is None else loaded.describe()
+
+
 class WorkerBase(ABC):
     """Models behind a bounded queue: what the HTTP app, the metrics and `sdaccel serve` use of a worker.
 
     `models`: {name: model reference}; `events`: where it reports its calls, drops and failures (a Metrics, or
-    the silent WorkerEvents), fixed at construction. `progress.snapshot()`: the call running now ({} when idle)."""
+    the silent WorkerEvents), fixed at construction. `progress.snapshot()`: the call running now ({} when idle);
+    `progress.preview()`: its newest live preview (previews.Preview), or None.
+    `loaded_embeddings`: {name: embeddings_listing of its pipeline}, filled as the models load. `controlnets` and
+    `model_controlnets`: the served ControlNets and those loaded beside each model, in order (controlnets.py)."""
 
     progress: Any
 
@@ -96,6 +118,9 @@ class WorkerBase(ABC):
         self._failed: BaseException | None = None
         self._settled = threading.Event()  # loaded and warmed, or failed
         self._seconds_per_image = 1.0  # recent time per image, for Retry-After
+        self.loaded_embeddings: dict[str, dict[str, dict[str, Any]]] = {}
+        self.controlnets: dict[str, str] = {}  # {name: reference} served (--controlnet)
+        self.model_controlnets: dict[str, list[str]] = {name: [] for name in self.models}  # loaded beside each model
 
     # ------------------------------------------------------------------------------------------- lifecycle
 
@@ -132,6 +157,11 @@ class WorkerBase(ABC):
     @abstractmethod
     def busy(self) -> bool:
         """A pipeline call is running."""
+
+    @abstractmethod
+    def interrupt(self, skip: bool = False) -> bool:
+        """Stop the running call at its next step boundary, its images decoded from the latents reached (A1111's
+        /interrupt, or with `skip` its /skip: progress.py); queued jobs run as usual. False when none runs."""
 
     def memory(self) -> dict[str, dict[str, Any]] | None:
         """Worker processes' memory figures by index ({device, rss_bytes, gpu_allocated_bytes}); None: the worker

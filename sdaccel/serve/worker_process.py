@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import UsageError
 from .jobs import CancelledJobError, Job
-from .worker import Progress
+from .progress import Progress
 from .worker_api import WorkerEvents
 
 PROGRESS_S = 0.2  # a child's step updates at most this often (start and end are always sent)
@@ -63,25 +63,38 @@ class _ForwardEvents(WorkerEvents):
 
 
 class _ForwardProgress(Progress):
-    """A child Worker's progress, sent to the front: each call's start and end, its steps throttled."""
+    """A child Worker's progress, sent to the front: each call's start and end and a client's stop at once, its
+    steps throttled, each new live preview (its uint8 pixels) with the step that follows it."""
 
-    def __init__(self, send):
-        super().__init__()
-        self._send, self._sent = send, 0.0
+    def __init__(self, send, preview_every: int):
+        super().__init__(preview_every)
+        self._send, self._sent, self._preview_sent = send, 0.0, None
 
-    def start(self, jobs: list[Job], steps: int) -> None:
-        super().start(jobs, steps)
+    def start(self, jobs: list[Job], steps: int, spec=None) -> None:
+        super().start(jobs, steps, spec)
         self._send("progress", self.snapshot())
         self._sent = time.monotonic()
 
-    def step(self, index: int) -> None:
-        super().step(index)
+    def step(self, index: int, timestep: float | None = None, latents=None):
+        stop = super().step(index, timestep, latents)
         if time.monotonic() - self._sent >= PROGRESS_S:
             self._send("progress", self.snapshot())
+            preview = self.preview()
+            if preview is not None and preview is not self._preview_sent:
+                self._send("preview", preview)
+                self._preview_sent = preview
             self._sent = time.monotonic()
+        return stop
+
+    def request_stop(self, skip: bool = False, call: int | None = None) -> bool:
+        asked = super().request_stop(skip, call)
+        if asked:
+            self._send("progress", self.snapshot())
+        return asked
 
     def finish(self) -> None:
         super().finish()
+        self._preview_sent = None
         self._send("progress", {})
 
 
@@ -112,7 +125,7 @@ def child_main(device: str, config: dict[str, Any], threads: int | None, conn) -
         send("failed", portable(exc))
         conn.close()
         return
-    worker.progress = _ForwardProgress(send)
+    worker.progress = _ForwardProgress(send, worker.preview_every)
     worker.start()
     threading.Thread(target=_report_ready, args=(worker, device, send), name="sdaccel-ready", daemon=True).start()
     jobs: dict[int, Job] = {}  # submitted here, not answered yet: for ("cancel", id)
@@ -150,6 +163,8 @@ def child_main(device: str, config: dict[str, Any], threads: int | None, conn) -
                 job = jobs.get(message[1])
                 if job is not None:
                     job.cancel()
+            elif message[0] == "interrupt":  # (skip, the call's number): that call only, if it still runs
+                worker.interrupt(message[1], message[2])
             elif message[0] == "stop":
                 drain = message[1]
                 break
@@ -166,6 +181,7 @@ def _report_ready(worker, device: str, send) -> None:
         send("failed", portable(exc))
         return
     send("memory", process_memory(device))
+    send("embeddings", worker.loaded_embeddings)
     send("ready")
 
 

@@ -11,14 +11,16 @@ Children start with multiprocessing's "spawn" (a forked CUDA runtime is unusable
 (CUDA_VISIBLE_DEVICES) and runs on "cuda". As with any spawn, a script that builds a pool must guard its entry point
 with `if __name__ == "__main__":`. Each child talks to the front over one duplex Pipe:
 
-    front -> child   ("job", id, fields), ("cancel", id), ("stop", drain)
+    front -> child   ("job", id, fields), ("cancel", id), ("interrupt", skip, call number), ("stop", drain)
     child -> front   ("ready",), ("failed", error), ("result", id, JobResult), ("error", id, error),
-                     ("event", name, args), ("progress", snapshot), ("memory", figures), ("stopped",)
+                     ("event", name, args), ("progress", snapshot), ("memory", figures), ("stopped",),
+                     ("embeddings", {model: listing}) before ("ready",), ("preview", previews.Preview)
 
 Queue bound: the front refuses a job (QueueFullError, 429) when every child holds `max_queue` jobs beyond its running
 call, so a child's own queue (of the same size) never overflows. Progress: a child reports a call's start and end,
-and its step at most every worker_process.PROGRESS_S. Memory: a child reports its resident memory and its GPU's
-allocated memory when ready and after each call (metrics.py shows them). A child that dies fails its outstanding
+and its step at most every worker_process.PROGRESS_S, with each new live preview (a small uint8 array; the front
+encodes a PNG only when /progress asks); interrupt() tells each busy child to stop its running call. Memory: a
+child reports its resident memory and its GPU's allocated memory when ready and after each call (metrics.py shows them). A child that dies fails its outstanding
 jobs and gets no more; the others go on serving. Children ignore SIGINT and SIGTERM (a terminal's Ctrl-C, or a
 service manager's SIGTERM to every process, reaches them too): the front stops them once it has drained, and a child
 whose front died sees its pipe close and stops.
@@ -38,7 +40,9 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any, Mapping, Sequence
 
 from ..errors import UsageError
+from .controlnets import controlnet_plan
 from .jobs import CancelledJobError, Job
+from .previews import PREVIEW_EVERY, check_preview_every
 from .worker_api import WorkerBase, WorkerEvents
 from .worker_process import child_device, child_main
 
@@ -48,7 +52,8 @@ log = logging.getLogger("sdaccel.serve")
 
 # What of a Job crosses to its process. deadline and submitted are time.monotonic() values, which hold in another
 # process (Linux' CLOCK_MONOTONIC is system-wide).
-JOB_FIELDS = ("model", "prompt", "negative_prompt", "n", "seed", "settings", "deadline", "submitted")
+JOB_FIELDS = ("model", "prompt", "negative_prompt", "n", "seed", "subseed", "settings", "loras", "deadline",
+              "submitted")
 _ENV_LOCK = threading.Lock()  # CUDA_VISIBLE_DEVICES is set around each child's start: one start at a time
 
 
@@ -64,6 +69,7 @@ class _Child:
         self.gone = False  # exited, or stopped: no more jobs
         self.progress: dict[str, Any] = {}  # its running call (Progress.snapshot()), {} when idle
         self.memory: dict[str, int] = {}  # its latest memory figures
+        self.preview = None  # its running call's newest live preview (previews.Preview)
         self.reader: threading.Thread | None = None
 
     def queued(self) -> int:
@@ -84,8 +90,17 @@ class _PoolProgress:
     def __init__(self, children: list[_Child]):
         self._children = children
 
+    def _running(self) -> _Child | None:
+        return next((c for c in self._children if c.progress and not c.gone), None)
+
     def snapshot(self) -> dict[str, Any]:
-        return next((dict(c.progress) for c in self._children if c.progress and not c.gone), {})
+        child = self._running()
+        return {} if child is None else dict(child.progress)
+
+    def preview(self):
+        """The live preview of the call snapshot() shows (None: none yet, or idle)."""
+        child = self._running()
+        return None if child is None else child.preview
 
 
 class ProcessWorkers(WorkerBase):
@@ -96,9 +111,14 @@ class ProcessWorkers(WorkerBase):
     def __init__(self, models: Mapping[str, str], engine: str = "eager",
                  engine_options: Mapping[str, Any] | None = None, devices: Sequence[str] = ("cpu",),
                  dtype: str | None = None, max_batch: int = 8, batch_window_ms: float = 5.0, max_queue: int = 64,
-                 warm: tuple[tuple[int, int, int], ...] = (), events: WorkerEvents | None = None):
+                 warm: tuple[tuple[int, int, int], ...] = (), events: WorkerEvents | None = None,
+                 embeddings: str | None = None, controlnets: Mapping[str, str] | None = None,
+                 preview_every: int = PREVIEW_EVERY):
         super().__init__(models, max_batch=max_batch, batch_window_ms=batch_window_ms, max_queue=max_queue,
                          events=events)
+        self.controlnets = dict(controlnets or {})
+        self.model_controlnets = controlnet_plan(self.models, self.controlnets)  # what every child loads
+        self.preview_every = check_preview_every(preview_every)
         if not devices:
             raise UsageError("no device to run workers on")
         self.devices = [str(d) for d in devices]
@@ -106,7 +126,8 @@ class ProcessWorkers(WorkerBase):
         # Each child builds its Worker with these keywords (and its own device and events).
         self._config = dict(models=self.models, engine=engine, engine_options=dict(engine_options or {}), dtype=dtype,
                             max_batch=max_batch, batch_window_ms=batch_window_ms, max_queue=max_queue,
-                            warm=tuple(warm))
+                            warm=tuple(warm), embeddings=embeddings, controlnets=self.controlnets,
+                            preview_every=preview_every)
         self._children: list[_Child] = []
         self.progress = _PoolProgress(self._children)
         self._lock = threading.Lock()
@@ -190,6 +211,18 @@ class ProcessWorkers(WorkerBase):
     def busy(self) -> bool:
         return any(c.progress for c in self._children if not c.gone)
 
+    def interrupt(self, skip: bool = False) -> bool:
+        """Stop every process's running call at its next step boundary. Each is named by its number, so a call
+        that ended while the message was on its way is not followed by its process's next one being stopped."""
+        asked = False
+        for child in [c for c in self._children if c.progress and not c.gone]:
+            try:
+                child.send(("interrupt", skip, child.progress.get("call")))
+                asked = True
+            except (OSError, ValueError):
+                pass  # gone meanwhile
+        return asked
+
     def memory(self) -> dict[str, dict[str, Any]]:
         """Each running process's latest memory figures by its index: {device, rss_bytes, gpu_allocated_bytes}."""
         with self._lock:
@@ -272,8 +305,14 @@ class ProcessWorkers(WorkerBase):
             getattr(self.events, name)(*args)
         elif kind == "progress":
             child.progress = message[1]
+            if not message[1]:  # the call ended: so did its previews
+                child.preview = None
+        elif kind == "preview":
+            child.preview = message[1]
         elif kind == "memory":
             child.memory = message[1]
+        elif kind == "embeddings":  # every process loads the same models and embeddings
+            self.loaded_embeddings = message[1]
         elif kind == "ready":
             child.ready = True
             with self._lock:

@@ -28,6 +28,14 @@ def test_generate_writes_pngs_with_parameters(tmp_path):
     assert not list(out.glob("*.tmp"))
 
 
+def test_generate_records_clip_skip_and_variation_as_a1111(tmp_path):
+    proc = run("generate", "a cat", "--model", "synthetic:sd15-tiny", "--steps", "1", "--seed", "2", "--batch", "2",
+               "--clip-skip", "1", "--subseed", "7", "--subseed-strength", "0.4", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    second = Image.open(sorted(tmp_path.glob("*.png"))[1]).text["parameters"]
+    assert "Clip skip: 2, " in second and "Variation seed: 8, Variation seed strength: 0.4, " in second
+
+
 def test_info_lists_engines():
     proc = run("info")
     assert proc.returncode == 0 and "engine eager" in proc.stdout and "torch" in proc.stdout
@@ -44,6 +52,8 @@ def test_info_lists_engines():
     (["--engine-opt", "warp=9"], "engine 'eager' has no option 'warp'; its options: channels_last"),
     (["--engine-opt", "fast.fp8=1"], "names another engine than --engine eager"),
     (["--engine-opt", "noequals"], "expected ENGINE.KEY=VALUE"),
+    (["--clip-skip", "2"], "clip_skip must be an integer from 0 to 1 for sd15-tiny"),
+    (["--subseed-strength", "2"], "subseed_strength must be a number from 0 to 1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path):
     proc = run("generate", "a cat", "--model", "synthetic:sd15-tiny", *args, "--out", str(tmp_path))

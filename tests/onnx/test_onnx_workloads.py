@@ -39,3 +39,18 @@ def test_base_and_refiner_on_onnxruntime_match_eager(built):
     b = ort("a boat", seed=0, steps=5, output="latent")
     assert b.timings.refine > 0 and ort.refiner.stages.info["provider"] == "cpu"
     torch.testing.assert_close(b.latents, a.latents, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_clip_skip_on_onnxruntime(built):
+    """An SDXL export gives every layer's hidden states, so an earlier one is there; an SD1 export gives its last."""
+    built("sd15-tiny")
+    built("sdxl-tiny")
+    sd15 = Pipeline(build_synthetic(get_spec("sd15-tiny"), seed=0), engine="onnxruntime", device="cpu")
+    with pytest.raises(UsageError, match="clip_skip needs the text encoder's inner layers"):
+        sd15("a cat", seed=0, steps=1, clip_skip=1)
+    eager = Pipeline(build_synthetic(get_spec("sdxl-tiny"), seed=0), engine="eager", device="cpu")
+    ort = Pipeline(build_synthetic(get_spec("sdxl-tiny"), seed=0), engine="onnxruntime", device="cpu")
+    a = eager("a cat", seed=0, steps=2, scheduler="ddim", output="latent", clip_skip=1)
+    b = ort("a cat", seed=0, steps=2, scheduler="ddim", output="latent", clip_skip=1)
+    torch.testing.assert_close(b.latents, a.latents, rtol=1e-3, atol=1e-3)

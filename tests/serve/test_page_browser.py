@@ -1,8 +1,10 @@
 """The web page in a real browser: headless Chromium (Debian's package, installed here when absent) drives the form
-of a live server and gets an image back, with the queue figures from /metrics shown beside it."""
+of a live server and gets an image back, with the queue figures from /metrics shown beside it, the running call's
+progress bar and live preview, and its Stop button returning the images reached."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -18,7 +20,7 @@ webdriver = pytest.importorskip("selenium.webdriver")
 
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 from sdaccel.serve.app import create_app  # noqa: E402
 from sdaccel.serve.worker import Worker  # noqa: E402
@@ -119,3 +121,44 @@ def test_a_bad_request_shows_the_servers_message(server, browser):
     error = WebDriverWait(browser, 60).until(lambda b: b.find_element(By.ID, "error").text)
     assert "multiple of 8" in error
     assert browser.find_elements(By.CSS_SELECTOR, "#images img") == []
+
+
+def test_without_the_key_the_sampler_is_typed(server, browser):
+    browser.get(server + "/")  # no key yet: /sdapi/v1/samplers answers 401, and the page offers a text field
+    WebDriverWait(browser, 30).until(lambda b: b.find_element(By.NAME, "sampler").tag_name == "input")
+
+
+@pytest.mark.slow
+def test_the_page_shows_progress_and_preview_and_stop_returns_the_images_so_far(server, browser):
+    browser.get(server + "/")
+    browser.execute_script("""window.sent = []; const send = window.fetch;
+        window.fetch = (url, options) => { if (url === "/v1/generate") window.sent.push(options.body);
+                                           return send(url, options); };""")
+    form = browser.find_element(By.ID, "form")
+    for name, value in (("key", KEY), ("prompt", "a harbour"), ("negative_prompt", "fog"), ("width", "64"),
+                        ("height", "64"), ("steps", "150"), ("guidance", "6"), ("seed", "11"), ("n", "2")):
+        field = form.find_element(By.NAME, name)
+        field.clear()
+        field.send_keys(value)
+    wait = WebDriverWait(browser, 120)
+    # The key given, the samplers come from /sdapi/v1/samplers.
+    wait.until(lambda b: b.find_element(By.NAME, "sampler").tag_name == "select"
+               and len(b.find_elements(By.CSS_SELECTOR, "[name=sampler] option")) > 1)
+    Select(browser.find_element(By.NAME, "sampler")).select_by_value("DDIM")
+    browser.find_element(By.ID, "go").click()
+    preview = browser.find_element(By.ID, "preview")
+    wait.until(lambda b: b.execute_script("return arguments[0].complete && arguments[0].naturalWidth", preview))
+    assert browser.execute_script("return [arguments[0].naturalWidth, arguments[0].naturalHeight]", preview) == [32, 32]
+    assert preview.get_attribute("src").startswith("data:image/png;base64,")  # the 64x64 image's latent size
+    assert browser.find_element(By.ID, "running").is_displayed()
+    wait.until(lambda b: float(b.find_element(By.ID, "bar").get_attribute("value")) > 0)
+    assert "/150" in browser.find_element(By.ID, "step").text
+    browser.find_element(By.ID, "stop").click()
+    wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, "#images figcaption")) >= 2)
+    captions = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#images figcaption")][:2]
+    assert all("stopped at step" in c for c in captions), captions
+    assert {"seed 11", "seed 12"} <= {part.strip() for c in captions for part in c.split("·")}
+    assert not browser.find_element(By.ID, "running").is_displayed()
+    assert browser.find_element(By.NAME, "seed").get_attribute("value") == "13"
+    sent = json.loads(browser.execute_script("return window.sent[0]"))
+    assert (sent["negative_prompt"], sent["guidance"], sent["scheduler"], sent["n"]) == ("fog", 6, "DDIM", 2)

@@ -315,7 +315,7 @@ def test_prompts_are_read_with_a1111s_emphasis_on_every_api(server):
     ("/v1/generate", {"prompt": "x", "output_format": "gif"}, 422, "output_format"),
     ("/v1/images/generations", {"prompt": "x", "output_compression": 101}, 422, "output_compression"),
     ("/v1/generate", {"prompt": "x", "response_format": "png", "n": 2}, 400, "n = 1"),
-    ("/sdapi/v1/txt2img", {"prompt": "x", "enable_hr": True}, 400, "enable_hr"),
+    ("/sdapi/v1/txt2img", {"prompt": "x", "enable_hr": True, "hr_upscaler": "ESRGAN_4x"}, 400, "hr_upscaler"),
     ("/sdapi/v1/txt2img", {"prompt": "x", "sampler_name": "Nope Sampler"}, 400, "scheduler"),
     ("/sdapi/v1/txt2img", {"prompt": "x", "override_settings": {"sd_model_checkpoint": "other"}}, 404, "other"),
     ("/sdapi/v1/img2img", {"prompt": "x", "init_images": []}, 400, "one image"),

@@ -288,7 +288,8 @@ class FastEngine(Engine):
         for text_encode in stages.text_encoders:
             graphed_encode = graph(text_encode, on_capture=None)
             # Text embeddings are read at every step, after other graphs have replayed: hand out copies.
-            encoders.append(lambda ids, g=graphed_encode: tuple(t.clone() for t in g(ids)))
+            # clip_skip is part of the graph's key: a new value is one more (small) capture, once.
+            encoders.append(lambda ids, *skip, g=graphed_encode: tuple(t.clone() for t in g(ids, *skip)))
         shown = {"unet": unet, "decode": decode, "encode": encode,
                  **({"unet_loop": planner.call} if planner else {}),
                  **({"control_unet": control_unet} if control_unet else {})}
