@@ -106,7 +106,7 @@ def register(sub) -> None:
                      help="a1111 (default): (word) x1.1, [word] /1.1, (word:1.3), \\( for a bracket, BREAK; none: "
                           "every character is text. Prompts of any length are encoded in 75-token chunks either way")
     gen.add_argument("--guidance", type=float,
-                     help="classifier-free guidance scale, finite and >= 0; <= 1 runs the UNet once per step "
+                     help="classifier-free guidance scale, 0 to 100; <= 1 runs the UNet once per step "
                           "(default: the model's own, 7.5 for SD)")
     gen.add_argument("--out", default="sdaccel-out", help="output folder, created if absent (default: ./sdaccel-out)")
     gen.add_argument("--overwrite", action="store_true",

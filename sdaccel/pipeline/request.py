@@ -23,6 +23,9 @@ from .prompts import parse
 
 MAX_STEPS = 1000  # the schedulers' training schedule has 1000 timesteps: more steps than that cannot be spaced
 MAX_SIDE = 16384  # pixels; far beyond any SD model's training size (memory is checked separately, per machine)
+# Classifier-free guidance beyond this only saturates the image; a larger scale overflows fp16's range (65504) in
+# the guided prediction, and 1e308 even float32's.
+MAX_GUIDANCE = 100.0
 MAX_SEED = 2**63 - 2  # torch's generators take 64-bit seeds; the ancestral samplers' generator uses seed + 1
 IMG2IMG_STRENGTH = 0.8  # diffusers' img2img default
 INPAINT_STRENGTH = 1.0  # diffusers' inpainting default: the masked region starts from pure noise
@@ -40,8 +43,8 @@ def validate_request(steps, height, width, batch_size: int = 1, guidance: float 
     if not _is_integer(batch_size) or batch_size < 1:
         raise UsageError(f"batch size must be an integer >= 1, got {batch_size!r}")
     if guidance is not None:
-        if not _is_number(guidance) or not math.isfinite(guidance) or guidance < 0:
-            raise UsageError(f"guidance must be a finite number >= 0, got {guidance!r}")
+        if not _is_number(guidance) or not math.isfinite(guidance) or not 0 <= guidance <= MAX_GUIDANCE:
+            raise UsageError(f"guidance must be a finite number >= 0, got {guidance!r} (at most {MAX_GUIDANCE:g})")
     validate_seed("seed", seed)
     if strength is not None and (not _is_number(strength) or not 0 < strength <= 1):
         raise UsageError(f"strength must be a number in (0, 1], got {strength!r}")
@@ -50,6 +53,17 @@ def validate_request(steps, height, width, batch_size: int = 1, guidance: float 
 def validate_seed(name: str, seed) -> None:
     if not _is_integer(seed) or not 0 <= seed <= MAX_SEED:
         raise UsageError(f"{name} must be an integer from 0 to {MAX_SEED}, got {seed!r}")
+
+
+def validate_text(name: str, text) -> None:
+    """A prompt the tokenizer can read: a string of Unicode characters (a lone surrogate such as "\\ud800", which
+    JSON can carry, is not one)."""
+    if not isinstance(text, str):
+        raise UsageError(f"{name}s must be strings, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UsageError(f"{name} is not valid text: {exc.reason} at character {exc.start}") from None
 
 
 def random_seed() -> int:
@@ -309,8 +323,7 @@ def resolve_request(spec, prompt, negative_prompt=None, *, steps=None, guidance=
         raise UsageError("no prompt given")
     negatives = _as_list(negative_prompt, len(prompts), "negative prompts")
     for text in prompts + negatives:  # the syntax's errors (a weight that is not a number) before any work
-        if not isinstance(text, str):
-            raise UsageError(f"prompts must be strings, got {type(text).__name__}")
+        validate_text("prompt", text)
         parse(text, prompt_syntax)
     prompts = [p for p in prompts for _ in range(batch_size)]
     negatives = [n for n in negatives for _ in range(batch_size)]

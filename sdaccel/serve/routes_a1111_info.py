@@ -18,7 +18,7 @@ router = APIRouter(prefix="/sdapi/v1")
 
 
 class PngInfoRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: false is not 0, "64" is not 64
 
     image: str  # base64, with or without a data: URL prefix
 

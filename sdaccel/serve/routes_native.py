@@ -44,6 +44,8 @@ async def generate(body: GenerateRequest, request: Request):
                     prompt_syntax=body.prompt_syntax if body.prompt_syntax != "a1111" else None,
                     clip_skip=body.clip_skip or None, subseed_strength=body.subseed_strength or None)
     hires = {name: getattr(body, name) for name in HIRES_KEYWORDS if getattr(body, name) is not None}
+    if "hires_size" in hires:
+        hires["hires_size"] = tuple(hires["hires_size"])  # JSON's list as the (width, height) the pipeline takes
     if hires:  # hires fix: checked here against the server's limits, before it is queued
         check_hires_settings(*(hires.get(k) for k in ("hires_scale", "hires_size", "hires_upscaler", "hires_steps",
                                                        "hires_strength")))

@@ -2,7 +2,8 @@
 
 sdaccel's own /v1/generate forbids unknown fields (a typo is a 422, not a silently ignored setting). The OpenAI and
 A1111 bodies declare every field of those APIs their clients send; each is honoured, or refused with a 400 naming
-it (routes_openai.NEUTRAL, a1111_fields.py), and a field those APIs do not have is a 400 as well.
+it (routes_openai.NEUTRAL, a1111_fields.py), and a field those APIs do not have is a 400 as well. Every body is
+validated strictly: `false` is not 0 and "64" is not 64 (a 422 naming the field); an integer is a number.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class ControlNetUnitRequest(BaseModel):
     """One ControlNet of a /v1/generate request: a served ControlNet's name (--controlnet), its control image
     (base64, the output's size), and Pipeline.generate's controlnet_scale, control_start and control_end for it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: false is not 0, "64" is not 64
 
     model: str
     image: str
@@ -40,7 +41,7 @@ class ControlNetUnitRequest(BaseModel):
 class GenerateRequest(BaseModel):
     """POST /v1/generate: Pipeline.generate's settings; image and mask as base64 PNG (or any format PIL reads)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: false is not 0, "64" is not 64
 
     model: str | None = None
     prompt: str
@@ -64,7 +65,7 @@ class GenerateRequest(BaseModel):
     keep_unmasked: bool = False
     # hires fix (Pipeline.generate's hires_* keywords): hires_scale or hires_size = [width, height] enables it
     hires_scale: float | None = None
-    hires_size: tuple[int, int] | None = None  # 0 on one side keeps the aspect ratio
+    hires_size: list[int] | None = Field(None, min_length=2, max_length=2)  # [w, h]; 0 on one side keeps the aspect
     hires_upscaler: str | None = None  # None: "Latent"
     hires_steps: int | None = None  # None or 0: the first pass's steps
     hires_strength: float | None = None  # None: 0.7
@@ -84,7 +85,7 @@ class OpenAIImageRequest(BaseModel):
     OpenAI's fields that sdaccel cannot honour are refused at any value but the neutral one (routes_openai.NEUTRAL);
     `user` and `moderation` change nothing about the image and are accepted; any other field is a 400."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     prompt: str
     model: str | None = None
@@ -112,7 +113,7 @@ class A1111Txt2Img(BaseModel):
     does not do, or (changing nothing about the images, by A1111's own meaning) accepted and ignored: the rules are
     a1111_fields.py's. A field A1111 does not have is a 400 too (extra fields are kept for that check)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     prompt: str = ""
     negative_prompt: str = ""
@@ -199,6 +200,6 @@ class A1111Img2Img(A1111Txt2Img):
 
 
 class A1111Options(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     sd_model_checkpoint: str | None = None

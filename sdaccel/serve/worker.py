@@ -258,6 +258,12 @@ class Worker(WorkerBase):
                              if settings.get("subseed_strength") else {}),
                           callback=self.progress.step, **settings)  # steps, previews, and a client's stop
         except BaseException as exc:  # noqa: BLE001 - each job gets the error; the worker goes on
+            if len(jobs) > 1 and isinstance(exc, Exception):
+                # One job's input may fail the whole call: each runs alone, so only the culprit fails.
+                log.warning("a call of %d jobs failed (%s): running them one at a time", len(jobs), exc)
+                for job in jobs:
+                    self._run([job])
+                return
             log.warning("a call of %d job(s) failed: %s", len(jobs), exc)
             for job in jobs:
                 _fail(job, exc)

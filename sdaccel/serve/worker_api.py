@@ -20,7 +20,7 @@ from ..errors import UsageError
 from ..models.schedulers import TIMESTEP_SPACINGS, canonical
 from ..pipeline.presets import get_preset
 from ..pipeline.prompts import parse
-from ..pipeline.request import MAX_SEED, random_seed, validate_request, variation
+from ..pipeline.request import MAX_SEED, random_seed, validate_request, validate_text, variation
 from .jobs import SETTINGS, Job, QueueFullError
 
 
@@ -67,6 +67,7 @@ def check_job(job: Job, models: Mapping[str, Any]) -> None:
     for name in ("prompt", "negative_prompt"):
         if not isinstance(getattr(job, name), str):
             raise UsageError(f"{name} must be a string, got {type(getattr(job, name)).__name__}")
+        validate_text(name, getattr(job, name))  # a lone surrogate fails here, not inside a batch's tokenizer
         parse(getattr(job, name), job.settings.get("prompt_syntax") or "a1111")  # its emphasis reads
     unknown = sorted(set(job.settings) - set(SETTINGS))
     if unknown:

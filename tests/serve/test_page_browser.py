@@ -18,6 +18,7 @@ pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 webdriver = pytest.importorskip("selenium.webdriver")
 
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support import expected_conditions  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
@@ -125,7 +126,9 @@ def test_a_bad_request_shows_the_servers_message(server, browser):
 
 def test_without_the_key_the_sampler_is_typed(server, browser):
     browser.get(server + "/")  # no key yet: /sdapi/v1/samplers answers 401, and the page offers a text field
-    WebDriverWait(browser, 30).until(lambda b: b.find_element(By.NAME, "sampler").tag_name == "input")
+    # the page swaps the field (select <-> input) as the samplers' answer comes: a found element may go stale
+    WebDriverWait(browser, 30, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda b: b.find_element(By.NAME, "sampler").tag_name == "input")
 
 
 @pytest.mark.slow
@@ -140,7 +143,7 @@ def test_the_page_shows_progress_and_preview_and_stop_returns_the_images_so_far(
         field = form.find_element(By.NAME, name)
         field.clear()
         field.send_keys(value)
-    wait = WebDriverWait(browser, 120)
+    wait = WebDriverWait(browser, 120, ignored_exceptions=(StaleElementReferenceException,))
     # The key given, the samplers come from /sdapi/v1/samplers.
     wait.until(lambda b: b.find_element(By.NAME, "sampler").tag_name == "select"
                and len(b.find_elements(By.CSS_SELECTOR, "[name=sampler] option")) > 1)

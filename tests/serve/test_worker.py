@@ -151,3 +151,40 @@ def test_batches_keep_to_the_counts_warmed_for_their_size():
         assert [f.result(120).batch_images for f in other] == [3, 3, 3]  # nothing warmed at 40x40: one call
     finally:
         w.stop()
+
+
+def test_a_call_that_fails_for_one_job_fails_only_that_job(worker, monkeypatch):
+    """A batched call that one job's input breaks runs its jobs one at a time: only the culprit fails."""
+    real = worker.pipes["tiny"]
+
+    class Poisoned:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def __call__(self, prompts, *args, **kwargs):
+            if "poison" in prompts:
+                raise ValueError("this prompt breaks the call")
+            return real(prompts, *args, **kwargs)
+
+    monkeypatch.setitem(worker.pipes, "tiny", Poisoned())
+    futures = [worker.submit(j) for j in (job("a cat", seed=1), job("poison", seed=2), job("a dog", seed=3))]
+    with pytest.raises(ValueError, match="this prompt breaks the call"):
+        futures[1].result(120)
+    good = [futures[0].result(120), futures[2].result(120)]
+    assert [r.batch_images for r in good] == [1, 1]  # run again alone
+    monkeypatch.setitem(worker.pipes, "tiny", real)
+    alone = worker.submit(job("a dog", seed=3)).result(120)
+    assert np.abs(_pixels(alone.images[0]) - _pixels(good[1].images[0])).max() <= 1
+
+
+@pytest.mark.parametrize("prompt, words", [("a \ud800 cat", "prompt is not valid text: surrogates not allowed"),
+                                           (5, "prompt must be a string")])
+def test_text_the_tokenizer_cannot_read_is_refused_at_submit(worker, prompt, words):
+    with pytest.raises(UsageError, match=words):
+        worker.submit(Job("tiny", prompt, settings=dict(steps=2)))
+
+
+@pytest.mark.parametrize("guidance", [1e308, 101.0])
+def test_guidance_beyond_its_range_is_refused_at_submit(worker, guidance):
+    with pytest.raises(UsageError, match="guidance must be a finite number >= 0, got .*at most 100"):
+        worker.submit(job(guidance=guidance))
