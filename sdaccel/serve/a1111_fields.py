@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..models.schedulers import canonical
+from .schemas import is_neutral
 
 # Changes nothing about the images (A1111 saves files, tracks the task, or reads it for instruct-pix2pix only).
 NO_EFFECT = ("do_not_save_samples", "do_not_save_grid", "save_images", "force_task_id", "image_cfg_scale")
@@ -75,20 +76,13 @@ def check_fields(body) -> None:
     for name, (neutral, why) in NEUTRAL.items():
         if name in fields:
             value = getattr(body, name)
-            if not any(_same(value, v) for v in neutral):
+            if not is_neutral(value, neutral):
                 raise UsageError(f"{name}={value!r} is not supported: {why}")
     blur_x, blur_y = getattr(body, "mask_blur_x", None), getattr(body, "mask_blur_y", None)
     for name, value in (("mask_blur_x", blur_x), ("mask_blur_y", blur_y)):
         if value is not None and value != body.mask_blur:
             raise UsageError(f"{name}={value!r} differs from mask_blur={body.mask_blur!r}: the mask is blurred "
                              "alike in both directions")
-
-
-def _same(value, neutral) -> bool:
-    """value is the neutral one; True is not 1 here (booleans only match booleans)."""
-    if isinstance(value, bool) or isinstance(neutral, bool):
-        return value is neutral
-    return value == neutral
 
 
 def sampler(name: str | None, schedule: str | None) -> str | None:

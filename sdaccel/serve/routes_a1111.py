@@ -31,6 +31,7 @@ router = APIRouter(prefix="/sdapi/v1")
 
 @router.post("/txt2img")
 async def txt2img(body: A1111Txt2Img, request: Request):
+    check_fields(body)
     return await _generate(served(request), body, request)
 
 
@@ -102,7 +103,6 @@ async def _generate(s: Served, body: A1111Txt2Img, request: Request, image=None,
         validate_request(1, body.height, body.width)
     if body.batch_size < 1 or body.n_iter < 1:
         raise ApiError(400, "batch_size and n_iter must be >= 1")
-    check_fields(body)
     overrides = read_options(body.override_settings, s.worker.models, "override_settings")
     model = s.model_name(_checkpoint(overrides.get("sd_model_checkpoint") or s.checkpoint, s.worker.models))
     scheduler = sampler(body.sampler_name or body.sampler_index, body.scheduler)

@@ -14,7 +14,7 @@ from .encoding import b64, encoded, json_answer
 from .jobs import Job
 from .loras import keep_request_prompt, request_loras
 from .middleware import ApiError
-from .schemas import OpenAIImageRequest
+from .schemas import OpenAIImageRequest, is_neutral
 
 router = APIRouter()
 
@@ -29,7 +29,7 @@ def check_fields(body: OpenAIImageRequest) -> None:
         raise ApiError(400, f"unknown field(s) {', '.join(unknown)}: not an images API field sdaccel knows")
     for name, neutral in NEUTRAL.items():
         value = getattr(body, name)
-        if not any(value is v or (type(value) is type(v) and value == v) for v in neutral):
+        if not is_neutral(value, neutral):
             raise ApiError(400, f"{name}={value!r} is not supported here (accepted: "
                                 f"{', '.join(repr(v) for v in neutral if v is not None)})")
 

@@ -25,6 +25,17 @@ class Limits:
     max_prompt_chars: int = 4000  # prompt and negative prompt, each
 
 
+def is_neutral(value, neutral: tuple) -> bool:
+    """`value` is one of the values of a field that change nothing (True is not 1 here: booleans match booleans)."""
+    for v in neutral:
+        if isinstance(value, bool) or isinstance(v, bool):
+            if value is v:
+                return True
+        elif value == v:
+            return True
+    return False
+
+
 class ControlNetUnitRequest(BaseModel):
     """One ControlNet of a /v1/generate request: a served ControlNet's name (--controlnet), its control image
     (base64, the output's size), and Pipeline.generate's controlnet_scale, control_start and control_end for it."""

@@ -24,10 +24,10 @@ httpx = pytest.importorskip("httpx")
 
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
+from inprocess_server import InProcessServer  # noqa: E402
 from serve_helpers import REPO, serve_process, wait_for  # noqa: E402
 
 from sdaccel.serve.app import create_app  # noqa: E402
-from sdaccel.serve.loadtest import free_port  # noqa: E402
 from sdaccel.serve.metrics import Metrics  # noqa: E402
 from sdaccel.serve.schemas import Limits  # noqa: E402
 from sdaccel.serve.worker import Worker  # noqa: E402
@@ -49,31 +49,17 @@ def _loader(ref, **kwargs):
     return _pipe()
 
 
-class _Server:
-    """A Worker behind the app on a uvicorn server in a thread, as `sdaccel serve` runs it."""
+class _Server(InProcessServer):
+    """A Worker behind the app on a uvicorn server in a thread, as `sdaccel serve` runs it, its metrics kept."""
 
     def __init__(self, models: dict[str, str], *, api_key: str | None = None, limits: Limits = Limits(),
                  **worker_args):
         self.metrics = Metrics()
-        self.worker = Worker(models, engine="eager", device="cpu", loader=_loader, events=self.metrics,
-                             **worker_args)
-        self.worker.start()
-        assert self.worker.wait_ready(300)
-        app = create_app(self.worker, api_key=api_key, limits=limits, request_timeout_s=120, metrics=self.metrics)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.05)
+        super().__init__(models, app_args=dict(api_key=api_key, limits=limits, metrics=self.metrics),
+                         loader=_loader, events=self.metrics, **worker_args)
 
     def close(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(60)
+        super().close()
         assert not self.worker._thread.is_alive()  # the lifespan's shutdown stopped the worker
 
 
