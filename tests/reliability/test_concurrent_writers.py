@@ -67,7 +67,7 @@ import json, os, sys, time
 from pathlib import Path
 import torch
 from sdaccel.models import load_components
-from sdaccel.onnx.manifest import read_manifest, verify_files
+from sdaccel.onnx.manifest import component_path, read_manifest, verify_files
 from sdaccel.onnx.optimize import OptimizeSettings, ensure_optimized
 import onnxruntime
 
@@ -82,8 +82,11 @@ checks = 0
 # Keep using the folder until the other process is done too: its build must not pull this one's folder away.
 while True:
     both_done = len([n for n in os.listdir(done_dir) if n.startswith("done-")]) == 2
-    verify_files(folder, read_manifest(folder))
-    models = sorted(Path(folder).rglob("*.onnx"))
+    manifest = read_manifest(folder)
+    verify_files(folder, manifest)
+    # The models the manifest names, as the engine opens them: a walk of the folder would also enter the other
+    # process's staging folder, which vanishes when its build ends.
+    models = [component_path(folder, manifest, name) for name in manifest["components"]]
     assert models, f"no models in {folder}"
     for model in models:
         onnxruntime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
