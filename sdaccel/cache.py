@@ -51,6 +51,24 @@ def cache_dir(*parts: str) -> str:
     return os.path.join(cache_root(), *parts)
 
 
+def unwritable_reason(folder: str) -> str | None:
+    """None when `folder` exists or can be made and new files can be written in it; else why not, in the
+    system's words ("Permission denied", "Read-only file system", "Not a directory", ...)."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        return exc.strerror or exc.__class__.__name__
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "Permission denied"
+    return None
+
+
+def unwritable_message(folder: str, reason: str, variable: str = "SDACCEL_CACHE") -> str:
+    """One line saying that a cache folder cannot be written and which setting chooses another."""
+    under = " (sdaccel's caches go under DIR)" if variable == "SDACCEL_CACHE" else ""
+    return f"the cache folder {folder} is not writable ({reason}): choose a writable one with {variable}=DIR{under}"
+
+
 @dataclass
 class CacheEntry:
     """One removable unit of a cache: a fast engine cache file, an ONNX folder, an item of a tool's cache folder."""

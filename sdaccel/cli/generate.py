@@ -4,7 +4,7 @@ refiner), its PNGs written with every setting in their parameters, never over an
 from __future__ import annotations
 
 
-from ..errors import SdaccelError
+from ..errors import SdaccelError, first_line
 from .common import ENGINE_NAMES, EXIT_CODES, EXIT_OUTPUT_CHECK, add_model_args, engine_options, status
 
 
@@ -290,14 +290,43 @@ def parse_loras(items: list[str]) -> dict[str, float]:
 
 def read_image(path: str, flag: str = "--image", convert: str | None = "RGB"):
     """The picture at `path`, loaded now (a missing or unreadable file is a one-line error before any work);
-    converted to `convert` (None: as stored, for a mask, whose channels are checked)."""
-    from PIL import Image, UnidentifiedImageError
+    converted to `convert` (None: as stored, for a mask, whose channels are checked). Pillow's guards against
+    decompression bombs are errors here, its pixel count's warning level included: a file whose pixels, text or
+    ICC chunks would inflate past Pillow's limits is refused by name before memory goes to it."""
+    import warnings
+
+    from PIL import Image
 
     try:
-        with Image.open(path) as image:
-            image.load()
-            return image.convert(convert) if convert else image.copy()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                image.load()
+                return image.convert(convert) if convert else image.copy()
     except FileNotFoundError:
         raise SdaccelError(f"{flag} {path}: no such file") from None
-    except (UnidentifiedImageError, OSError) as exc:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning, ValueError) as exc:
+        raise SdaccelError(f"{flag} {path}: {image_bomb_reason(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - PIL raises many kinds for a broken file (OSError, SyntaxError, ...)
         raise SdaccelError(f"{flag} {path}: not an image PIL can read ({exc.__class__.__name__})") from None
+
+
+def image_bomb_reason(exc: Exception) -> str:
+    """Why Pillow refused a file (its decompression-bomb guards), in words naming the limit that stopped it."""
+    import re
+
+    from PIL import Image, PngImagePlugin
+
+    text = first_line(exc)
+    refused = "refused as a possible decompression bomb"
+    pixels = re.search(r"\((\d+) pixels\)", text)
+    if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning)) and pixels:
+        return (f"{int(pixels.group(1))} pixels, more than Pillow's limit of {Image.MAX_IMAGE_PIXELS} "
+                f"(PIL.Image.MAX_IMAGE_PIXELS): {refused}")
+    if "MAX_TEXT_CHUNK" in text:
+        return (f"a compressed text or ICC profile chunk inflates past Pillow's limit of "
+                f"{PngImagePlugin.MAX_TEXT_CHUNK} bytes (PngImagePlugin.MAX_TEXT_CHUNK): {refused}")
+    if "MAX_TEXT_MEMORY" in text:
+        return (f"its text chunks hold more than Pillow's limit of {PngImagePlugin.MAX_TEXT_MEMORY} bytes "
+                f"(PngImagePlugin.MAX_TEXT_MEMORY): {refused}")
+    return f"not an image PIL can read ({exc.__class__.__name__}: {text[:120]})"

@@ -130,6 +130,9 @@ def cmd_engines(args) -> int:
 # Warnings meant for the authors of the libraries sdaccel calls (numpy's __array__ copy keyword from diffusers'
 # schedulers, torch.jit deprecations, ...): noise between a user's progress lines. Shown under --debug.
 QUIET_CATEGORIES = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+# torch.load(weights_only=True) notes any pickle protocol but 2 (torch.save's default) in a .pt/.ckpt file, a LoRA's
+# or a checkpoint's: a note for torch's authors; what the file holds is checked all the same. Shown under --debug.
+QUIET_MESSAGES = (r"Detected pickle protocol \d+ in the checkpoint",)
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None):
@@ -145,6 +148,8 @@ def _cli_warnings(debug: bool):
         if not debug:
             for category in QUIET_CATEGORIES:
                 warnings.simplefilter("ignore", category)
+            for message in QUIET_MESSAGES:
+                warnings.filterwarnings("ignore", message=message)
             warnings.showwarning = _one_line_warning
             _quiet_library_logs()
         yield

@@ -1,8 +1,10 @@
 """`sdaccel serve`: models on one device behind an HTTP server (sdaccel's API, OpenAI's images API, A1111's subset);
 with --gpus, one worker process per GPU behind the one server (workers.py).
 
-uvicorn runs the app; SIGTERM stops accepting connections, lets in-flight requests finish, then stops the worker (or
-each worker process) after its queued jobs (the app's lifespan) and exits 0.
+uvicorn runs the app behind the edge of serve/http_server.py (time limits on request heads and bodies, a concurrency
+limit); SIGTERM stops accepting connections, lets in-flight requests finish for up to --shutdown-timeout seconds,
+then stops the running jobs between steps (their requests answered 503), stops the worker (or each worker process;
+the app's lifespan) and exits 0.
 """
 
 from __future__ import annotations
@@ -15,9 +17,14 @@ import signal
 import sys
 
 from ..errors import SdaccelError
+from ..pipeline.limits import SCHEDULE_STEPS, SERVER, GenerationLimits
 from .common import ENGINE_NAMES, EXIT_CODES, engine_options, status
 
 API_KEY_ENV = "SDACCEL_API_KEY"
+MIN_KEY_CHARS = 16  # a shorter key is guessable
+# A CPU server takes the tiny model's default size at 50 steps (a few seconds) but refuses OpenAI's 1024x1024, which
+# would run for hours there.
+DEFAULT_MAX_JOB_SECONDS = 300.0
 
 
 def register(sub) -> None:
@@ -58,17 +65,45 @@ def register(sub) -> None:
     p.add_argument("--batch-window-ms", type=float, default=5.0,
                    help="how long the worker gathers same-settings requests into one call (default: 5)")
     p.add_argument("--max-queue", type=int, default=64,
-                   help="jobs waiting at most; more are refused with 429 and Retry-After (default: 64)")
+                   help="jobs waiting at most; more are refused with 429 and Retry-After (default: 64); with "
+                        "--ray, per replica, and Ray's proxy holds as many more waiting for a replica, then refuses "
+                        "with 429 too")
     p.add_argument("--warm", metavar="HxW:N,N,...", action="append", default=[],
                    help="shapes run once at start so the first requests find their kernels ready, e.g. "
                         "512x512:1,2,4 (repeatable); /ready turns 200 after")
     p.add_argument("--preview-every", type=int, default=5, metavar="N",
                    help="a live preview of the running call's first image every N steps, which /sdapi/v1/progress "
                         "returns as current_image (A1111's show_progress_every_n_steps; 0: none; default: 5)")
-    p.add_argument("--api-key", help=f"required as 'Authorization: Bearer KEY' or 'X-API-Key' (default: "
-                                     f"${API_KEY_ENV}); /health and /ready stay open")
+    p.add_argument("--api-key", help=f"required as 'Authorization: Bearer KEY' or 'X-API-Key', at least "
+                                     f"{MIN_KEY_CHARS} characters; prefer ${API_KEY_ENV} (the default): a command "
+                                     f"line is visible to other users in ps; /health and /ready stay open, telling "
+                                     f"only their status without the key")
+    p.add_argument("--max-steps", type=int, default=SERVER.max_steps,
+                   help=f"most denoising steps a request may ask (default: {SERVER.max_steps}; at most "
+                        f"{SCHEDULE_STEPS}, the library's bound)")
+    p.add_argument("--max-side", type=int, default=SERVER.max_side,
+                   help=f"largest width or height a request may ask, pixels (default: {SERVER.max_side})")
+    p.add_argument("--max-images", type=int, default=SERVER.max_images,
+                   help=f"most images one request may ask (default: {SERVER.max_images})")
     p.add_argument("--timeout", type=float, default=600.0,
-                   help="seconds a request may wait for its call to start; later it is answered 503 (default: 600)")
+                   help="seconds a request may take, waiting and running: at its deadline it is answered 503 and "
+                        "its jobs are dropped, or stopped between steps (default: 600)")
+    p.add_argument("--max-job-seconds", type=float, metavar="S",
+                   help="refuse (400) a job this server's estimate says would run longer: its images x steps x "
+                        "size, at the rate the worker measures (0: no limit; default: %g; not with --ray)"
+                        % DEFAULT_MAX_JOB_SECONDS)
+    p.add_argument("--header-timeout", type=float, metavar="S",
+                   help="seconds a connection has to send a whole request head (kept alive: from the next request's "
+                        "first byte); later it is answered 408 and closed (default: 10)")
+    p.add_argument("--body-timeout", type=float, metavar="S",
+                   help="seconds a request's body has to arrive after its head; later it is answered 408 and closed "
+                        "(default: 30)")
+    p.add_argument("--limit-concurrency", type=int, metavar="N",
+                   help="open connections and running requests at most; a request past them is answered 503 at once "
+                        "(0: no limit; default: 512)")
+    p.add_argument("--shutdown-timeout", type=float, metavar="S",
+                   help="on SIGTERM or Ctrl+C, seconds running requests have to finish; then their jobs stop between "
+                        "steps and are answered 503, slow clients are closed, and the server exits (default: 30)")
     p.add_argument("--ray", action="store_true",
                    help="run the server as a Ray Serve application: --replicas copies of the worker and app, one GPU "
                         "each, behind Ray Serve's HTTP proxy at --host:--port (needs 'ray[serve]')")
@@ -144,6 +179,37 @@ def worker_devices(gpus: str | None, cpu_workers: int | None, device: str | None
     return [f"cuda:{i}" for i in (range(count) if indices is None else indices)]
 
 
+def check_api_key(key: str | None, source: str) -> None:
+    """A usable API key: long enough not to be guessed, and without the surrounding blanks no header keeps."""
+    if key is None:
+        return
+    if len(key) < MIN_KEY_CHARS:
+        raise SdaccelError(f"{source}: an API key must be at least {MIN_KEY_CHARS} characters, got {len(key)}")
+    if key != key.strip():
+        raise SdaccelError(f"{source}: the API key starts or ends with whitespace, which no request header keeps")
+
+
+EDGE_DEFAULTS = {"header_timeout": 10.0, "body_timeout": 30.0, "limit_concurrency": 512, "shutdown_timeout": 30.0}
+
+
+def edge_settings(args) -> dict:
+    """The HTTP edge's flags (http_server.py) with their defaults, checked; refused by name with --ray, whose own
+    HTTP proxy serves the requests."""
+    if args.ray:
+        given = [name for name in EDGE_DEFAULTS if getattr(args, name) is not None]
+        if given:
+            raise SdaccelError(f"--{given[0].replace('_', '-')} does not apply to --ray: Ray Serve's HTTP proxy "
+                               f"serves the requests")
+        return {}
+    settings = {name: default if getattr(args, name) is None else getattr(args, name)
+                for name, default in EDGE_DEFAULTS.items()}
+    from ..serve.http_server import check_edge_settings
+
+    check_edge_settings(settings["header_timeout"], settings["body_timeout"], settings["shutdown_timeout"],
+                        settings["limit_concurrency"])
+    return settings
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -155,23 +221,35 @@ def is_loopback(host: str) -> bool:
 
 def cmd_serve(args) -> int:
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    check_api_key(api_key, "--api-key" if args.api_key else f"${API_KEY_ENV}")
     if not is_loopback(args.host) and not api_key:
         raise SdaccelError(f"listening on {args.host} (not loopback) needs an API key: --api-key or ${API_KEY_ENV}")
     if not 0 <= args.port <= 65535:
         raise SdaccelError(f"--port must be from 0 to 65535, got {args.port}")
     if args.timeout <= 0:
         raise SdaccelError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.max_job_seconds is not None and (args.ray or not args.max_job_seconds >= 0):
+        raise SdaccelError("--max-job-seconds does not apply to --ray" if args.ray else
+                           f"--max-job-seconds must be >= 0 (0: no limit), got {args.max_job_seconds}")
+    try:  # the one steps/size/images rule, with this server's bounds (pipeline/limits.py)
+        generation = GenerationLimits(max_steps=args.max_steps, max_side=args.max_side, max_images=args.max_images,
+                                      flags=SERVER.flags)
+    except SdaccelError as exc:
+        raise SdaccelError(f"--max-steps/--max-side/--max-images: {exc}") from None
+    if args.ray and generation != SERVER:
+        raise SdaccelError("--max-steps, --max-side and --max-images do not apply to --ray (its replicas keep the "
+                           "defaults)")
     warm = parse_warm(args.warm)
     if args.preview_every < 0:
         raise SdaccelError(f"--preview-every must be >= 0 steps (0: no previews), got {args.preview_every}")
     devices = worker_devices(args.gpus, args.cpu_workers, args.device, args.ray)
     try:
-        import uvicorn
-
         from ..serve.app import create_app
+        from ..serve.http_server import EdgeConfig, EdgeServer
         from ..serve.metrics import Metrics
     except ModuleNotFoundError as exc:
         raise SdaccelError(f"sdaccel serve needs {exc.name}: pip install 'sdaccel[serve]'") from None
+    edge = edge_settings(args)
     from ..device import resolve_device
     from ..models.registry import default_model
     from ..serve.worker import Worker
@@ -208,11 +286,17 @@ def cmd_serve(args) -> int:
     else:
         worker = ProcessWorkers(models, devices=devices, **settings)
         where = f"{len(devices)} worker processes: {', '.join(devices)}"
+    worker.max_job_seconds = DEFAULT_MAX_JOB_SECONDS if args.max_job_seconds is None else args.max_job_seconds
     worker.start()  # loads and warms on its thread(s) while the server starts: /ready says when it is done
-    app = create_app(worker, api_key=api_key, request_timeout_s=args.timeout, metrics=metrics, loras=loras)
-    config = uvicorn.Config(app, host=args.host, port=args.port, access_log=False, log_level="info",
-                            timeout_graceful_shutdown=None, lifespan="on")
-    server = uvicorn.Server(config)
+    from ..serve.schemas import Limits
+
+    limits = Limits(max_n=generation.max_images, max_steps=generation.max_steps, max_side=generation.max_side)
+    app = create_app(worker, api_key=api_key, request_timeout_s=args.timeout, metrics=metrics, loras=loras,
+                     limits=limits)
+    config = EdgeConfig(app, host=args.host, port=args.port, access_log=False, log_level="info", lifespan="on",
+                        header_timeout_s=edge["header_timeout"], body_timeout_s=edge["body_timeout"],
+                        shutdown_timeout_s=edge["shutdown_timeout"], limit_concurrency=edge["limit_concurrency"])
+    server = EdgeServer(config, worker)
     status(f"serving {', '.join(f'{n} ({r})' if n != r else n for n, r in models.items())} on the {engine} engine "
            f"({where}) at http://{args.host}:{args.port}")
     # uvicorn re-raises the signal it shut down on once done: a SIGTERM that drained cleanly then exits 0.

@@ -10,21 +10,46 @@ The name table (ENGINES, in options.py) imports an engine's module when the engi
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from ..cache import cache_dir
+from ..cache import cache_dir, unwritable_message, unwritable_reason
 from ..errors import EngineUnavailableError, UsageError
 from .base import Engine, Stages
 from .options import ENGINES, EngineConfig
 
 
+# sdaccel's Inductor folder could not be written when this module was imported. Remembered: torch sets
+# TORCHINDUCTOR_CACHE_DIR to its own folder once imported, which must not pass for the user's choice.
+_inductor_cache_declined = False
+
+
 def use_persistent_inductor_cache() -> None:
     """Point Inductor's caches at sdaccel's cache folder, so a second process start reuses compiled kernels.
     Here, when sdaccel.engines is imported: Inductor reads TORCHINDUCTOR_CACHE_DIR when it is first imported, so
-    setting it in the compile engine's prepare() could be too late."""
-    import os
+    setting it in the compile engine's prepare() could be too late. A folder that cannot be written is not given
+    to Inductor (importing torch._dynamo would fail on it, whatever the engine): torch keeps its own temporary
+    folder, and the compile engine refuses to start, naming the folder (inductor_cache_problem)."""
+    global _inductor_cache_declined
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        return
+    if unwritable_reason(cache_dir("inductor")) is None:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir("inductor")
+    else:
+        _inductor_cache_declined = True
 
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", cache_dir("inductor"))
+
+def inductor_cache_problem() -> str | None:
+    """Why the folder Inductor keeps its compiled graphs in cannot be written, naming it and the setting that
+    chooses another (None: it can): TORCHINDUCTOR_CACHE_DIR when the user set it elsewhere, else SDACCEL_CACHE."""
+    ours = cache_dir("inductor")
+    folder = ours if _inductor_cache_declined else os.environ.get("TORCHINDUCTOR_CACHE_DIR") or ours
+    reason = unwritable_reason(folder)
+    if reason is None:
+        return None
+    same = os.path.realpath(folder) == os.path.realpath(ours)
+    return unwritable_message(folder, reason, "SDACCEL_CACHE" if same else "TORCHINDUCTOR_CACHE_DIR")
 
 
 use_persistent_inductor_cache()

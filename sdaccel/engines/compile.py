@@ -41,6 +41,14 @@ class CompileEngine(Engine):
         self._mode_used: str | None = None
         self._weights: list = []
 
+    @classmethod
+    def unavailable_reason(cls, device: torch.device) -> str | None:
+        """The folder chosen for Inductor's compiled graphs (SDACCEL_CACHE's, or TORCHINDUCTOR_CACHE_DIR) must be
+        writable: a setting that cannot be honoured is refused by name, not swapped for torch's temporary folder."""
+        from . import inductor_cache_problem
+
+        return inductor_cache_problem()
+
     def refresh_weights(self, components: Components) -> dict[str, int]:
         """Compiled graphs take the weights as inputs at their recorded addresses: copy replaced ones back."""
         return {"copied": restore_weight_storages(self._weights)}

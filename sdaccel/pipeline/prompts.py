@@ -36,6 +36,9 @@ SYNTAXES = ("a1111", "none")
 CHUNK_TOKENS = 75  # CLIP's 77 positions less BOS and EOS
 COMMA_BACKTRACK = 20  # a full chunk breaks after a comma this close to its end (A1111's default)
 ROUND, SQUARE = 1.1, 1 / 1.1
+# A token's weight is at most this in size: A1111's users weigh from about 0.5 to 2, and a weight of 1e58 (or 60
+# nested brackets) overflows fp16's 65504 in the scaled hidden states, a black image rather than an emphasis.
+MAX_WEIGHT = 100.0
 
 # One lexical piece of A1111's syntax: an escape, a bracket, a weight closing a round bracket, or a run of text.
 _PIECE = re.compile(r"\\[()\[\]\\]|\\|\(|\[|:\s*([+-]?[.\d]+)\s*\)|\)|\]|[^\\()\[\]:]+|:")
@@ -83,6 +86,9 @@ def parse(prompt: str, syntax: str = "a1111") -> list[tuple[str | None, float]]:
         weigh(start, ROUND if bracket == "(" else SQUARE)
     merged: list[tuple[str | None, float]] = []
     for text, weight in fragments:
+        if text is not BREAK and text and not -MAX_WEIGHT <= weight <= MAX_WEIGHT:
+            raise UsageError(f"prompt: {text.strip()!r} weighs {weight:g}; weights must be from -{MAX_WEIGHT:g} to "
+                             f"{MAX_WEIGHT:g} (escape brackets as \\( \\) for literal ones)")
         if merged and text is not BREAK and merged[-1][0] is not BREAK and merged[-1][1] == weight:
             merged[-1] = (merged[-1][0] + text, weight)
         elif text is BREAK or text:
@@ -183,4 +189,6 @@ def apply_weights(hidden: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     weights = weights.to(hidden.device, hidden.dtype)
     before = hidden.mean(dim=(1, 2), keepdim=True)
     scaled = hidden * weights[..., None]
-    return scaled * (before / scaled.mean(dim=(1, 2), keepdim=True))
+    ratio = before / scaled.mean(dim=(1, 2), keepdim=True)
+    # A chunk whose weighted mean vanishes (every token at weight 0, say) has no scale to restore: left as weighted.
+    return scaled * torch.where(torch.isfinite(ratio) & (ratio.abs() <= MAX_WEIGHT), ratio, torch.ones_like(ratio))

@@ -18,11 +18,11 @@ import torch
 from ..errors import UsageError
 from .control import Control, check_control_size, resolve_control
 from .images import image_batch, mask_batch
+from .limits import LIBRARY, LIBRARY_MAX_SIDE, SCHEDULE_STEPS, GenerationLimits
 from .presets import get_preset
 from .prompts import parse
 
-MAX_STEPS = 1000  # the schedulers' training schedule has 1000 timesteps: more steps than that cannot be spaced
-MAX_SIDE = 16384  # pixels; far beyond any SD model's training size (memory is checked separately, per machine)
+MAX_STEPS, MAX_SIDE = SCHEDULE_STEPS, LIBRARY_MAX_SIDE  # the library's bounds (limits.py)
 # Classifier-free guidance beyond this only saturates the image; a larger scale overflows fp16's range (65504) in
 # the guided prediction, and 1e308 even float32's.
 MAX_GUIDANCE = 100.0
@@ -33,15 +33,13 @@ AESTHETIC_SCORE, NEGATIVE_AESTHETIC_SCORE = 6.0, 2.5  # the SDXL refiner's publi
 
 
 def validate_request(steps, height, width, batch_size: int = 1, guidance: float | None = 0.0, seed: int = 0,
-                     strength: float | None = None) -> None:
-    """Raise UsageError for settings no engine can run; cheap, so the CLI calls it before loading a model."""
-    if not _is_integer(steps) or not 1 <= steps <= MAX_STEPS:
-        raise UsageError(f"steps must be an integer from 1 to {MAX_STEPS}, got {steps!r}")
-    for name, size in (("height", height), ("width", width)):
-        if size is not None and (not _is_integer(size) or not 8 <= size <= MAX_SIDE or size % 8):
-            raise UsageError(f"{name} must be a multiple of 8 from 8 to {MAX_SIDE}, got {size!r}")
-    if not _is_integer(batch_size) or batch_size < 1:
-        raise UsageError(f"batch size must be an integer >= 1, got {batch_size!r}")
+                     strength: float | None = None, limits: GenerationLimits = LIBRARY) -> None:
+    """Raise UsageError for settings no engine can run, or that `limits` (limits.py) refuse; cheap, so the CLI calls
+    it before loading a model."""
+    limits.check_steps(steps)
+    limits.check_side("height", height)
+    limits.check_side("width", width)
+    limits.check_images(batch_size)
     if guidance is not None:
         if not _is_number(guidance) or not math.isfinite(guidance) or not 0 <= guidance <= MAX_GUIDANCE:
             raise UsageError(f"guidance must be a finite number >= 0, got {guidance!r} (at most {MAX_GUIDANCE:g})")

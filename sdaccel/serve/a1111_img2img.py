@@ -133,6 +133,8 @@ def prepare_inpainting(image, mask, width: int, height: int, *, blur: float, fil
                          f"latent noise (2) and latent nothing (3) are not supported, got {fill!r}")
     if padding < 0:
         raise UsageError(f"inpaint_full_res_padding must be >= 0, got {padding}")
+    if not 0 <= blur <= 1024:  # as the pipeline's mask_blur (NaN fails too)
+        raise UsageError(f"mask_blur must be a number of pixels from 0 to 1024, got {blur!r}")
     if mask.size != image.size:
         mask = mask.resize(image.size)
     mask = mask.convert("L").point(lambda v: 255 if v >= 128 else 0)  # A1111 binarizes the mask it is sent

@@ -41,11 +41,24 @@ class QueueFullError(Exception):
 
 
 class DeadlineExceededError(Exception):
-    """The job waited past its deadline before it could start: answer 503 (the client asked for no later result)."""
+    """The request's deadline (`sdaccel serve --timeout`) passed while its jobs waited or ran: answer 503."""
 
 
 class CancelledJobError(Exception):
-    """The job was cancelled (its client went away) before it ran."""
+    """The job was cancelled before it ran or stopped while it ran (its client went away, its deadline passed, or
+    the server aborted its jobs): no images."""
+
+
+class NoWorkerError(RuntimeError):
+    """No worker process can take the job: every one has exited and is being restarted, or the one that held the
+    job exited before it answered. Answered 503 with Retry-After: the same request may succeed later."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def __reduce__(self):
+        return (NoWorkerError, (str(self), self.retry_after_s))
 
 
 @dataclass
@@ -60,14 +73,15 @@ class Job:
     subseed: int | None = None  # with settings' subseed_strength: the first image's variation seed, image i's + i
     settings: dict[str, Any] = field(default_factory=dict)  # Pipeline.generate keywords (SETTINGS)
     loras: tuple[tuple[str, float], ...] = ()  # LoRA files merged for its call: (path, weight), sorted (loras.py)
-    deadline: float | None = None  # time.monotonic() after which it must not start
+    deadline: float | None = None  # time.monotonic() after which it must not start, nor go on running
     submitted: float = field(default_factory=time.monotonic)
     future: Future = field(default_factory=Future)  # set by the worker: a JobResult or an exception
     cancelled: threading.Event = field(default_factory=threading.Event)
     on_cancel: Callable[[], None] | None = None  # called by cancel(): a worker process pool tells the job's process
 
     def cancel(self) -> None:
-        """The client is gone: a job not started yet is dropped; one running finishes with its batch."""
+        """Nobody wants the job any more: not started yet, it is dropped; running, its call stops at its next step
+        once no job of the call is wanted (it fails with CancelledJobError), else the call runs on for the others."""
         self.cancelled.set()
         if self.on_cancel is not None:
             self.on_cancel()

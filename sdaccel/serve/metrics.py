@@ -5,6 +5,8 @@ servers in one process) never collide. A worker takes its events at construction
 to both the worker (Worker or ProcessWorkers, events=metrics) and create_app(metrics=metrics). Queue depth and GPU
 memory are read at scrape time: from torch in this process for a Worker, from the latest figures each process
 reported for ProcessWorkers (whose front never touches CUDA), which also shows each worker process's resident memory.
+The workers live and ready are counted at scrape time too; each restart of a worker process that exited is counted
+per worker (ProcessWorkers' worker_restarted event).
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ class Metrics(WorkerEvents):
         self.worker_memory = Gauge("sdaccel_worker_resident_memory_bytes",
                                    "resident host memory of each worker process (ProcessWorkers)", ["worker"],
                                    registry=r)
+        self.restarts = Counter("sdaccel_worker_restarts", "worker processes started again after they exited",
+                                ["worker"], registry=r)
+        self.workers_live = Gauge("sdaccel_workers_live", "workers running (loading or ready)", registry=r)
+        self.workers_ready = Gauge("sdaccel_workers_ready", "workers ready to serve", registry=r)
         ProcessCollector(registry=r)  # process_resident_memory_bytes and the like: loadtest's memory figures
         self._worker: Any = None
 
@@ -58,6 +64,9 @@ class Metrics(WorkerEvents):
         self._worker = worker
         self.queue_depth.set_function(_reader(lambda: worker.queue_depth()))
         self.busy.set_function(_reader(lambda: 1.0 if worker.busy() else 0.0))
+        states = getattr(worker, "worker_states", lambda: {})
+        self.workers_live.set_function(_reader(lambda: sum(s in ("loading", "ready") for s in states().values())))
+        self.workers_ready.set_function(_reader(lambda: sum(s == "ready" for s in states().values())))
 
     # ---------------------------------------------------------------------------------------------- WorkerEvents
 
@@ -77,6 +86,9 @@ class Metrics(WorkerEvents):
     def job_failed(self, model: str, error: BaseException) -> None:
         self.failed.labels(model, type(error).__name__).inc()
 
+    def worker_restarted(self, worker: int) -> None:
+        self.restarts.labels(str(worker)).inc()
+
     # ------------------------------------------------------------------------------------------------ the HTTP side
 
     def request_done(self, endpoint: str, status: int, seconds: float) -> None:
@@ -87,6 +99,9 @@ class Metrics(WorkerEvents):
         """The registry in Prometheus' text format, GPU memory read now."""
         memory = getattr(self._worker, "memory", None)
         figures = memory() if callable(memory) else None  # None: a worker in this process
+        states = getattr(self._worker, "worker_states", None)
+        for index in (states() if callable(states) else {}):
+            self.restarts.labels(index)  # shown at 0 before the first restart
         if figures is None:
             self._read_gpu_memory()
         else:

@@ -1,9 +1,10 @@
 """The HTTP layer's edges: the JSON error body every refusal gets, the exception handlers that map the worker's and
 pipeline's errors to statuses, and the ASGI middleware in front of every route (API key, body size limit, request
-metrics, one JSON log line per request)."""
+metrics, one JSON log line per request, the time limit on a request's body)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hmac
@@ -18,13 +19,16 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from ..errors import UsageError
-from .jobs import CancelledJobError, DeadlineExceededError, QueueFullError
+from .jobs import CancelledJobError, DeadlineExceededError, NoWorkerError, QueueFullError
 from .metrics import Metrics
 from .schemas import Limits
 
 log = logging.getLogger("sdaccel.serve.http")
 OPEN_PATHS = ("/", "/health", "/ready")  # without the API key: the page (its calls send the key), probes
 CLIENT_CLOSED = 499  # nginx's status for a request whose client went away: logged and counted, never sent
+# scope["extensions"][BODY_TIMEOUT_KEY]: seconds a request's body may take after its head (the server's
+# --body-timeout, http_server.py); past it the Gate answers 408 and the connection closes
+BODY_TIMEOUT_KEY = "sdaccel.body_timeout_s"
 
 class ApiError(Exception):
     """A request the server refuses: its status, message and error type, as the JSON error body says."""
@@ -61,7 +65,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException):
-        kind = {401: "authentication_error", 404: "not_found_error", 413: "request_too_large"}.get(
+        kind = {401: "authentication_error", 404: "not_found_error", 408: "timeout_error",
+                413: "request_too_large"}.get(
             exc.status_code, "invalid_request_error")
         return error_response(exc.status_code, str(exc.detail), kind, getattr(exc, "headers", None))
 
@@ -80,6 +85,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(CancelledJobError)
     async def cancelled(request: Request, exc: CancelledJobError):
         return error_response(503, str(exc), "server_unavailable")
+
+    @app.exception_handler(NoWorkerError)
+    async def no_worker(request: Request, exc: NoWorkerError):
+        return error_response(503, str(exc), "server_unavailable",
+                              {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))})
 
     @app.exception_handler(ClientGone)
     async def client_gone(request: Request, exc: ClientGone):
@@ -104,8 +114,8 @@ _ENDPOINTS = ("/v1/generate", "/v1/images/generations", "/sdapi/v1/txt2img", "/s
 
 
 class Gate:
-    """ASGI middleware in front of every route: the API key, the body size limit, the request metrics and one JSON
-    log line per request."""
+    """ASGI middleware in front of every route: the API key, the body size limit and time limit (the server's, in
+    the scope: BODY_TIMEOUT_KEY), the request metrics and one JSON log line per request."""
 
     def __init__(self, app, api_key: str | None, limits: Limits, metrics: Metrics):
         self.app, self.limits, self.metrics = app, limits, metrics
@@ -124,9 +134,20 @@ class Gate:
             await send(message)
 
         received = [0]
+        body_timeout = scope.get("extensions", {}).get(BODY_TIMEOUT_KEY)
+        body_deadline = [None if body_timeout is None else time.monotonic() + body_timeout]  # None: body complete
 
         async def receive_counted():
-            message = await receive()
+            if body_deadline[0] is None:
+                message = await receive()
+            else:
+                try:
+                    message = await asyncio.wait_for(receive(), max(0.0, body_deadline[0] - time.monotonic()))
+                except asyncio.TimeoutError:
+                    raise HTTPException(408, f"the request body did not arrive within {body_timeout:g} s",
+                                        headers={"Connection": "close"}) from None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_deadline[0] = None  # later reads only watch for the client going away
             if message["type"] == "http.request":
                 received[0] += len(message.get("body", b""))
                 if received[0] > self.limits.max_body_bytes:
@@ -158,16 +179,22 @@ class Gate:
         return None
 
     def _authorized(self, headers: dict[str, bytes]) -> bool:
-        given = []
-        auth = headers.get("authorization", b"")
-        scheme, _, value = auth.partition(b" ")
-        if scheme.lower() == b"bearer":
-            given.append(value.strip())
-        elif scheme.lower() == b"basic":  # A1111 clients' --api-auth: any user name, the key as password
-            try:
-                given.append(base64.b64decode(value.strip(), validate=True).partition(b":")[2])
-            except (binascii.Error, ValueError):
-                pass
-        if "x-api-key" in headers:
-            given.append(headers["x-api-key"].strip())
-        return any(hmac.compare_digest(candidate, self.key) for candidate in given)
+        return has_key(headers, self.key)
+
+
+def has_key(headers: dict[str, bytes], key: bytes) -> bool:
+    """The request's headers ({lower-case name: value}) carry `key`: as a Bearer token, as Basic auth's password,
+    or as X-API-Key; compared in constant time."""
+    given = []
+    auth = headers.get("authorization", b"")
+    scheme, _, value = auth.partition(b" ")
+    if scheme.lower() == b"bearer":
+        given.append(value.strip())
+    elif scheme.lower() == b"basic":  # A1111 clients' --api-auth: any user name, the key as password
+        try:
+            given.append(base64.b64decode(value.strip(), validate=True).partition(b":")[2])
+        except (binascii.Error, ValueError):
+            pass
+    if "x-api-key" in headers:
+        given.append(headers["x-api-key"].strip())
+    return any(hmac.compare_digest(candidate, key) for candidate in given)

@@ -6,6 +6,14 @@ on a cluster (`--ray-address auto`, or a Serve config file: see docs).
 
 Ray hands a replica each request as a Starlette Request; the replica passes it through its app as ASGI (the same
 routes, limits, API key and errors as `sdaccel serve`) and returns the app's response.
+
+Overload is refused at two places, both with 429 and Retry-After. Ray's proxy sends a replica at most max_queue +
+max_batch requests at once (a full queue and a full running call), so a replica's worker refuses one itself (with the
+app's JSON error) only when its running call holds fewer. Requests beyond what the replicas hold wait in Ray's proxy,
+at most max_queue of them (Serve's max_queued_requests, counted per proxy); beyond, the proxy refuses at once. Ray
+Serve answers that refusal (a BackPressureError) 503 by default; its backpressure_config (in Ray 2.60) makes it 429
+with a Retry-After of PROXY_RETRY_AFTER_S, its body Ray's plain text "Request dropped due to backpressure (...)". A
+Ray without backpressure_config keeps the 503.
 """
 
 from __future__ import annotations
@@ -78,9 +86,10 @@ class Replica:
         return Response(b"".join(body), status_code=start.get("status", 500), headers=headers)
 
     def check_health(self) -> None:
-        """Ray's periodic health check: a replica whose worker failed is restarted."""
-        if self.worker.failure is not None:
-            raise RuntimeError(f"the worker failed: {self.worker.failure}")
+        """Ray's periodic health check: a replica whose worker failed to load, or whose thread died, is restarted."""
+        why = self.worker.unhealthy_reason()
+        if why is not None:
+            raise RuntimeError(why)
 
     def __del__(self) -> None:
         worker = getattr(self, "worker", None)
@@ -88,17 +97,36 @@ class Replica:
             worker.stop(drain=True, timeout=600)
 
 
+# The Retry-After of Ray's proxy when its queue is full: a fixed figure, as the proxy knows no job's duration (a
+# replica's own 429 says one from its recent time per image).
+PROXY_RETRY_AFTER_S = 5
+
+
 def deployment(settings: ReplicaSettings, replicas: int, gpus_per_replica: float):
-    """The Ray Serve application: `replicas` copies of Replica, each holding `gpus_per_replica` GPUs."""
+    """The Ray Serve application: `replicas` copies of Replica, each holding `gpus_per_replica` GPUs; Ray's proxy
+    holds at most max_queue requests waiting for a replica and refuses more with 429 (the module's docstring)."""
     from ray import serve
 
+    from .worker_api import check_settings
+
+    check_settings(settings.models, settings.max_batch, settings.max_queue, settings.batch_window_ms)
     deployed = serve.deployment(
         Replica, name="sdaccel", num_replicas=replicas,
         ray_actor_options={"num_gpus": gpus_per_replica},
         # Ray may hand a replica as many requests as its queue and a running batch hold; beyond, Ray queues them.
         max_ongoing_requests=settings.max_queue + settings.max_batch,
-        health_check_period_s=10)
+        max_queued_requests=settings.max_queue,
+        health_check_period_s=10, **_backpressure_429())
     return deployed.bind(asdict(settings))
+
+
+def _backpressure_429() -> dict[str, Any]:
+    """serve.deployment's argument that answers a full proxy queue 429 with Retry-After (Ray's default: 503)."""
+    try:
+        from ray.serve.config import BackpressureConfig
+    except ImportError:  # an older Ray: its proxy answers 503
+        return {}
+    return {"backpressure_config": BackpressureConfig(status_code=429, retry_after_s=PROXY_RETRY_AFTER_S)}
 
 
 def build_app(args: dict[str, Any]):

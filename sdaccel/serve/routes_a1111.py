@@ -1,8 +1,9 @@
 """The subset of AUTOMATIC1111's web UI API that sdaccel runs (/sdapi/v1/*: what webuiapi and A1111 clients call):
 txt2img (with hires fix), img2img with inpainting as A1111 runs it (a1111_img2img.py), the models, the options
 (checkpoint, clip skip), the embeddings, the upscalers; every field honoured or refused by name (a1111_fields.py).
-Progress, interrupt and skip: routes_progress.py; samplers, memory, png-info: routes_a1111_info.py. Seeds as A1111 numbers them: a request's images take
-seed, seed + 1, ..., each one its own job, reproducible alone by its seed."""
+Progress, interrupt and skip: routes_progress.py; samplers, memory, png-info: routes_a1111_info.py. Seeds as A1111
+numbers them: a request's images take seed, seed + 1, ... (subseeds likewise, the last within range before any job
+is queued), each one its own job, reproducible alone by its seed."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from dataclasses import replace
 
 from fastapi import APIRouter, Request
 
-from ..pipeline.request import MAX_SEED, validate_request
+from ..errors import UsageError
+from ..models.configs import peek_spec
+from ..pipeline.request import MAX_SEED, validate_clip_skip, validate_request
 from .context import Served, check_limits, request_seed, served
 from .encoding import b64, decode_image, json_answer, jsonable, pngs
 from .a1111_fields import check_eta, check_fields, read_options, sampler
@@ -65,10 +68,18 @@ async def set_options(body: A1111Options, request: Request):
 
 
 def _keep_options(s: Served, options: dict) -> None:
-    """Options (a1111_fields.read_options) as the server's own, checked before any is kept."""
+    """Options (a1111_fields.read_options) as the server's own, checked before any is kept: the clip skip against
+    the checkpoint's text encoders where they are known without loading it (else its requests check it)."""
     checkpoint = options.get("sd_model_checkpoint")
     model = s.model_name(_checkpoint(checkpoint, s.worker.models)) if checkpoint is not None else s.checkpoint
-    s.checkpoint, s.clip_skip = model, options.get("clip_skip", s.clip_skip)
+    clip_skip = options.get("clip_skip", s.clip_skip)
+    spec = peek_spec(s.worker.models[model]) if clip_skip else None
+    if spec is not None:
+        try:
+            validate_clip_skip(spec, clip_skip)
+        except UsageError as exc:
+            raise UsageError(f"CLIP_stop_at_last_layers {clip_skip + 1} does not fit {model!r}: {exc}") from None
+    s.checkpoint, s.clip_skip = model, clip_skip
 
 
 @router.get("/embeddings")
@@ -112,6 +123,8 @@ async def _generate(s: Served, body: A1111Txt2Img, request: Request, image=None,
         raise ApiError(400, f"seed must be from 0 to {MAX_SEED - count + 1} for {count} images")
     varied = bool(body.subseed_strength)
     subseed = request_seed(None if body.subseed == -1 else body.subseed) if varied else -1
+    if varied and subseed + count - 1 > MAX_SEED:  # refused before any of the request's jobs is queued
+        raise ApiError(400, f"subseed must be from 0 to {MAX_SEED - count + 1} for {count} images")
     clip_skip = overrides.get("clip_skip", s.clip_skip)
     if body.clip_skip is not None:
         given = read_options({"CLIP_stop_at_last_layers": body.clip_skip}, s.worker.models, "clip_skip")["clip_skip"]
@@ -190,4 +203,4 @@ def _checkpoint(name: str, models) -> str:
     for served_name, ref in models.items():
         if stem in (served_name, str(ref)):
             return served_name
-    return stem
+    return stem or name  # a bare "[hash]" names no model: unknown, not the default one

@@ -1,4 +1,5 @@
-"""Request bodies of `sdaccel serve`'s three APIs (pydantic v2), and the server's limits.
+"""Request bodies of `sdaccel serve`'s three APIs (pydantic v2), the error body every refusal has, and the server's
+limits.
 
 sdaccel's own /v1/generate forbids unknown fields (a typo is a 422, not a silently ignored setting). The OpenAI and
 A1111 bodies declare every field of those APIs their clients send; each is honoured, or refused with a 400 naming
@@ -13,16 +14,44 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..pipeline.limits import SERVER, GenerationLimits
+
 
 @dataclass(frozen=True)
 class Limits:
     """What one request may ask for, checked before it reaches the worker (a bigger ask is a 4xx)."""
 
     max_body_bytes: int = 32 * 2**20  # base64 init images and masks
-    max_n: int = 8  # images per request
-    max_steps: int = 150
-    max_side: int = 2048  # pixels, of the output and of an init image or mask
+    max_n: int = SERVER.max_images  # images per request (--max-images)
+    max_steps: int = SERVER.max_steps  # (--max-steps)
+    max_side: int = SERVER.max_side  # pixels, of the output and of an init image or mask (--max-side)
     max_prompt_chars: int = 4000  # prompt and negative prompt, each
+
+    def generation(self) -> GenerationLimits:
+        """The steps, sides and images bounds, as the one rule (pipeline/limits.py) checks them on a server."""
+        return GenerationLimits(max_steps=self.max_steps, max_side=self.max_side, max_images=self.max_n,
+                                flags=SERVER.flags)
+
+
+class ErrorDetail(BaseModel):
+    message: str  # what was refused and why, naming the field or setting
+    type: str  # the error's kind: invalid_request_error, authentication_error, rate_limit_error, timeout_error, ...
+
+
+class ErrorBody(BaseModel):
+    """The body of every refusal (4xx) and failure (5xx) the server answers (middleware.error_response)."""
+
+    error: ErrorDetail
+
+
+class ProbeBody(BaseModel):
+    """GET /health and /ready: the status, and for a client with the API key (every client where none is set) why
+    it is not healthy or ready (error) and the models and worker states."""
+
+    model_config = ConfigDict(extra="allow")
+
+    status: str  # ok, unhealthy, ready, not_ready
+    error: ErrorDetail | None = None
 
 
 def is_neutral(value, neutral: tuple) -> bool:

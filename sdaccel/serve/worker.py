@@ -10,8 +10,14 @@ merges the call's LoRA set first where another one is merged (loras.use_loras: n
 request (init image, mask, the checks against the model) once, on this thread; what it refuses fails the call's jobs
 with its UsageError. Where shapes were warmed at start (`warm`), a batch keeps to an image count warmed for its size,
 so a new count's graphs are not captured while requests wait. A job that waited past its deadline, or whose client
-went away, is dropped before it runs. A full queue refuses new jobs at once (QueueFullError, the HTTP layer's 429),
-with a Retry-After from the recent time per image. stop(drain=True) refuses new jobs and finishes every queued one.
+went away, is dropped before it runs; a running call none of whose jobs is wanted any more (each cancelled, or past
+its deadline) stops at its next denoising step and its jobs fail with CancelledJobError (progress.py), while a job
+cancelled beside others still wanted leaves their call running. A full queue refuses new jobs at once
+(QueueFullError, the HTTP layer's 429), with a Retry-After from the recent time per image. After loading, two short
+calls per model (1 and 3 steps, at a warmed shape, else the model's default size) seed the rate that
+`max_job_seconds` estimates jobs with (estimate.py); each whole call then updates it. begin_shutdown() refuses new
+jobs; abort(reason) also fails the queued ones and stops the running call at its next step, its jobs failed too;
+stop(drain=True) refuses new jobs and finishes every queued one.
 """
 
 from __future__ import annotations
@@ -26,10 +32,11 @@ from typing import Any, Callable, Mapping
 from ..models.schedulers import STOCHASTIC_SCHEDULERS, canonical
 from ..pipeline.presets import get_preset
 from .controlnets import controlnet_plan
+from .estimate import ModelShape, calibrate, job_work
 from .jobs import CancelledJobError, DeadlineExceededError, Job, JobResult, batch_key
 from .loras import use_loras
 from .previews import PREVIEW_EVERY, check_preview_every
-from .progress import Progress
+from .progress import Progress, why_unwanted
 from .worker_api import WorkerBase, WorkerEvents, embeddings_listing, job_seeds, job_subseeds, output_size
 
 log = logging.getLogger("sdaccel.serve")
@@ -48,7 +55,8 @@ class Worker(WorkerBase):
     calls are reported (a Metrics; default: nowhere). `embeddings`: a folder of textual-inversion embeddings every
     model loads (sdaccel.load's embeddings=), each taking the files made for it. `controlnets`: {name: reference},
     each loaded beside every model it fits (controlnets.controlnet_plan). `preview_every`: steps between the live
-    previews /sdapi/v1/progress shows (previews.py; 0: none). interrupt() ends the running call early (progress.py)."""
+    previews /sdapi/v1/progress shows (previews.py; 0: none). interrupt() ends the running call early (progress.py).
+    `max_job_seconds`: a job estimated to run longer is refused at submit (0: no limit; worker_api.WorkerBase)."""
 
     def __init__(self, models: Mapping[str, str], engine: str = "eager",
                  engine_options: Mapping[str, Any] | None = None, device: str | None = None,
@@ -56,9 +64,10 @@ class Worker(WorkerBase):
                  warm: tuple[tuple[int, int, int], ...] = (),
                  events: WorkerEvents | None = None, loader: Callable[..., Any] | None = None,
                  embeddings: str | None = None, controlnets: Mapping[str, str] | None = None,
-                 preview_every: int = PREVIEW_EVERY):
+                 preview_every: int = PREVIEW_EVERY, max_job_seconds: float = 0):
         super().__init__(models, max_batch=max_batch, batch_window_ms=batch_window_ms, max_queue=max_queue,
                          events=events)
+        self.max_job_seconds = max_job_seconds
         self.controlnets = dict(controlnets or {})
         self.model_controlnets = controlnet_plan(self.models, self.controlnets)
         self.preview_every = check_preview_every(preview_every)
@@ -86,6 +95,11 @@ class Worker(WorkerBase):
     def ready(self) -> bool:
         return self._settled.is_set() and self._failed is None
 
+    def unhealthy_reason(self) -> str | None:
+        if self._thread is not None and not self._thread.is_alive() and not self._stopping and not self._failed:
+            return "the worker's thread exited"  # nothing would run the queued jobs
+        return super().unhealthy_reason()
+
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
         """Refuse new jobs; with `drain` finish the queued and running ones first, else fail the queued ones."""
         with self._cv:
@@ -97,6 +111,18 @@ class Worker(WorkerBase):
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def begin_shutdown(self) -> None:
+        with self._cv:
+            self._accepting = False
+
+    def abort(self, reason: str = "the server is shutting down") -> None:
+        with self._cv:
+            self._accepting = False
+            self.progress.abort(reason)  # before the queue empties: a batch being gathered is stopped too
+            while self._queue:
+                _fail(self._queue.popleft(), CancelledJobError(reason))
+            self._cv.notify_all()
 
     # ----------------------------------------------------------------------------------------------- jobs
 
@@ -160,6 +186,31 @@ class Worker(WorkerBase):
                 # Decoded too (the image stays on the device): the decoder's graph for this batch is captured
                 # now, not by the first request, whose memory would then grow after the warm-up.
                 pipe("warm-up", height=height, width=width, batch_size=images, output="tensor")
+        for name, pipe in self.pipes.items():
+            self._calibrate(name, pipe)
+        self.events.job_rates(self.rates.snapshot(), dict(self.rates.shapes))
+
+    def _calibrate(self, name: str, pipe) -> None:
+        """Seed the model's rate (estimate.calibrate) with two short calls at a shape its graphs exist for: its first
+        warmed one, else its default size, batch 1. Where that fails, its jobs are estimated once a call of theirs
+        is timed (never without a spec)."""
+
+        def run(steps: int) -> float:
+            started = time.monotonic()
+            pipe("calibration", height=height, width=width, batch_size=images, steps=steps, seed=0,
+                 output="tensor", callback=lambda i, t, latents: None)
+            return time.monotonic() - started
+
+        try:
+            shape = ModelShape.of(pipe.spec)
+            self.rates.shapes[name] = shape
+            height, width, images = self.warm[0] if self.warm else (shape.height, shape.width, 1)
+            rate = calibrate(run, shape, height, width, images, warmed=bool(self.warm))
+            self.rates.calibrated(name, shape, rate)
+            log.info("%s: %.2g s per call + %.3g s per unit of work: jobs are estimated from it", name,
+                     rate.per_call, rate.per_work)
+        except Exception as exc:  # noqa: BLE001 - an estimate is a guard, not a reason to refuse to serve
+            log.warning("%s: could not time a calibration call (%s): its jobs are not estimated yet", name, exc)
 
     def _next_batch(self) -> list[Job] | None:
         """The next call's jobs (oldest first, then same-key jobs for up to the batching window); None to stop."""
@@ -213,13 +264,14 @@ class Worker(WorkerBase):
     def _usable(self, job: Job) -> bool:
         """False (and the job's future failed) for a job whose client left or whose deadline passed. True marks its
         future running: from then on its waiter cannot cancel it, and the worker sets its result."""
-        if job.cancelled.is_set() or job.future.cancelled():
-            _fail(job, CancelledJobError("cancelled before it ran"))
-            self.events.job_dropped("cancelled")
-            return False
+        # The deadline first: the HTTP layer cancels a request's jobs at its deadline, a drop still counted as one.
         if job.deadline is not None and time.monotonic() > job.deadline:
             _fail(job, DeadlineExceededError("the request's deadline passed before it could run"))
             self.events.job_dropped("deadline")
+            return False
+        if job.cancelled.is_set() or job.future.cancelled():
+            _fail(job, CancelledJobError("cancelled before it ran"))
+            self.events.job_dropped("cancelled")
             return False
         # A job put back by _warmed_part is running already: its waiter could not cancel it since.
         return job.future.running() or job.future.set_running_or_notify_cancel()
@@ -244,6 +296,11 @@ class Worker(WorkerBase):
 
     def _run(self, jobs: list[Job]) -> None:
         """One pipeline call for `jobs` (same settings): their prompts side by side, one seed per image."""
+        aborted = self.progress.aborted()
+        if aborted is not None:  # gathered while abort() emptied the queue
+            for job in jobs:
+                _fail(job, CancelledJobError(aborted))
+            return
         pipe = self.pipes[jobs[0].model]
         settings = {k: v for k, v in jobs[0].settings.items() if v is not None}
         started = time.monotonic()
@@ -257,6 +314,7 @@ class Worker(WorkerBase):
                           **({"subseed": [s for job in jobs for s in job_subseeds(job)]}
                              if settings.get("subseed_strength") else {}),
                           callback=self.progress.step, **settings)  # steps, previews, and a client's stop
+            cancelled = self.progress.cancelled()
         except BaseException as exc:  # noqa: BLE001 - each job gets the error; the worker goes on
             if len(jobs) > 1 and isinstance(exc, Exception):
                 # One job's input may fail the whole call: each runs alone, so only the culprit fails.
@@ -274,7 +332,14 @@ class Worker(WorkerBase):
             self.progress.finish()
         seconds = time.monotonic() - started
         images = sum(job.n for job in jobs)
+        if cancelled is not None:  # stopped between steps: nobody wants its images (not an interrupt's answer)
+            log.info("a call of %d job(s) stopped after %.1f s: %s", len(jobs), seconds, cancelled)
+            for job in jobs:
+                _fail(job, CancelledJobError(self.progress.aborted() or why_unwanted(job) or cancelled))
+            return
         self._call_done(seconds, images)
+        if "interrupted_at_step" not in result.params:  # a whole call: its time measures the model's rate
+            self._timed(jobs[0].model, seconds, sum(self._work(job) for job in jobs))
         timings = result.timings.as_dict()
         self.events.batch_done(jobs[0].model, len(jobs), images, seconds, timings)
         # Each image's params name its own seed, not the call's list of them.
@@ -285,6 +350,24 @@ class Worker(WorkerBase):
             params = [dict(shared, prompt=job.prompt, negative_prompt=job.negative_prompt, seed=seed,
                            batch_size=job.n, **({"subseed": sub} if sub is not None else {}))
                       for seed, sub in zip(job_seeds(job), variation)]
-            job.future.set_result(JobResult(images=result.images[at:at + job.n], params=params, timings=timings,
-                                            batch_images=images, queued_s=started - job.submitted))
+            if job.cancelled.is_set():  # its client left while the call ran for the others
+                _fail(job, CancelledJobError("cancelled while it ran"))
+            else:
+                job.future.set_result(JobResult(images=result.images[at:at + job.n], params=params,
+                                                timings=timings, batch_images=images,
+                                                queued_s=started - job.submitted))
             at += job.n
+
+    def _work(self, job: Job) -> float:
+        """The job's work (estimate.py), 0 where its model's shape is unknown or its settings cannot be read."""
+        shape = self.rates.shapes.get(job.model)
+        try:
+            return 0.0 if shape is None else job_work(job.settings, job.n, shape)
+        except Exception:  # noqa: BLE001 - settings the call took but the estimate cannot read: not timed
+            return 0.0
+
+    def _timed(self, model: str, seconds: float, work: float) -> None:
+        """A call's time into the model's rate, reported to the events (a worker process's front estimates too)."""
+        if work > 0:
+            self.rates.measured(model, seconds, work)
+            self.events.job_rates(self.rates.snapshot(), {})

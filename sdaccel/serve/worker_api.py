@@ -1,12 +1,14 @@
 """What the HTTP app uses of a worker: WorkerBase, the one interface of the in-process Worker (worker.py) and the
 pool of worker processes (workers.py), with what both share: their settings' checks, a job's cheap checks before it
-is queued, Retry-After's moving average, and the events sink (WorkerEvents) each takes at construction.
+is queued, Retry-After's moving average, the job time estimate (estimate.py) that `max_job_seconds` refuses jobs
+by, and the events sink (WorkerEvents) each takes at construction.
 
 A job's checks here are the cheap ones, made on the caller's thread (the HTTP layer's event loop): the model's name,
 types and ranges, sizes, scheduler, spacing and preset names, and the seeds its images take. Everything else (an init
 image's conversion, a mask's blur, the checks against the model) is the pipeline's, on the worker's thread, in the
 one resolution of the request that its call makes (sdaccel.pipeline.request.resolve_request): a bad setting found
 there fails the job's future with its UsageError, which the HTTP layer answers 400 as it answers one found here.
+A job whose estimate is over `max_job_seconds` is refused here too, with a 400 that says both.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..models.schedulers import TIMESTEP_SPACINGS, canonical
 from ..pipeline.presets import get_preset
 from ..pipeline.prompts import parse
 from ..pipeline.request import MAX_SEED, random_seed, validate_request, validate_text, variation
+from .estimate import ModelShape, Rate, Rates
 from .jobs import SETTINGS, Job, QueueFullError
 
 
@@ -32,6 +35,12 @@ class WorkerEvents:
     def job_dropped(self, reason: str) -> None: ...  # "deadline", "cancelled"
 
     def job_failed(self, model: str, error: BaseException) -> None: ...
+
+    # The rate (seconds per unit of work: estimate.py) of each model, after the start's calibration (with each model's
+    # shape then) and after each timed call: a worker process's front estimates jobs with them.
+    def job_rates(self, rates: dict[str, Rate], shapes: dict[str, ModelShape]) -> None: ...
+
+    def worker_restarted(self, worker: int) -> None: ...  # a worker process that exited was started again
 
 
 def check_settings(models: Mapping[str, str], max_batch: int, max_queue: int, batch_window_ms: float) -> None:
@@ -106,9 +115,12 @@ class WorkerBase(ABC):
     the silent WorkerEvents), fixed at construction. `progress.snapshot()`: the call running now ({} when idle);
     `progress.preview()`: its newest live preview (previews.Preview), or None.
     `loaded_embeddings`: {name: embeddings_listing of its pipeline}, filled as the models load. `controlnets` and
-    `model_controlnets`: the served ControlNets and those loaded beside each model, in order (controlnets.py)."""
+    `model_controlnets`: the served ControlNets and those loaded beside each model, in order (controlnets.py).
+    `max_job_seconds`: submit refuses a job estimated (`rates`, estimate.py) to run longer (0: no limit; a model
+    not timed yet is not estimated)."""
 
     progress: Any
+    max_job_seconds: float = 0.0
 
     def __init__(self, models: Mapping[str, str], *, max_batch: int, batch_window_ms: float, max_queue: int,
                  events: WorkerEvents | None):
@@ -119,6 +131,7 @@ class WorkerBase(ABC):
         self._failed: BaseException | None = None
         self._settled = threading.Event()  # loaded and warmed, or failed
         self._seconds_per_image = 1.0  # recent time per image, for Retry-After
+        self.rates = Rates()  # each model's seconds per unit of work, for the job time estimate
         self.loaded_embeddings: dict[str, dict[str, dict[str, Any]]] = {}
         self.controlnets: dict[str, str] = {}  # {name: reference} served (--controlnet)
         self.model_controlnets: dict[str, list[str]] = {name: [] for name in self.models}  # loaded beside each model
@@ -137,10 +150,41 @@ class WorkerBase(ABC):
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
         """Refuse new jobs; with `drain` finish the queued ones first, else fail them."""
 
+    @abstractmethod
+    def begin_shutdown(self) -> None:
+        """Refuse new jobs from now on (submit raises RuntimeError "the server is shutting down"); queued and
+        running jobs go on."""
+
+    @abstractmethod
+    def abort(self, reason: str = "the server is shutting down") -> None:
+        """Refuse new jobs, fail every queued job with CancelledJobError(reason) and stop the running call at its
+        next denoising step, its jobs failed with CancelledJobError(reason) (no partial images). Idempotent; any
+        thread."""
+
     @property
     def failure(self) -> BaseException | None:
         """Why loading or warming failed (the worker then refuses every job)."""
         return self._failed
+
+    def unhealthy_reason(self) -> str | None:
+        """Why no job can be served now, loading aside: loading failed (a pool: also every worker process down, while
+        they restart; in process: the worker's thread died). None while it serves or will once loaded: /health."""
+        if self._failed is not None:
+            return f"the worker failed to start: {self._failed}"
+        return None
+
+    def not_ready_reason(self) -> str | None:
+        """Why ready() is false, in words (None when ready): /ready's 503."""
+        why = self.unhealthy_reason()
+        if why is None and not self.ready():
+            why = "loading and warming the models"
+        return why
+
+    def worker_states(self) -> dict[str, str]:
+        """Each worker's state by index: "ready", "loading", "restarting" (a pool's process that exited) or
+        "failed": the probes' detail and the metrics' live and ready counts."""
+        state = "failed" if self.unhealthy_reason() else "ready" if self.ready() else "loading"
+        return {"0": state}
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until loading settled: True when ready, False on timeout; the failure is raised."""
@@ -172,11 +216,28 @@ class WorkerBase(ABC):
     def submit(self, job: Job) -> Future:
         """Queue `job` after its cheap checks; returns its Future (a JobResult, or the job's error, such as the
         UsageError of a setting the pipeline refuses). Raises UsageError for an unknown model or settings no call
-        could run, QueueFullError when the queue is full, and RuntimeError when the worker is stopping or failed."""
+        could run or estimated to run longer than max_job_seconds, QueueFullError when the queue is full, and
+        RuntimeError when the worker is stopping or failed."""
         check_job(job, self.models)
         if self._failed is not None:
             raise RuntimeError(f"the worker failed to start: {self._failed}")
+        self._check_time(job)
         return self._enqueue(job)
+
+    def estimate_seconds(self, job: Job) -> float | None:
+        """How long the job would run here (estimate.py); None while its model's rate is unknown."""
+        try:
+            return self.rates.seconds(job.model, job.settings, job.n)
+        except Exception:  # noqa: BLE001 - settings the estimate cannot read: the pipeline's call refuses them
+            return None
+
+    def _check_time(self, job: Job) -> None:
+        if not self.max_job_seconds:
+            return
+        seconds = self.estimate_seconds(job)
+        if seconds is not None and seconds > self.max_job_seconds:
+            raise UsageError(f"this request would take about {seconds:.0f} s on this server (estimate); the limit "
+                             f"is {self.max_job_seconds:g} s (--max-job-seconds)")
 
     @abstractmethod
     def _enqueue(self, job: Job) -> Future:

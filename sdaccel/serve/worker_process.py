@@ -61,6 +61,9 @@ class _ForwardEvents(WorkerEvents):
     def job_failed(self, model: str, error: BaseException) -> None:
         self._send("event", "job_failed", (model, portable(error)))
 
+    def job_rates(self, rates: dict, shapes: dict) -> None:
+        self._send("event", "job_rates", (rates, shapes))
+
 
 class _ForwardProgress(Progress):
     """A child Worker's progress, sent to the front: each call's start and end and a client's stop at once, its
@@ -165,6 +168,8 @@ def child_main(device: str, config: dict[str, Any], threads: int | None, conn) -
                     job.cancel()
             elif message[0] == "interrupt":  # (skip, the call's number): that call only, if it still runs
                 worker.interrupt(message[1], message[2])
+            elif message[0] == "abort":  # its jobs fail with the reason; the front stops it later
+                worker.abort(message[1])
             elif message[0] == "stop":
                 drain = message[1]
                 break

@@ -156,3 +156,18 @@ def test_sdxl_chunks_both_encoders_and_pools_the_first_chunk():
     ids, _, _ = batch_chunks([long], tokenizer, "a1111")
     _, pooled = encode(ids[:1])  # the first chunk alone
     torch.testing.assert_close(cond.text_embeds[1:], pooled)
+
+
+@pytest.mark.parametrize("prompt", ["(x:" + "9" * 58 + ")", "(x:101)", "(" * 60 + "x" + ")" * 60])
+def test_a_weight_past_the_bound_is_refused_by_name(prompt):
+    with pytest.raises(UsageError, match=r"prompt: 'x' weighs .*weights must be from -100 to 100"):
+        parse(prompt)
+
+
+def test_a_chunk_weighted_to_zero_keeps_finite_states():
+    hidden = torch.randn(1, 77, 8)
+    hidden -= hidden.mean()  # a weighted mean of (almost) zero: nothing to restore
+    weights = torch.zeros(1, 77)
+    out = apply_weights(hidden, weights)
+    assert torch.isfinite(out).all()
+    assert parse("(x:100)") == [("x", 100.0)]

@@ -15,13 +15,13 @@ from sdaccel.serve.worker import Worker
 
 class InProcessServer:
     """`Worker(models, engine="eager", device="cpu", **worker_args)` started and ready, served at self.url;
-    `app_args` go to create_app (loras=...)."""
+    `app_args` go to create_app (loras=..., request_timeout_s: 120 unless given)."""
 
     def __init__(self, models: dict[str, str], app_args: dict | None = None, **worker_args):
         self.worker = Worker(models, engine="eager", device="cpu", **worker_args)
         self.worker.start()
         assert self.worker.wait_ready(300)
-        app = create_app(self.worker, request_timeout_s=120, **(app_args or {}))
+        app = create_app(self.worker, **{"request_timeout_s": 120, **(app_args or {})})
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",

@@ -53,3 +53,25 @@ def test_numbers_beyond_range_and_values_of_another_type_are_4xx(server, path, b
     r = httpx.post(f"{server.url}{path}", json={**base, **body}, timeout=120)
     assert 400 <= r.status_code < 500 and field in r.json()["error"]["message"], r.text
     assert httpx.post(f"{server.url}/v1/generate", json={"prompt": "after", **BODY}, timeout=120).status_code == 200
+
+
+@pytest.mark.parametrize("path, body, flag", [
+    ("/v1/generate", {"prompt": "x", "steps": 151}, "--max-steps"),
+    ("/sdapi/v1/txt2img", {"prompt": "x", "steps": 151}, "--max-steps"),
+    ("/v1/generate", {"prompt": "x", "width": 2056}, "--max-side"),
+    ("/v1/generate", {"prompt": "x", "n": 9}, "--max-images"),
+])
+def test_the_servers_bounds_are_the_one_rule_naming_its_flag(server, path, body, flag):
+    r = httpx.post(f"{server.url}{path}", json=body, timeout=120)
+    assert r.status_code == 400 and f"on this server ({flag})" in r.json()["error"]["message"], r.text
+
+
+def test_serve_bounds_beyond_the_librarys_are_refused_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "sdaccel", "serve", "--max-steps", "2000"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "sdaccel: error: --max-steps/--max-side/--max-images: the step limit must be from 1 to 1000, got 2000"]
