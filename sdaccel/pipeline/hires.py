@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from ..errors import UsageError
 from .memory_estimate import check_fits
+from .limits import is_integer as _is_integer
 from .request import MAX_SIDE, MAX_STEPS, Request, from_diffusers_names, validate_request
 from .stopping import decode_stopped, stopped_at
 from .timing import StageTimer, StageTimings
@@ -137,10 +138,6 @@ def second_pass_schedule(steps: int, strength: float) -> tuple[int, float]:
 
 def _is_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_integer(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_hires_settings(scale=None, size=None, upscaler=None, steps=None, strength=None) -> Upscaler:

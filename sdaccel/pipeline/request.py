@@ -19,6 +19,7 @@ from ..errors import UsageError
 from .control import Control, check_control_size, resolve_control
 from .images import image_batch, mask_batch
 from .limits import LIBRARY, LIBRARY_MAX_SIDE, SCHEDULE_STEPS, GenerationLimits
+from .limits import is_integer as _is_integer  # True is an int to Python, not a count here
 from .presets import get_preset
 from .prompts import parse
 
@@ -145,10 +146,6 @@ def validate_fraction(name: str, value) -> None:
     """denoising_start / denoising_end / refiner_start: a fraction of the schedule strictly inside (0, 1)."""
     if value is not None and (not _is_number(value) or not 0 < value < 1):
         raise UsageError(f"{name} must be a number in (0, 1), got {value!r}")
-
-
-def _is_integer(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)  # True is an int to Python
 
 
 def _is_number(value) -> bool:
