@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..models.components import Components, controlled_unet_fn, text_encoder_fn, unet_fn, vae_decode_fn, vae_encode_fn
+from ..models.ip_attention import cast_context
 from .base import Stages
 
 
@@ -29,6 +30,8 @@ def place_modules(components: Components, dtype: torch.dtype, device: torch.devi
         to(enc, device=device, dtype=dtype)
     for net in (components.unet, *components.controlnets):
         to(net, device=device, dtype=dtype)
+    if components.ip_adapters is not None:  # vision encoders and projections: run once per call, in `dtype`
+        to(components.ip_adapters, device=device, dtype=dtype)
     to(components.vae, device=device, dtype=vae_dtype_for(components, dtype, vae_dtype))
     if channels_last:
         for module in (components.unet, components.vae, *components.controlnets):
@@ -44,7 +47,7 @@ def cast_stages(components: Components, dtype: torch.dtype, vae_dtype: torch.dty
     def unet(sample, timestep, context, text_embeds=None, time_ids=None):
         if text_embeds is not None:
             text_embeds, time_ids = text_embeds.to(dtype), time_ids.to(dtype)
-        return denoise(sample.to(dtype), timestep, context.to(dtype), text_embeds, time_ids).float()
+        return denoise(sample.to(dtype), timestep, cast_context(context, dtype), text_embeds, time_ids).float()
 
     def decode(latents):
         return decode_raw(latents.to(vae_dtype)).float()
@@ -61,8 +64,8 @@ def cast_stages(components: Components, dtype: torch.dtype, vae_dtype: torch.dty
         def control_unet(sample, timestep, context, text_embeds, time_ids, scales, *images):
             if text_embeds is not None:
                 text_embeds, time_ids = text_embeds.to(dtype), time_ids.to(dtype)
-            return controlled(sample.to(dtype), timestep, context.to(dtype), text_embeds, time_ids, scales.to(dtype),
-                              *(image.to(dtype) for image in images)).float()
+            return controlled(sample.to(dtype), timestep, cast_context(context, dtype), text_embeds, time_ids,
+                              scales.to(dtype), *(image.to(dtype) for image in images)).float()
 
     encoders = [text_encoder_fn(enc, te.penultimate)
                 for enc, te in zip(components.text_encoders, components.spec.text_encoders)]

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .ip_attention import text_context
 from .registry import ModelSpec
 
 Tokenizer = Callable[[list[str]], torch.Tensor]  # prompts -> (batch, 77) int64 ids
@@ -29,9 +30,11 @@ class Components:
     onnx_folder: Path | None = None  # an ONNX pipeline folder (model_index.json, <component>/model.onnx)
     controlnets: list[nn.Module] = field(default_factory=list)  # diffusers ControlNetModel(s) steering the UNet
     embeddings: Any = None  # embeddings.LoadedEmbeddings put into the text encoders and tokenizers, or None
+    ip_adapters: Any = None  # ip_adapter.IPAdapters put into the UNet (vision encoders, projections), or None
 
     def modules(self) -> list[nn.Module]:
-        return [m for m in (self.unet, self.vae, *self.text_encoders, *self.controlnets) if m is not None]
+        return [m for m in (self.unet, self.vae, *self.text_encoders, *self.controlnets, self.ip_adapters)
+                if m is not None]
 
 
 # The functions below are what every engine runs. They call the module classes' own methods (not the instance
@@ -84,9 +87,10 @@ def controlled_unet_fn(unet: nn.Module, controlnets: list[nn.Module]) -> Callabl
     def denoise(sample, timestep, context, text_embeds, time_ids, scales, *images) -> torch.Tensor:
         added = None if text_embeds is None else {"text_embeds": text_embeds, "time_ids": time_ids}
         latents = sample[:, :controlnets[0].config.in_channels]
+        text = text_context(context)  # ControlNets read the text alone, image prompts go to the UNet (diffusers')
         down = mid = None
         for k, (net, image) in enumerate(zip(nets, images)):
-            d, m = net(latents, timestep, encoder_hidden_states=context, controlnet_cond=image,
+            d, m = net(latents, timestep, encoder_hidden_states=text, controlnet_cond=image,
                        conditioning_scale=scales[k], added_cond_kwargs=added, return_dict=False)
             down = list(d) if down is None else [a + b for a, b in zip(down, d)]
             mid = m if mid is None else mid + m

@@ -30,6 +30,7 @@ from ..models.lora import LoraWeights
 from ..models.schedulers import canonical, make_scheduler
 from .control import Control
 from .hires import hires_call
+from .image_prompts import check_scales, image_prompts
 from .image_start import (ImageEncoder, Start, Window, initial_noise, latent_shape, paste_unmasked, schedule_window,
                           starting_point)
 from .memory_estimate import check_fits
@@ -101,6 +102,7 @@ class Pipeline:
         self.output_checks = output_checks
         self._fp32_encoder: Fp32Encoder | None = None  # set by encode_in_fp32
         self._schedulers: dict[str, Any] = {}
+        self.ip_adapter_scale: float | list[float] = 1.0  # set_ip_adapter_scale's: calls without a scale use it
 
     # ------------------------------------------------------------------------------------------------ pieces
 
@@ -120,6 +122,13 @@ class Pipeline:
         counts = self.lora_weights.apply(loras)
         counts.update(self.engine.refresh_weights(self.components))
         return self._refreshed(counts)
+
+    def set_ip_adapter_scale(self, scale: float | list[float]) -> None:
+        """The IP-Adapters' scale (one number, or one per adapter) for calls that give none, as diffusers'."""
+        adapters = self.components.ip_adapters
+        if adapters is None:
+            raise UsageError("set_ip_adapter_scale: this model has no IP-Adapter (load it with ip_adapter=)")
+        self.ip_adapter_scale = check_scales(scale, len(adapters))
 
     def refresh_weights(self) -> dict[str, int]:
         """Call after changing the model's weights (e.g. fusing a LoRA into them) so every engine uses them."""
@@ -214,7 +223,8 @@ class Pipeline:
                  hires_size: tuple[int, int] | None = None, hires_upscaler: str | None = None,
                  hires_steps: int | None = None, hires_strength: float | None = None,
                  hires_prompt: str | list[str] | None = None, hires_negative_prompt: str | list[str] | None = None,
-                 hires_scheduler: str | None = None, **diffusers_names: Any) -> GenerationResult:
+                 hires_scheduler: str | None = None, ip_adapter_image=None, ip_adapter_image_embeds=None,
+                 ip_adapter_scale: float | list[float] | None = None, **diffusers_names: Any) -> GenerationResult:
         """Text to image, and with `image` (PIL image(s) or a tensor, sides multiples of 8):
         seed draws the batch's noise from one generator, as diffusers does; seeds (one per output image,
         instead of seed) draws each image's from its own, so image i is the image a call of its own with seeds[i]
@@ -244,6 +254,10 @@ class Pipeline:
         size, then upscaled (hires_upscaler: "Latent" (default), "Latent (bicubic)", ..., "Lanczos") and run again
         as image to image there (hires_steps, default the first pass's; hires_strength, default 0.7;
         hires_prompt, hires_negative_prompt, hires_scheduler, default the first pass's): hires.py.
+        With IP-Adapters loaded (sdaccel.load(..., ip_adapter=...)): ip_adapter_image (one image prompt per adapter:
+        a PIL image, a list of them, or CLIP pixel values), or ip_adapter_image_embeds as diffusers takes them, and
+        ip_adapter_scale (a number or one per adapter; default set_ip_adapter_scale's, 1.0): image_prompts.py. A
+        new scale or image is a new input of the same computation: nothing is compiled or captured again.
         callback(i, t, latents) runs after each denoising step; returning stopping.STOP ends the denoising there and
         the call decodes the latents reached (params["interrupted_at_step"]: the steps run), as A1111 answers an
         interrupted job.
@@ -280,6 +294,12 @@ class Pipeline:
             cond = self.encode_prompt(request.prompts, request.negatives, cfg, request.height, request.width,
                                       (request.aesthetic_score, request.negative_aesthetic_score),
                                       request.prompt_syntax, request.clip_skip)
+            prompts = image_prompts(self.components.ip_adapters, ip_adapter_image, ip_adapter_image_embeds,
+                                    self.ip_adapter_scale if ip_adapter_scale is None else ip_adapter_scale,
+                                    request.n, cfg, self.device, self.dtype)
+            if prompts is not None:
+                self.components.ip_adapters.scales.set(prompts.scales)
+                cond = dataclasses.replace(cond, context=prompts.context(cond.context))
         sched.set_timesteps(request.steps)  # on the host: the scheduler's arithmetic never waits for the GPU
         window = schedule_window(sched, request)
         encoder = ImageEncoder(self.stages.encode, spec.vae_scaling_factor, self.device, self.engine.name,
@@ -315,6 +335,8 @@ class Pipeline:
         if request.control is not None:
             params["controlnets"] = [getattr(net, "sdaccel_source", type(net).__name__)
                                      for net in self.components.controlnets]
+        if prompts is not None:
+            params["ip_adapters"] = dict(zip(self.components.ip_adapters.sources, prompts.scales))
         if self.lora_weights.active:
             params["loras"] = dict(self.lora_weights.active)
         if self.components.embeddings is not None:  # the embeddings the prompts name: {name: file hash}

@@ -10,6 +10,7 @@ from ..errors import ModelLoadError, UsageError
 from ..models import is_onnx_pipeline_folder, load_components
 from ..models.controlnet import load_controlnet
 from ..models.embeddings import apply_embeddings, embedding_sources
+from ..models.ip_adapter import load_ip_adapters
 from ..models.onnx_folder import folder_target
 from .core import Pipeline
 from .guard import GuardedPipeline, output_checks
@@ -18,7 +19,7 @@ from .refiner import BaseAndRefiner
 
 def load(model: str = "synthetic:sd15", engine=None, dtype=None, device=None, *, arch: str | None = None,
          seed: int = 0, refiner: str | None = None, refiner_start: float = 0.8, controlnet=None, embeddings=None,
-         **engine_options):
+         ip_adapter=None, ip_image_encoder: str | None = None, **engine_options):
     """Load `model` and prepare it on `engine` (a name, with its options as keyword arguments or `config=`, or an
     engine object). Returns the Pipeline inside the output guard (pipeline.guard.GuardedPipeline): callable like a
     diffusers pipeline, each call's output checked once and repaired in fp32 if it came out non-finite.
@@ -39,6 +40,12 @@ def load(model: str = "synthetic:sd15", engine=None, dtype=None, device=None, *,
     embeddings: textual-inversion embeddings (models/embeddings.py) a prompt names by their file names: a folder
     (its files made for another model are skipped, with a warning), a file, or a list of them; every file is read
     and checked before the model loads. `pipe.embeddings` lists the loaded ones. Not on the onnxruntime engine.
+    ip_adapter: an IP-Adapter (a file in h94's layout, .safetensors or .bin; a Hugging Face file as
+    owner/repo/path; or `synthetic:ip-adapter-<arch>`) or a list of them, with its CLIP vision encoder
+    (ip_image_encoder: a folder or repo id; by default the image_encoder folder h94's layout puts beside it);
+    calls then take ip_adapter_image=, ip_adapter_image_embeds= and ip_adapter_scale= (Pipeline.generate). Every
+    torch engine runs them; the fast engine inside its fused cross-attention and CUDA graphs, the scale and image
+    inputs of the graphs. Not on the onnxruntime engine.
     """
     dev = resolve_device(device)
     if isinstance(model, (str, os.PathLike)) and is_onnx_pipeline_folder(model):
@@ -52,6 +59,15 @@ def load(model: str = "synthetic:sd15", engine=None, dtype=None, device=None, *,
         refs = [controlnet] if isinstance(controlnet, (str, os.PathLike)) else list(controlnet)
         components.controlnets = [load_controlnet(ref, components.spec, seed=seed, device=dev, dtype=dt)
                                   for ref in refs]
+    if ip_adapter is not None:  # before the engine fuses the UNet: the IP K/V layers are in its cross-attentions
+        cls = _engine_class(engine)
+        if cls is not None and not cls.reads_module_weights:
+            raise UsageError(f"ip_adapter: the {cls.name} engine runs exported graphs without image prompts: use "
+                             f"the eager, compile or fast engine")
+        components.ip_adapters = load_ip_adapters(ip_adapter, components, image_encoder=ip_image_encoder, seed=seed,
+                                                  device=dev, dtype=dt)
+    elif ip_image_encoder is not None:
+        raise UsageError("ip_image_encoder is the image encoder of an IP-Adapter: give ip_adapter too")
     if found is not None:  # before the engine is prepared: its graphs and compiled code see the grown tables
         components.embeddings = apply_embeddings(components, found)
     pipe = _guarded(components, engine, dt, dev, engine_options)
@@ -74,11 +90,17 @@ def _guarded(components, engine, dtype, device, engine_options) -> GuardedPipeli
 def read_embeddings(engine, embeddings):
     """`embeddings` (load's argument) read and checked for `engine` (a name or an engine object): UsageError for
     a bad file or folder, or an engine that does not compute with the torch text encoders."""
-    cls = type(engine) if isinstance(engine, Engine) else ENGINES.get(str(engine).strip().lower())
+    cls = _engine_class(engine)
     if cls is not None and not cls.reads_module_weights:
         raise UsageError(f"embeddings: the {cls.name} engine runs exported graphs, whose text encoders cannot take "
                          f"new token embeddings: use the eager, compile or fast engine")
     return embedding_sources(embeddings)
+
+
+def _engine_class(engine) -> type[Engine] | None:
+    """The engine class `engine` (a name or an engine object) names; None for an unknown name (get_engine's error
+    then says so)."""
+    return type(engine) if isinstance(engine, Engine) else ENGINES.get(str(engine).strip().lower())
 
 
 def _onnx_folder_defaults(folder, engine, dtype, device):

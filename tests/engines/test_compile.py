@@ -39,3 +39,26 @@ def test_refresh_weights_keeps_compiled_results_right():
     a = compiled("a cat", seed=0, steps=2, scheduler="ddim", output="latent").latents
     b = eager("a cat", seed=0, steps=2, scheduler="ddim", output="latent").latents
     torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_ip_adapter_scales_and_images_compile_once():
+    """An image prompt's scale is a tensor the compiled UNet reads and its tokens an input: new values, the same
+    graph (dynamo's frame count does not grow after the first call at a shape)."""
+    from PIL import Image
+    from torch._dynamo.utils import counters
+
+    def picture(seed):
+        g = torch.Generator().manual_seed(seed)
+        return Image.fromarray(torch.randint(0, 256, (32, 32, 3), generator=g, dtype=torch.uint8).numpy())
+
+    pipes = [sdaccel.load("synthetic:sd15-tiny", engine=engine, ip_adapter="synthetic:ip-adapter-sd15-tiny")
+             for engine in ("eager", "compile")]
+    kwargs = dict(steps=2, seed=1, scheduler="ddim", output="latent")
+    pipes[1]("a cat", ip_adapter_image=picture(0), ip_adapter_scale=0.5, **kwargs)
+    frames = counters["stats"]["unique_graphs"]
+    for scale, seed in ((0.9, 0), (0.3, 1)):
+        a, b = (pipe("a cat", ip_adapter_image=picture(seed), ip_adapter_scale=scale, **kwargs).latents
+                for pipe in pipes)
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-3)
+    assert counters["stats"]["unique_graphs"] == frames  # nothing compiled again

@@ -27,13 +27,33 @@ import torch
 @dataclass
 class _Captured:
     graph: torch.cuda.CUDAGraph
-    inputs: list[Any]
+    inputs: list[Any]  # the static copies of the call's leaves (flat_inputs)
     output: Any
+    tree: Any = None  # how the leaves nest into the arguments (None: they are the arguments)
+
+
+def flat_inputs(args: tuple) -> tuple[list[Any], Any]:
+    """(leaves, tree): the arguments themselves when none nests, else their leaves and how they nest (a UNet's
+    context with image prompts is the tuple (text, [tokens, ...]))."""
+    if not any(isinstance(a, (tuple, list)) for a in args):
+        return list(args), None
+    from torch.utils._pytree import tree_flatten
+
+    return tree_flatten(list(args))
 
 
 def input_signature(args) -> tuple:
-    """What a captured graph is keyed by: each tensor's shape, dtype and device; any other argument's value."""
-    return tuple((tuple(a.shape), a.dtype, a.device) if torch.is_tensor(a) else ("const", a) for a in args)
+    """What a captured graph is keyed by: each tensor's shape, dtype and device; any other argument's value; how
+    nested arguments nest."""
+    leaves, tree = flat_inputs(args)
+    key = tuple((tuple(a.shape), a.dtype, a.device) if torch.is_tensor(a) else ("const", a) for a in leaves)
+    return key if tree is None else (*key, ("const", repr(tree)))
+
+
+def _unflatten(leaves: list[Any], tree) -> list[Any]:
+    from torch.utils._pytree import tree_unflatten
+
+    return tree_unflatten(leaves, tree)
 
 
 _STREAMS: dict[int, torch.cuda.Stream] = {}
@@ -115,13 +135,15 @@ class GraphedCallable:
     def _capture(self, args) -> _Captured:
         if self.before_capture is not None:
             self.before_capture()
-        static = [a.clone() if torch.is_tensor(a) else a for a in args]
+        leaves, tree = flat_inputs(args)
+        static = [a.clone() if torch.is_tensor(a) else a for a in leaves]
+        call = static if tree is None else _unflatten(static, tree)
         with on_side_stream():
-            warm_up(self.fn, static, self.warmup, self.workspace_budget)
+            warm_up(self.fn, call, self.warmup, self.workspace_budget)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, stream=side_stream()):
-            output = self.fn(*static)
-        return _Captured(graph, static, output)
+            output = self.fn(*call)
+        return _Captured(graph, static, output, tree)
 
     def __repr__(self) -> str:
         """What reports show (bench JSON): how many graphs, for which input shapes."""
@@ -138,7 +160,7 @@ class GraphedCallable:
             entry = self.graphs[key] = self._capture(args)
             if self.on_capture is not None:
                 self.on_capture()
-        for buffer, value in zip(entry.inputs, args):
+        for buffer, value in zip(entry.inputs, args if entry.tree is None else flat_inputs(args)[0]):
             if torch.is_tensor(value):
                 buffer.copy_(value, non_blocking=True)
         entry.graph.replay()

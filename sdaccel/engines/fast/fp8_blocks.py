@@ -19,6 +19,7 @@ from torch import nn
 from ...kernels.group_norm import group_norm
 from ...kernels.layer_norm import layer_norm
 from ...kernels.recording import is_recording
+from ...models.ip_attention import text_context
 from .common import repeat_batch
 from .convolution import ConvolutionPicks
 from .fp8 import (SITES_PER_BLOCK, SITES_PER_RESNET, Fp8Scales, Fp8Weight, HostArena, HostFp16, conv_refusal,
@@ -26,7 +27,7 @@ from .fp8 import (SITES_PER_BLOCK, SITES_PER_RESNET, Fp8Scales, Fp8Weight, HostA
 from .kernel_pick import ShapePicks, fastest
 from .picks import BLOCK_FP8, BLOCK_FP16
 from .resnet import FusedResnetBlock, plain_conv
-from .transformer import FusedTransformerBlock
+from .transformer import FusedTransformerBlock, context_batch
 
 
 @dataclass(frozen=True)
@@ -155,9 +156,10 @@ class Fp8TransformerBlock(FusedTransformerBlock):
         self.fp16.refresh()
 
     def _in_fp8(self, h: torch.Tensor, context: torch.Tensor | None) -> bool:
-        ctx = None if context is None else list(context.shape)
+        text = text_context(context)  # image prompts' tokens (IP-Adapter) are a few more, read by the same kernels
+        ctx = None if text is None else list(text.shape)
         key = f"block x{list(h.shape)} ctx{ctx} ff{list(self.ff_in8.data.shape)} {str(h.dtype).removeprefix('torch.')}"
-        inputs = [h] if context is None else [h, context]
+        inputs = [h] if text is None else [h, text]
 
         def run(e4m3: bool) -> torch.Tensor:  # a pick's own runs: fp16 weights lent, not kept
             return self._forward_e4m3(h, context) if e4m3 else self._forward(h, context, self.fp16.get(keep=False))
@@ -181,8 +183,9 @@ class Fp8TransformerBlock(FusedTransformerBlock):
         a = F.linear(self.attn1.attend(fp8_linear(n, qkv[0], self.qkv8, dtype), None), b.attn1.to_out[0].weight)
         n, h = layer_norm(a, b.norm2.weight, b.norm2.bias, b.norm2.eps, skip=h, input_bias=b.attn1.to_out[0].bias,
                           return_sum=True, e4m3_scale=cross_q[0], e4m3_amax=cross_q[1])
-        if context is not None and context.shape[0] != h.shape[0]:  # the CFG halves part here (as _forward)
-            n, h = repeat_batch(n, context.shape[0]), repeat_batch(h, context.shape[0])
+        batch = context_batch(context, h)
+        if batch != h.shape[0]:  # the CFG halves part here (as _forward)
+            n, h = repeat_batch(n, batch), repeat_batch(h, batch)
         q = fp8_linear(n, cross_q[0], self.cross_q8, dtype)
         a = F.linear(self.attn2.attend(q, context), b.attn2.to_out[0].weight)
         n, h = layer_norm(a, b.norm3.weight, b.norm3.bias, b.norm3.eps, skip=h, input_bias=b.attn2.to_out[0].bias,

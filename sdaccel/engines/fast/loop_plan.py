@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..base import UNetStage, UNetStep
+from ...models.ip_attention import split_context
 from .cudagraph import on_side_stream
 from .projections import ContextProjections, TimeEmbeddingProjections
 
@@ -91,6 +92,9 @@ class _Buffers:
     # timestep also at every step where the plan has no time projections (the call then embeds it). With them, the
     # time embedding's modules return the step's row and no kernel reads the timestep.
     inputs: tuple[torch.Tensor | None, ...]
+    # With image prompts (IP-Adapter), inputs end with each adapter's image tokens, written once per image: the
+    # stage gets the context (text, [tokens, ...]) as the UNet takes it.
+    image_prompts: int = 0
 
 
 class LoopPlanner:
@@ -120,9 +124,13 @@ class LoopPlanner:
     def planned_call(self, sample: torch.Tensor, key: tuple) -> torch.Tensor:
         buffers = self.buffers[key]
         projections = None if buffers.step is None else buffers.step[:, self.time_width:]
+        inputs = buffers.inputs
+        if buffers.image_prompts:  # (timestep, text, text_embeds, time_ids, *tokens) -> the stage's context
+            split = len(inputs) - buffers.image_prompts
+            inputs = (inputs[0], (inputs[1], list(inputs[split:])), *inputs[2:split])
         with _pinned(self.context_projections, buffers.kv), _pinned(self.time_projections, projections), \
                 _returning(buffers.returns):
-            return self.stage(sample, *buffers.inputs)
+            return self.stage(sample, *inputs)
 
     def step_rows(self, timesteps: torch.Tensor, text_embeds, time_ids) -> torch.Tensor:
         """Every step's time embedding and time projections side by side, (steps, rows, E + C): what the UNet's
@@ -138,7 +146,8 @@ class LoopPlanner:
         act = emb if unet.time_embed_act is None else unet.time_embed_act(emb)
         return torch.cat([emb, self.time_projections.project(act)], dim=-1)
 
-    def _buffers(self, kv: torch.Tensor | None, rows: torch.Tensor | None, inputs: tuple) -> _Buffers:
+    def _buffers(self, kv: torch.Tensor | None, rows: torch.Tensor | None, inputs: tuple,
+                 image_prompts: int) -> _Buffers:
         step = None if rows is None else torch.empty_like(rows[0])
         returns = []
         if step is not None:
@@ -150,25 +159,26 @@ class LoopPlanner:
                 returns += [(unet.add_time_proj, step.new_zeros(n, 1)),
                             (unet.add_embedding, step.new_zeros(n, self.time_width))]
         return _Buffers(None if kv is None else torch.empty_like(kv), step, returns,
-                        tuple(None if t is None else torch.empty_like(t) for t in inputs))
+                        tuple(None if t is None else torch.empty_like(t) for t in inputs), image_prompts)
 
     def __call__(self, timesteps: torch.Tensor, context: torch.Tensor, text_embeds: torch.Tensor | None = None,
                  time_ids: torch.Tensor | None = None) -> UNetStep:
         # On a GPU the plan's GEMMs run on the engine's side stream: cuBLAS keeps a 32 MB workspace for each stream
         # that ever ran a GEMM, and the caller's stream (whose work is all graph replays) has none.
-        with on_side_stream() if context.is_cuda else contextlib.nullcontext() as current:
+        with on_side_stream() if timesteps.is_cuda else contextlib.nullcontext() as current:
             kv = rows = None
+            context, images = split_context(context)
             if self.context_projections is not None:
                 kv = self.context_projections.project(context.to(self.dtype))
             if self.time_projections is not None:
                 rows = self.step_rows(timesteps, text_embeds, time_ids)
                 if current is not None:
                     rows.record_stream(current)  # read by the steps' copies on the caller's stream
-            inputs = (timesteps[0], context, text_embeds, time_ids)
+            inputs = (timesteps[0], context, text_embeds, time_ids, *(images or ()))
             key = (None if kv is None else tuple(kv.shape), None if rows is None else tuple(rows.shape[1:]),
                    *(None if t is None else (tuple(t.shape), t.dtype) for t in inputs))
             if key not in self.buffers:
-                made = self.buffers[key] = self._buffers(kv, rows, inputs)
+                made = self.buffers[key] = self._buffers(kv, rows, inputs, len(images or ()))
                 for buffer in (made.kv, made.step, *made.inputs):
                     if buffer is not None and current is not None:
                         buffer.record_stream(current)  # allocated here, read by the caller's stream's replays

@@ -17,8 +17,15 @@ from ...errors import UsageError
 from ...kernels.bias_add import bias_add_
 from ...kernels.group_norm import group_norm
 from ...kernels.layer_norm import layer_norm
+from ...models.ip_attention import IPAttnProcessor, split_context
 from .common import merged_base, pack_weights, repeat_batch, view_rows
 from .picks import KernelPicks
+
+
+def context_batch(context, h: torch.Tensor) -> int:
+    """The batch the cross-attention computes at: the text context's (2B with guidance), h's without a context."""
+    text = split_context(context)[0]
+    return h.shape[0] if text is None else text.shape[0]
 
 
 class FusedAttention(nn.Module):
@@ -28,6 +35,12 @@ class FusedAttention(nn.Module):
     def __init__(self, attn: nn.Module, picks: KernelPicks, fp32: bool = False):
         super().__init__()
         self.attn = attn
+        # IP-Adapter's K/V layers of this cross-attention (models/ip_attention.py), each adapter's packed [K; V]
+        # weight a buffer: the image tokens' attention runs beside the text's, its output added with the scale.
+        self.ip = attn.processor if isinstance(attn.processor, IPAttnProcessor) else None
+        self.ip_adapters = 0 if self.ip is None else len(self.ip.to_k_ip)
+        for j in range(self.ip_adapters):
+            self.register_buffer(f"ip_packed_{j}", pack_weights(self._ip_layers(j)), persistent=False)
         self.picks = picks
         self.fp32 = fp32  # the per-op fp32 exception: q, k, v and softmax in fp32, result cast back
         self.heads = attn.heads
@@ -53,15 +66,21 @@ class FusedAttention(nn.Module):
         """Make the projections' weights views of packed_weight again, after it moved (fp8.HostFp16.offload)."""
         view_rows(self.projections(), self.packed_weight)
 
+    def _ip_layers(self, j: int) -> list[nn.Linear]:
+        return [self.ip.to_k_ip[j], self.ip.to_v_ip[j]]
+
     def refresh(self) -> None:
         """Copy the current q/k/v weights into the packed weight, in place (its address, which captured CUDA
         graphs read, stays), and make them views of it again. For weights changed after fusion (LoRA fuse)."""
         pack_weights(self.projections(), self.packed_weight)
+        for j in range(self.ip_adapters):
+            pack_weights(self._ip_layers(j), getattr(self, f"ip_packed_{j}"))
 
     @staticmethod
     def supports(attn: nn.Module) -> bool:
         proc = type(attn.processor).__name__
-        return (type(attn).__name__ == "Attention" and proc in ("AttnProcessor2_0", "AttnProcessor")
+        ip = isinstance(attn.processor, IPAttnProcessor) and attn.is_cross_attention
+        return (type(attn).__name__ == "Attention" and (proc in ("AttnProcessor2_0", "AttnProcessor") or ip)
                 and attn.to_q.bias is None and attn.to_k.bias is None and attn.to_v.bias is None
                 and attn.group_norm is None and attn.spatial_norm is None and attn.norm_cross is None
                 and not attn.residual_connection and attn.rescale_output_factor == 1.0
@@ -78,6 +97,7 @@ class FusedAttention(nn.Module):
         (cross-attention, K/V come from the context) or (B, L, 3 * heads * d) packed Q/K/V."""
         batch, length, _ = projected.shape
         heads = self.heads
+        context, images = split_context(context)
         if self.is_cross:
             q = projected.view(batch, length, heads, -1).transpose(1, 2)
             if self.context_projections is not None:
@@ -89,12 +109,18 @@ class FusedAttention(nn.Module):
         else:
             qkv = projected.view(batch, length, 3, heads, -1)
             q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
-        attention = self.picks.attention
-        if self.fp32:
-            out = attention(q.float(), k.float(), v.float()).to(q.dtype)
-        else:
-            out = attention(q, k, v, upcast=self.attn.upcast_attention)
+        out = self._attention(q, k, v)
+        for j, tokens in enumerate(images or ()):
+            kv = F.linear(tokens, getattr(self, f"ip_packed_{j}")).view(batch, tokens.shape[1], 2, heads, -1)
+            ip = self._attention(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2))
+            out = out.addcmul_(ip, self.ip.scales.values[j])  # + scale_j * ip, one kernel; the scale a tensor
         return out.transpose(1, 2).reshape(batch, length, -1)
+
+    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        attention = self.picks.attention
+        if self.fp32 or (self.ip is not None and self.ip.fp32):
+            return attention(q.float(), k.float(), v.float()).to(q.dtype)
+        return attention(q, k, v, upcast=self.attn.upcast_attention)
 
 
 class FusedTransformerBlock(nn.Module):
@@ -136,10 +162,11 @@ class FusedTransformerBlock(nn.Module):
         a = F.linear(self.attn1(n, weight=w_qkv), b.attn1.to_out[0].weight)
         n, h = layer_norm(a, b.norm2.weight, b.norm2.bias, b.norm2.eps, skip=h, input_bias=b.attn1.to_out[0].bias,
                           return_sum=True)
-        if context is not None and context.shape[0] != h.shape[0]:
+        batch = context_batch(context, h)
+        if batch != h.shape[0]:
             # The latents came once for both CFG halves (repeat_batch): up to here they were the same, the
             # cross-attention with the two contexts is where they part.
-            n, h = repeat_batch(n, context.shape[0]), repeat_batch(h, context.shape[0])
+            n, h = repeat_batch(n, batch), repeat_batch(h, batch)
         a = F.linear(self.attn2(n, context, weight=w_cross_q), b.attn2.to_out[0].weight)
         # The residual stream h comes back with the feed-forward's output bias already in it, so the last GEMM
         # accumulates onto h in place (cuBLAS's beta = 1): no separate bias + residual kernel.
