@@ -78,6 +78,8 @@ def png_parameters(params: dict, index: int) -> str:
         + (f"Aesthetic score: {params['aesthetic_score']}, " if params.get("aesthetic_score") is not None else "")
         + ("ControlNets: " + " ".join(f"{Path(net).name}:{scale}" for net, scale in zip(
             params["controlnets"], params["controlnet_scale"])) + ", " if params.get("controlnets") else "")
+        + ("IP-Adapters: " + " ".join(f"{Path(k).name}:{v}" for k, v in params["ip_adapters"].items()) + ", "
+           if params.get("ip_adapters") else "")
         + ("LoRAs: " + " ".join(f"{Path(k).name}:{v}" for k, v in params["loras"].items()) + ", "
            if params.get("loras") else "")
         + ('TI hashes: "' + ", ".join(f"{k}: {v}" for k, v in params["embeddings"].items()) + '", '

@@ -53,6 +53,15 @@ def register(subparsers) -> None:
                         "ControlNets (onnxruntime) get a row saying so")
     p.add_argument("--control-scale", type=float, metavar="S",
                    help="--controlnet: the ControlNets' controlnet_scale, one value for all (default: 1.0)")
+    p.add_argument("--ip-adapter", action="append", metavar="MODEL",
+                   help="an IP-Adapter steering every call (a file in h94's layout, a Hugging Face file as "
+                        "owner/repo/path or synthetic:ip-adapter-<arch>, e.g. synthetic:ip-adapter-sd15; made for the "
+                        "model's UNet); repeat it for several. Each call, warm-up included, gets a fixed synthetic "
+                        "224x224 image prompt for every adapter, through its CLIP vision encoder (the text column); "
+                        "not with --workload refiner. Engines that do not run IP-Adapters (onnxruntime) get a row "
+                        "saying so")
+    p.add_argument("--ip-scale", type=float, metavar="S",
+                   help="--ip-adapter: the IP-Adapters' ip_adapter_scale, one value for all, -10 to 10 (default: 1.0)")
     p.add_argument("--hires", type=float, metavar="SCALE",
                    help="txt2img: hires fix in every call (A1111's): generate at --height x --width, upscale by "
                         "SCALE, then image to image at that size; the denoise column times the first pass, refine "
@@ -104,6 +113,7 @@ def config_from_args(args: argparse.Namespace):
         workload=getattr(args, "workload", "txt2img"), strength=getattr(args, "strength", None),
         refiner=getattr(args, "refiner", None), refiner_start=getattr(args, "refiner_start", None),
         controlnets=tuple(getattr(args, "controlnet", None) or ()), control_scale=getattr(args, "control_scale", None),
+        ip_adapters=tuple(getattr(args, "ip_adapter", None) or ()), ip_scale=getattr(args, "ip_scale", None),
         hires_scale=getattr(args, "hires", None), hires_upscaler=getattr(args, "hires_upscaler", None),
         hires_steps=getattr(args, "hires_steps", None), hires_strength=getattr(args, "hires_strength", None))
 

@@ -6,7 +6,9 @@ output can say it: a CPU-only machine gets a tiny model and few steps, not a 50-
 The workload (what each timed call does, workloads.py) picks the default model too: an inpainting model for inpaint,
 SDXL and its refiner for refiner. ControlNets (--controlnet) steer any workload's (base) model and leave its default
 as it is; one that cannot fit the model is refused before any engine loads where its config can be read without
-loading weights (synthetic ones, diffusers folders), otherwise by the worker's load.
+loading weights (synthetic ones, diffusers folders), otherwise by the worker's load. IP-Adapters (--ip-adapter) are
+the same: any workload but refiner (whose refiner could not take the image prompt), a synthetic one checked against
+the model before any engine loads, files when the worker loads them.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from typing import Any
 from ..engines.options import check_engine_label, engine_kind, parse_engine_opts
 from ..errors import UsageError
 from ..models.registry import default_model
-from .workloads import (DEFAULT_CONTROL_SCALE, DEFAULT_REFINER_START, DEFAULT_STRENGTH, REFINER_MODELS, WORKLOAD_MODELS,
-                        WORKLOADS)
+from .workloads import (DEFAULT_CONTROL_SCALE, DEFAULT_IP_SCALE, DEFAULT_REFINER_START, DEFAULT_STRENGTH,
+                        REFINER_MODELS, WORKLOAD_MODELS, WORKLOADS)
 
 DEFAULT_PROMPT = "an astronaut riding a horse on mars"
 
@@ -84,6 +86,9 @@ class BenchConfig:
     # ControlNets steering every call (sdaccel.load's controlnet=), as given; a single name is taken as one
     controlnets: tuple[str, ...] = ()
     control_scale: float | None = None  # with controlnets: their controlnet_scale; None: DEFAULT_CONTROL_SCALE
+    # IP-Adapters (sdaccel.load's ip_adapter=), each call given one synthetic image prompt per adapter
+    ip_adapters: tuple[str, ...] = ()
+    ip_scale: float | None = None  # with ip_adapters: their ip_adapter_scale; None: DEFAULT_IP_SCALE
     # hires fix (txt2img): each call's first pass at height x width, its second at hires_scale times that
     # (Pipeline.generate's hires_*: pipeline/hires.py)
     hires_scale: float | None = None
@@ -126,6 +131,7 @@ class BenchConfig:
         validate_request(1 if self.steps is None else self.steps, self.height, self.width, guidance=self.guidance)
         self._check_workload()
         self._check_controlnets()
+        self._check_ip_adapters()
         if self.scheduler:
             from ..models.schedulers import canonical
 
@@ -196,6 +202,31 @@ class BenchConfig:
             if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
                 raise UsageError(f"--control-scale must be a finite number, got {scale!r}")
 
+    def _check_ip_adapters(self) -> None:
+        """IP-Adapter names (a synthetic one must be a known architecture), not with the refiner workload, and
+        --ip-scale (only with an IP-Adapter, a finite number from -10 to 10, as the pipeline takes it)."""
+        from ..models.ip_adapter import get_ip_adapter_spec
+
+        given = (self.ip_adapters,) if isinstance(self.ip_adapters, str) else tuple(self.ip_adapters or ())
+        names = tuple(str(name).strip() for name in given)
+        if any(not name for name in names):
+            raise UsageError("--ip-adapter is empty: name an IP-Adapter (a file in h94's layout, a Hugging Face file "
+                             "as owner/repo/path or synthetic:ip-adapter-<arch>)")
+        for name in names:
+            if name.startswith("synthetic:"):
+                get_ip_adapter_spec(name[len("synthetic:"):])
+        object.__setattr__(self, "ip_adapters", names)
+        if names and self.workload == "refiner":
+            raise UsageError("--ip-adapter needs a workload of one model (this is refiner: the refiner's calls "
+                             "cannot take the base's image prompt)")
+        scale = self.ip_scale
+        if scale is not None:
+            if not names:
+                raise UsageError("--ip-scale needs --ip-adapter")
+            if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale) \
+                    or not -10 <= scale <= 10:
+                raise UsageError(f"--ip-scale must be a finite number from -10 to 10, got {scale!r}")
+
     def _checked_engine_opts(self, given) -> dict[str, dict[str, Any]]:
         """Engine options as {label: {key: value}}, every engine and option checked against the engine's Config
         (text values parsed: a mapping, or "ENGINE.KEY=VALUE" items), and agreeing with --compile-mode."""
@@ -241,6 +272,9 @@ class BenchConfig:
         if self.controlnets:
             check_controlnets_fit(picked.get("model", self.model), self.arch, self.controlnets)
             availability.update(controlnet_refusals(availability))  # the default engine list leaves them out
+        if self.ip_adapters:
+            check_ip_adapters_fit(picked.get("model", self.model), self.arch, self.ip_adapters)
+            availability.update(ip_adapter_refusals(availability))
         if self.engines is None:
             engines = tuple(name for name, reason in availability.items() if reason is None)
             skipped = [f"{name} ({reason})" for name, reason in availability.items() if reason is not None]
@@ -270,6 +304,8 @@ class BenchConfig:
             fields["refiner_start"] = DEFAULT_REFINER_START
         if self.controlnets and self.control_scale is None:
             fields["control_scale"] = DEFAULT_CONTROL_SCALE
+        if self.ip_adapters and self.ip_scale is None:
+            fields["ip_scale"] = DEFAULT_IP_SCALE
         if self.hires_scale is not None:
             from ..pipeline.hires import HIRES_STRENGTH, get_upscaler
 
@@ -295,6 +331,12 @@ class BenchConfig:
                          f"{DEFAULT_CONTROL_SCALE if self.control_scale is None else self.control_scale:g} by a fixed "
                          "synthetic edge map at the run's size (inside the denoise column); cold start covers "
                          "loading them")
+        if self.ip_adapters:
+            notes.append(f"IP-Adapter{'s' if len(self.ip_adapters) > 1 else ''} {' + '.join(self.ip_adapters)}: "
+                         f"each call's model steered at scale "
+                         f"{DEFAULT_IP_SCALE if self.ip_scale is None else self.ip_scale:g} by a fixed synthetic "
+                         "224x224 image prompt (gradients and smooth noise), through each adapter's CLIP vision "
+                         "encoder every call (inside the text column); cold start covers loading them")
         if self.preset is not None:
             preset = get_preset(self.preset)
             if self.steps is None:
@@ -310,13 +352,15 @@ class BenchConfig:
                     refiner=self.refiner, refiner_start=self.refiner_start, preset=self.preset,
                     controlnets="+".join(self.controlnets) or None,
                     control_scale=self.control_scale if self.controlnets else None,
+                    ip_adapters="+".join(self.ip_adapters) or None,
+                    ip_scale=self.ip_scale if self.ip_adapters else None,
                     hires_scale=self.hires_scale, hires_upscaler=self.hires_upscaler,
                     hires_steps=(self.hires_steps or self.steps) if hires else None)
 
     def workload_title(self) -> str:
         """The workload in a few words, for the table's title: "workload img2img (strength 0.75)", "workload refiner
         (synthetic:sdxl-refiner from 0.8)", "workload txt2img, ControlNet synthetic:controlnet-sd15 (scale 1)", with
-        the preset and guidance when given."""
+        the IP-Adapters, hires fix, preset and guidance when given."""
         text = f"workload {self.workload}"
         if self.strength is not None:
             text += f" (strength {self.strength:g})"
@@ -326,6 +370,10 @@ class BenchConfig:
             scale = DEFAULT_CONTROL_SCALE if self.control_scale is None else self.control_scale
             text += (f", ControlNet{'s' if len(self.controlnets) > 1 else ''} {' + '.join(self.controlnets)} "
                      f"(scale {scale:g})")
+        if self.ip_adapters:
+            scale = DEFAULT_IP_SCALE if self.ip_scale is None else self.ip_scale
+            text += (f", IP-Adapter{'s' if len(self.ip_adapters) > 1 else ''} {' + '.join(self.ip_adapters)} "
+                     f"(scale {scale:g}, a synthetic image prompt)")
         if self.hires_scale is not None:
             text += (f", hires fix x{self.hires_scale:g} ({self.hires_upscaler or 'Latent'}, "
                      f"{self.hires_steps or self.steps} steps at strength {self.hires_strength})")
@@ -361,7 +409,7 @@ class BenchConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "BenchConfig":
         data = dict(data)
-        for name in ("engines", "batch_sizes", "notes", "controlnets"):
+        for name in ("engines", "batch_sizes", "notes", "controlnets", "ip_adapters"):
             if data.get(name) is not None:
                 data[name] = tuple(data[name])
         return cls(**data)
@@ -410,3 +458,33 @@ def _controlnet_config(ref: str) -> dict[str, Any] | None:
         if path.is_file():
             return read_json(path)
     return None
+
+
+# -------------------------------------------------------------------------------------------------- IP-Adapters
+
+
+def ip_adapter_refusals(availability: dict[str, str | None]) -> dict[str, str]:
+    """Engine name -> why it cannot run IP-Adapters (Engine.reads_module_weights False: exported graphs, without
+    the adapters' K/V layers), for the engines of `availability` that could run here; their rows say so."""
+    from ..engines import ENGINES
+
+    return {name: f"the {name} engine does not run IP-Adapters (use fast, compile or eager)"
+            for name, reason in availability.items() if reason is None and not ENGINES[name].reads_module_weights}
+
+
+def check_ip_adapters_fit(model: str, arch: str | None, ip_adapters: tuple[str, ...]) -> None:
+    """UsageError when a synthetic IP-Adapter is made for another context width than `model`'s (a synthetic model or
+    a diffusers folder, read without weights); adapter files are checked when the worker loads them."""
+    from ..models.configs import peek_spec
+    from ..models.ip_adapter import get_ip_adapter_spec
+    from ..models.registry import get_spec
+
+    spec = peek_spec(model, arch)
+    if spec is None:
+        return
+    for ref in (r for r in ip_adapters if r.startswith("synthetic:")):
+        adapter = get_ip_adapter_spec(ref[len("synthetic:"):])
+        want, got = get_spec(adapter.base).unet["cross_attention_dim"], spec.unet["cross_attention_dim"]
+        if want != got:
+            raise UsageError(f"IP-Adapter {ref} does not fit {model} ({spec.name}): it is made for {adapter.base} "
+                             f"(context {want} wide), the model's context is {got} wide")

@@ -29,7 +29,7 @@ from typing import Callable
 from ..atomic import remove_stale_temps, temp_path, write_text
 from ..engines.options import engine_kind
 from ..outputs import prepare_output_folder
-from .config import BenchConfig, controlnet_refusals
+from .config import BenchConfig, controlnet_refusals, ip_adapter_refusals
 from .lifeline import WorkerProcess
 from .memory import SOURCE_DESCRIPTIONS
 from .plots import write_plots
@@ -153,6 +153,8 @@ def run_bench(config: BenchConfig, *, isolate: bool = True, log: Callable[[str],
     availability = available_engines(torch.device(cfg.device))
     if cfg.controlnets:  # an engine that cannot run them gets a row saying so, as one missing here does
         availability.update(controlnet_refusals(availability))
+    if cfg.ip_adapters:  # likewise an engine that cannot run IP-Adapters
+        availability.update(ip_adapter_refusals(availability))
     results = []
     partial = out / f"bench-{run_id}.partial.json"
     partial_table = out / f"table-{run_id}.partial.md"  # the same rows, readable, should the run be stopped

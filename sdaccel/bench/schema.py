@@ -21,6 +21,9 @@ COLUMNS: tuple[str, ...] = (
     "workload", "strength", "refiner", "refiner_start",
     # the ControlNets steering every call ("+"-joined, as given; empty for none) and their controlnet_scale
     "controlnets", "control_scale",
+    # the IP-Adapters steering every call with a synthetic image prompt ("+"-joined, as given; empty for none) and
+    # their ip_adapter_scale
+    "ip_adapters", "ip_scale",
     # hires fix (txt2img): the second pass's scale of the first's size, upscaler and steps (its strength is in
     # `strength`); the row's height and width are the first pass's, as A1111 records them
     "hires_scale", "hires_upscaler", "hires_steps",
@@ -56,14 +59,14 @@ COLUMNS: tuple[str, ...] = (
 )
 
 # Row statuses: "ok" measured; "oom" out of memory at this batch size; "error" failed (message in `error`);
-# "unavailable" the engine cannot run on this machine, or cannot run this run's model (ControlNets).
+# "unavailable" the engine cannot run on this machine, or cannot run this run's model (ControlNets, IP-Adapters).
 STATUSES = ("ok", "oom", "error", "unavailable")
 
 INT_COLUMNS = frozenset({"height", "width", "steps", "batch_size", "cold_start_batch", "runs", "unet_calls"})
 FLOAT_COLUMNS = frozenset(
     name for name in COLUMNS
     if name.endswith(("_s", "_MB")) and name not in {"warmup_s"}
-) | {"guidance", "strength", "refiner_start", "control_scale", "hires_scale", "unet_it_s", "images_per_min",
+) | {"guidance", "strength", "refiner_start", "control_scale", "ip_scale", "hires_scale", "unet_it_s", "images_per_min",
      "speedup_vs_baseline", "psnr_vs_fp32_db", "gpu_sm_mhz_median", "gpu_sm_mhz_min", "gpu_sm_mhz_max",
      "gpu_power_w_max", "gpu_temperature_c_max",
      "hires_steps"}  # a count, but None without hires fix (INT_COLUMNS are never None)

@@ -9,8 +9,9 @@ Progress goes to stderr. The worker dies with the process that started it (lifel
 
 The workload refiner loads two pipelines (refiner.BaseAndRefiner), each on its own engine object of the same kind
 and options: load, cold start and every timed call cover both; engine facts are the base's, its notes both's.
-ControlNets (--controlnet) are loaded with the (base) model, inside the cold start, and every call, the quality
-reference's included, gets their control image (workloads.workload_kwargs).
+ControlNets (--controlnet) and IP-Adapters (--ip-adapter) are loaded with the (base) model, inside the cold start,
+and every call, the quality reference's included, gets their control image and image prompt
+(workloads.workload_kwargs).
 """
 
 from __future__ import annotations
@@ -235,6 +236,7 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
         refiner = cfg.refiner if cfg.workload == "refiner" else None
         log(f"[{engine}] loading {cfg.model}" + (f" and the refiner {refiner}" if refiner else "")
             + (f" with ControlNet {' + '.join(cfg.controlnets)}" if cfg.controlnets else "")
+            + (f" with IP-Adapter {' + '.join(cfg.ip_adapters)}" if cfg.ip_adapters else "")
             + f" ({cfg.dtype}, {device})"
             + (f", engine options {json.dumps(options, sort_keys=True)}" if options else ""))
         start = time.perf_counter()
@@ -243,8 +245,8 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
             log(f"[{engine}] {note}")
         # with a refiner, both models, each on an engine object of the same kind and options
         pipe = load(cfg.model, engine=engine_kind(engine), dtype=cfg.dtype, device=device, arch=cfg.arch,
-                    controlnet=list(cfg.controlnets) or None, **(dict(refiner=refiner, refiner_start=cfg.refiner_start)
-                                                                 if refiner else {}), **options)
+                    controlnet=list(cfg.controlnets) or None, ip_adapter=list(cfg.ip_adapters) or None,
+                    **(dict(refiner=refiner, refiner_start=cfg.refiner_start) if refiner else {}), **options)
         synchronize(device)
         load_s = time.perf_counter() - start
         first_call = lead(pipe).engine.first_call
@@ -304,8 +306,9 @@ def measure_engine(cfg: BenchConfig, engine: str) -> dict:
 
 
 def psnr_after_timing(pipe, cfg: BenchConfig, batch: int) -> float:
-    """The engine's image and eager fp32's from the same weights (ControlNets included), call (workload and control
-    inputs included) and seed, so the same initial noise (drawn on the CPU from the seed), compared by PSNR.
+    """The engine's image and eager fp32's from the same weights (ControlNets and IP-Adapters included), call
+    (workload, control and image prompt inputs included) and seed, so the same initial noise (drawn on the CPU from
+    the seed), compared by PSNR.
 
     Runs after every timed measurement of this engine, so the fp32 reference's memory never shows in its rows; the
     reference is loaded only once the candidate's image is taken, and released before returning."""
@@ -320,7 +323,8 @@ def psnr_after_timing(pipe, cfg: BenchConfig, batch: int) -> float:
     release_memory(device)
     refiner = dict(refiner=cfg.refiner, refiner_start=cfg.refiner_start) if cfg.workload == "refiner" else {}
     reference = load(cfg.model, engine="eager", dtype="fp32", device=device, arch=cfg.arch,
-                     controlnet=list(cfg.controlnets) or None, **refiner)
+                     controlnet=list(cfg.controlnets) or None, ip_adapter=list(cfg.ip_adapters) or None,
+                     **refiner)
     expected = reference(PROMPT, **call).image_tensor.cpu()
     del reference
     release_memory(device)

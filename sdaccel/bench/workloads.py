@@ -4,8 +4,9 @@ txt2img: a prompt. img2img: a fixed synthetic init image at the run's size. inpa
 mask over half of each side. refiner: an SDXL base model hands its latents over to the refiner at refiner_start of
 the schedule (refiner.BaseAndRefiner). With ControlNets (--controlnet) every call of any workload also gets a fixed
 synthetic control image, an edge map, at the run's size and the run's controlnet_scale; with the refiner workload they
-steer the base. The init image, mask and control image are the same for every engine and run, and are built once per
-size, never inside a timed call.
+steer the base. With IP-Adapters (--ip-adapter) every call also gets a fixed synthetic image prompt, one per adapter,
+at the run's ip_adapter_scale. The init image, mask, control image and image prompt are the same for every engine and
+run, and are built once (per size), never inside a timed call.
 
 Imports nothing heavy at module level: `sdaccel --help` reads WORKLOADS without importing torch.
 """
@@ -26,6 +27,8 @@ REFINER_MODELS = ("synthetic:sdxl-refiner", "synthetic:sdxl-refiner-tiny")  # (o
 DEFAULT_STRENGTH = {"img2img": 0.75, "inpaint": 1.0}
 DEFAULT_REFINER_START = 0.8  # the handoff diffusers' documentation uses for SDXL base + refiner
 DEFAULT_CONTROL_SCALE = 1.0  # diffusers' controlnet_conditioning_scale default
+DEFAULT_IP_SCALE = 1.0  # diffusers' set_ip_adapter_scale default
+IP_IMAGE_SIZE = 224  # CLIP ViT-H/14's input side, which h94's adapters' encoders take: the processor only crops it
 CONTROL_LEVELS = 16  # the control image's edges: where the init image's brightness crosses one of these many bands
 
 
@@ -68,10 +71,22 @@ def control_image(height: int, width: int):
     return edges.to(torch.float32).expand(3, height, width).contiguous()
 
 
+@functools.lru_cache(maxsize=1)
+def ip_image():
+    """The IP-Adapters' image prompt: a 224x224 RGB PIL image, the same for every engine and run: the init image's
+    gradients and smooth noise at that size (a photo's low frequencies), as a user's picture would be given."""
+    import torch
+    from PIL import Image
+
+    pixels = (init_image(IP_IMAGE_SIZE, IP_IMAGE_SIZE) * 255).round().to(torch.uint8)
+    return Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy())  # (H, W, 3) uint8: RGB
+
+
 def workload_kwargs(spec, cfg) -> dict[str, Any]:
     """The call's keywords beyond the shared ones: preset, guidance, the workload's init image, mask, strength or
-    handoff, the ControlNets' control image (one per ControlNet) and scale, and hires fix's settings. `spec`: the
-    (base) model's, for its own size when the run gives none; `cfg`: a resolved BenchConfig."""
+    handoff, the ControlNets' control image (one per ControlNet) and scale, the IP-Adapters' image prompt (one per
+    adapter) and scale, and hires fix's settings. `spec`: the (base) model's, for its own size when the run gives
+    none; `cfg`: a resolved BenchConfig."""
     kwargs: dict[str, Any] = dict(guidance=cfg.guidance, preset=cfg.preset)  # None: the preset's, else the model's
     height = spec.height if cfg.height is None else cfg.height
     width = spec.width if cfg.width is None else cfg.width
@@ -79,6 +94,10 @@ def workload_kwargs(spec, cfg) -> dict[str, Any]:
         image = control_image(height, width)
         kwargs.update(control_image=image if len(cfg.controlnets) == 1 else [image] * len(cfg.controlnets),
                       controlnet_scale=cfg.control_scale)
+    if cfg.ip_adapters:
+        prompt = ip_image()
+        kwargs.update(ip_adapter_image=prompt if len(cfg.ip_adapters) == 1 else [prompt] * len(cfg.ip_adapters),
+                      ip_adapter_scale=cfg.ip_scale)
     if cfg.workload in IMAGE_WORKLOADS:
         kwargs.update(image=init_image(height, width), strength=cfg.strength)
         if cfg.workload == "inpaint":

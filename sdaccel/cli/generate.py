@@ -101,6 +101,19 @@ def register(sub) -> None:
                      help="with --controlnet: the fraction of the steps before it acts (default: 0)")
     gen.add_argument("--control-end", action="append", type=float, default=[], metavar="F",
                      help="with --controlnet: the fraction of the steps after which it stops (default: 1)")
+    gen.add_argument("--ip-adapter", action="append", default=[], metavar="MODEL",
+                     help="an IP-Adapter, an image prompt (a .safetensors or .bin file in h94's layout, a Hugging "
+                          "Face file as owner/repo/path, or synthetic:ip-adapter-<arch>); repeat it for several, "
+                          "each with its --ip-image")
+    gen.add_argument("--ip-image", action="append", default=[], metavar="FILE",
+                     help="with --ip-adapter: its image prompt; one per --ip-adapter, in their order")
+    gen.add_argument("--ip-scale", action="append", type=float, default=[], metavar="S",
+                     help="with --ip-adapter: how strongly the image prompt steers, -10 to 10 (default: 1; 0 is the "
+                          "model alone); one value, or one per --ip-adapter")
+    gen.add_argument("--ip-image-encoder", metavar="FOLDER",
+                     help="with --ip-adapter: the CLIP vision encoder of the adapter files (a folder, or a repo id "
+                          "with an optional subfolder; default: the image_encoder folder h94's layout puts beside "
+                          "them)")
     gen.add_argument("--negative", default="", help="negative prompt (default: none)")
     gen.add_argument("--prompt-syntax", choices=["a1111", "none"], default="a1111",
                      help="a1111 (default): (word) x1.1, [word] /1.1, (word:1.3), \\( for a bracket, BREAK; none: "
@@ -169,6 +182,7 @@ def cmd_generate(args) -> int:
             raise SdaccelError(f"--mask: {shape[3]}x{shape[2]} differs from the image's "
                                f"{init_image.size[0]}x{init_image.size[1]}")
     control = control_settings(args)
+    image_prompt = ip_adapter_settings(args)
     out_dir = prepare_output_folder(args.out)
     device = resolve_device(args.device)
     model = args.model or default_model(device.type)
@@ -184,7 +198,8 @@ def cmd_generate(args) -> int:
            + (f"; with caches still empty, the engine {first_start}" if first_start else ""))
     pipe = load(model, engine=engine_object, dtype=args.dtype, device=device, arch=args.arch, seed=args.seed,
                 refiner=args.refiner, refiner_start=args.refiner_start, controlnet=args.controlnet or None,
-                embeddings=args.embeddings)
+                embeddings=args.embeddings, ip_adapter=args.ip_adapter or None,
+                ip_image_encoder=args.ip_image_encoder)
     first = pipe.base if args.refiner else pipe
     if loras:
         first.set_loras(loras)  # a refiner keeps its own weights: LoRAs are made for one architecture
@@ -194,6 +209,7 @@ def cmd_generate(args) -> int:
         image=init_image, mask=mask, strength=args.strength, mask_blur=args.mask_blur,
         keep_unmasked=args.keep_unmasked)
     workload.update(control)
+    workload.update(image_prompt)
     workload.update(hires)
     runs = []
     for i in range(args.repeat):
@@ -215,7 +231,9 @@ def cmd_generate(args) -> int:
           + (f" -> hires {params['hires_width']}x{params['hires_height']}" if hires else "")
           + f" x{params['batch_size']} | {params['steps']} steps"
           + (f" + {params['hires_steps']} hires steps" if hires else "")
-          + f" {params['scheduler']}" + (f" ({evaluations} UNet evaluations)" if evaluations != steps else ""))
+          + f" {params['scheduler']}" + (f" ({evaluations} UNet evaluations)" if evaluations != steps else "")
+          + "".join(f" | IP-Adapter {source} at scale {scale:g}"
+                    for source, scale in (params.get("ip_adapters") or {}).items()))
     for i, timings in enumerate(runs):
         label = "timings" if len(runs) == 1 else f"run {i + 1}{' (cold)' if i == 0 else ''}"
         print(f"{label}: {timings.line()}")
@@ -268,6 +286,49 @@ def control_settings(args) -> dict:
                     control_end=per_net(args.control_end))
     resolve_control(nets, **settings)  # sizes, counts and values: a one-line error now
     return settings
+
+
+def ip_adapter_settings(args) -> dict:
+    """The IP-Adapter flags as Pipeline.generate's ip_adapter_image and ip_adapter_scale, every image prompt read
+    and every scale checked now (before the model loads)."""
+    import math
+
+    from ..engines import ENGINES
+    from ..models import is_onnx_pipeline_folder
+    from ..models.configs import SYNTHETIC_PREFIX
+    from ..models.ip_adapter import get_ip_adapter_spec
+
+    adapters = len(args.ip_adapter)
+    if not adapters:
+        for flag, given in (("--ip-image", args.ip_image), ("--ip-scale", args.ip_scale),
+                            ("--ip-image-encoder", args.ip_image_encoder)):
+            if given:
+                raise SdaccelError(f"{flag} needs --ip-adapter")
+        return {}
+    if args.refiner:  # the adapters go into the base's UNet; the refiner's calls could not take the image prompts
+        raise SdaccelError("--ip-adapter steers one model: without --refiner")
+    engine = args.engine or ("onnxruntime" if args.model and is_onnx_pipeline_folder(args.model) else "eager")
+    engine_class = ENGINES.get(engine.strip().lower())
+    if engine_class is not None and not engine_class.reads_module_weights:
+        raise SdaccelError(f"--ip-adapter: the {engine} engine runs exported graphs without image prompts: use the "
+                           f"eager, compile or fast engine")
+    for ref in args.ip_adapter:
+        if ref.strip().startswith(SYNTHETIC_PREFIX):
+            get_ip_adapter_spec(ref.strip()[len(SYNTHETIC_PREFIX):])  # an unknown architecture, before the model loads
+    if args.ip_image_encoder and all(ref.strip().startswith(SYNTHETIC_PREFIX) for ref in args.ip_adapter):
+        raise SdaccelError("--ip-image-encoder is for adapter files: a synthetic IP-Adapter brings its own encoder")
+    if len(args.ip_image) != adapters:
+        raise SdaccelError(f"give one --ip-image per --ip-adapter ({adapters} IP-Adapters, {len(args.ip_image)} "
+                           f"images)")
+    if len(args.ip_scale) not in (0, 1, adapters):
+        raise SdaccelError(f"give one --ip-scale, or one per --ip-adapter ({adapters} IP-Adapters, "
+                           f"{len(args.ip_scale)} scales)")
+    for value in args.ip_scale:  # the bounds image_prompts.check_scales applies, named by the flag
+        if not math.isfinite(value) or not -10 <= value <= 10:
+            raise SdaccelError(f"--ip-scale must be a number from -10 to 10, got {value:g}")
+    images = [read_image(path, "--ip-image") for path in args.ip_image]
+    scale = 1.0 if not args.ip_scale else args.ip_scale[0] if len(args.ip_scale) == 1 else list(args.ip_scale)
+    return dict(ip_adapter_image=images[0] if adapters == 1 else images, ip_adapter_scale=scale)
 
 
 def parse_loras(items: list[str]) -> dict[str, float]:

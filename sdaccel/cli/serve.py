@@ -51,6 +51,14 @@ def register(sub) -> None:
                    help="a ControlNet (folder, file, repo id or synthetic:controlnet-<arch>) loaded beside every "
                         "served model it fits, named NAME or after its file; repeatable; requests use it through "
                         "A1111's alwayson_scripts.controlnet units or /v1/generate's controlnet")
+    p.add_argument("--ip-adapter", action="append", default=[], metavar="[NAME=]REF",
+                   help="an IP-Adapter (a .safetensors/.bin file in h94's layout, a Hugging Face file as "
+                        "owner/repo/path, or synthetic:ip-adapter-<arch>) loaded beside every served model it fits, "
+                        "named NAME or after its file; repeatable; requests give image prompts through "
+                        "/v1/generate's ip_adapter or A1111's ControlNet units naming it")
+    p.add_argument("--ip-image-encoder", metavar="FOLDER",
+                   help="the IP-Adapters' CLIP vision encoder (a folder, or a repo id with an optional subfolder; "
+                        "default: the image_encoder folder beside each adapter file)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available)")
     p.add_argument("--gpus", metavar="all|0,1,...",
                    help="one worker process per GPU, each with its own engines, behind one server; all: every "
@@ -273,13 +281,21 @@ def cmd_serve(args) -> int:
     loras = LoraFolder(args.loras) if args.loras else None
     controlnets = parse_controlnets(args.controlnet)
     controlnet_plan(models, controlnets)  # a ControlNet that fits no served model: one line now
+    from ..serve.ip_adapters import ip_adapter_plan, parse_ip_adapters
+
+    ip_adapters = parse_ip_adapters(args.ip_adapter)
+    if args.ip_image_encoder is not None and not ip_adapters:
+        raise SdaccelError("--ip-image-encoder is the image encoder of an IP-Adapter: give --ip-adapter too")
+    ip_adapter_plan(models, ip_adapters)  # an IP-Adapter that fits no served model: one line now
+    adapters = dict(ip_adapters=ip_adapters, ip_image_encoder=_image_encoder(args.ip_image_encoder))
     _log_to_stderr()
     if args.ray:
-        return _serve_on_ray(args, models, engine, options, device, warm, api_key, controlnets)
+        return _serve_on_ray(args, models, engine, options, device, warm, api_key, controlnets, adapters)
     metrics = Metrics()
     settings = dict(engine=engine, engine_options=options, dtype=args.dtype, max_batch=args.max_batch,
                     batch_window_ms=args.batch_window_ms, max_queue=args.max_queue, warm=warm, events=metrics,
-                    embeddings=args.embeddings, controlnets=controlnets, preview_every=args.preview_every)
+                    embeddings=args.embeddings, controlnets=controlnets, preview_every=args.preview_every,
+                    **adapters)
     if devices is None:
         worker = Worker(models, device=str(device), **settings)
         where = str(device)
@@ -313,7 +329,7 @@ def cmd_serve(args) -> int:
 
 
 def _serve_on_ray(args, models: dict[str, str], engine: str, options: dict, device, warm, api_key,
-                  controlnets: dict[str, str]) -> int:
+                  controlnets: dict[str, str], adapters: dict) -> int:
     if args.replicas < 1:
         raise SdaccelError(f"--replicas must be >= 1, got {args.replicas}")
     try:
@@ -329,12 +345,26 @@ def _serve_on_ray(args, models: dict[str, str], engine: str, options: dict, devi
                                max_queue=args.max_queue, warm=warm, api_key=api_key,
                                request_timeout_s=args.timeout, embeddings=args.embeddings,
                                loras=os.path.abspath(args.loras) if args.loras else None, controlnets=controlnets,
-                               preview_every=args.preview_every)
+                               preview_every=args.preview_every, **adapters)
     status(f"serving {', '.join(models)} on Ray Serve: {args.replicas} replica(s) of the {engine} engine, "
            f"{gpus:g} GPU each, at http://{args.host}:{args.port}")
     run(settings, replicas=args.replicas, gpus_per_replica=gpus, host=args.host, port=args.port,
         address=args.ray_address)
     return 0
+
+
+def _image_encoder(ref: str | None) -> str | None:
+    """--ip-image-encoder as the worker processes and replicas read it: a folder as an absolute path, or a repo id."""
+    if ref is None:
+        return None
+    from ..models.configs import is_repo_id
+
+    if os.path.isdir(os.path.expanduser(ref)):
+        return os.path.abspath(os.path.expanduser(ref))
+    if not is_repo_id("/".join(ref.split("/")[:2])):
+        raise SdaccelError(f"--ip-image-encoder {ref}: no such folder (expected a CLIP vision encoder folder or a "
+                           f"Hugging Face repo id)")
+    return ref
 
 
 def _log_to_stderr() -> None:

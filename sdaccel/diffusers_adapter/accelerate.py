@@ -6,7 +6,8 @@ residuals, cross-attention kwargs other than a LoRA scale, a tiled encode or dec
 behaviour never silently changes. diffusers' ControlNet pipelines (one ControlNetModel or a MultiControlNetModel) run
 their ControlNets and UNet on the engine (controlnet.py). diffusers' LoRA calls on the pipeline (load_lora_weights,
 set_adapters, fuse_lora, a call's cross_attention_kwargs={"scale": s}, ...) reach the engine: they merge into its
-weights in place (lora.py, on models/lora.py).
+weights in place (lora.py, on models/lora.py). IP-Adapters loaded before accelerate run on the engine, their scale
+a tensor it reads (ip_adapter.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..models.configs import detect_arch, spec_from_modules
 from ..models.controlnet import mismatch
 from ..models.registry import get_spec
 from .controlnet import DeferredResiduals, controlled_call, defer_controlnet_calls, pipeline_controlnets
+from .ip_adapter import adopt_ip_adapters
 from .lora import install_lora_methods
 
 log = logging.getLogger(__name__)
@@ -94,12 +96,14 @@ def accelerate(pipe, engine="eager", dtype=None, **engine_options: Any):
         # those pipelines want, fp32, rather than the fast engine's scaled fp16 decode (engines/fast/vae_scaling.py).
         eng = type(eng)(eng.config.replace(vae_dtype="fp32"))
     loras = install_lora_methods(pipe, eng, components)  # before prepare: LoRA layers go by their unfused names
+    image_prompts = adopt_ip_adapters(pipe)  # before prepare: the fast engine fuses the IP cross-attentions
     stages = eng.prepare(components, dt, device)
     unet, vae = pipe.unet, pipe.vae
     original_forward, original_decode, original_encode = unet.forward, vae.decode, vae.encode
 
     def forward(sample, timestep, encoder_hidden_states, *args, added_cond_kwargs=None, return_dict=True, **kwargs):
         kwargs = loras.take_call_scale(kwargs)  # a LoRA scale is merged into the weights, not a reason to fall back
+        encoder_hidden_states, added_cond_kwargs = image_prompts.context(encoder_hidden_states, added_cond_kwargs)
         deferred = kwargs.get("down_block_additional_residuals")
         if isinstance(deferred, DeferredResiduals):
             if not args and kwargs.get("mid_block_additional_residual") is None and not any(

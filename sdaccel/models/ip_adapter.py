@@ -77,6 +77,7 @@ class IPAdapters(nn.Module):
         self.projection = projection
         self.plus = list(plus)
         self.scales = IPScales(len(sources))
+        self._blacks: dict[tuple, torch.Tensor] = {}  # _black's encodings
 
     def __len__(self) -> int:
         return len(self.sources)
@@ -93,12 +94,19 @@ class IPAdapters(nn.Module):
         pixels = pixels.to(device=encoder.device, dtype=encoder.dtype)
         if self.plus[j]:
             embeds = encoder(pixels, output_hidden_states=True).hidden_states[-2]
-            negative = encoder(torch.zeros_like(pixels), output_hidden_states=True).hidden_states[-2] \
-                if guidance else None
+            negative = self._black(j, pixels) if guidance else None
         else:
             embeds = encoder(pixels).image_embeds
             negative = torch.zeros_like(embeds) if guidance else None
         return embeds[None], None if negative is None else negative[None]
+
+    def _black(self, j: int, pixels: torch.Tensor) -> torch.Tensor:
+        """The encoder's penultimate hidden states of black pixels (Plus adapters' negative image prompt): the same
+        for every call, computed once per adapter and batch (a ViT-H pass saved per call)."""
+        key = (j, tuple(pixels.shape), pixels.dtype, pixels.device)
+        if key not in self._blacks:
+            self._blacks[key] = self.encoders[j](torch.zeros_like(pixels), output_hidden_states=True).hidden_states[-2]
+        return self._blacks[key]
 
     def tokens(self, embeds: list[torch.Tensor]) -> list[torch.Tensor]:
         """Each adapter's context tokens (B, images x tokens, context width) from its embeds (B, images, ...)."""
@@ -146,12 +154,13 @@ def load_ip_adapters(refs, components, *, image_encoder: str | None = None, seed
     unet.config.encoder_hid_dim_type = None
     adapters = IPAdapters([str(r) for r in refs], encoders, nn.Module.to(projection, device=device, dtype=dtype),
                           plus)
-    _install_processors(unet, adapters.scales)
+    install_ip_processors(unet, adapters.scales)
     nn.Module.to(adapters.scales, device=device, dtype=dtype)
     return adapters
 
 
-def _install_processors(unet: nn.Module, scales: IPScales) -> None:
+def install_ip_processors(unet: nn.Module, scales: IPScales) -> None:
+    """diffusers' IP-Adapter processors of `unet` replaced by IPAttnProcessor over the same K/V layers."""
     from diffusers.models.attention_processor import IPAdapterAttnProcessor2_0
 
     processors = {}

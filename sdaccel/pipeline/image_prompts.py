@@ -9,6 +9,7 @@ the whole batch, the negative half zeros (plain) or the encoding of black pixels
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -37,14 +38,19 @@ def clip_pixels(images: list, size: int) -> torch.Tensor:
     """PIL images as CLIP's image processor prepares them for a `size`-pixel encoder (shortest side resized,
     centre crop, CLIP's mean and std), as diffusers' pipelines' feature extractor does."""
     from PIL import Image
-    from transformers import CLIPImageProcessor
 
     for image in images:
         if not isinstance(image, Image.Image):
             raise UsageError(f"ip_adapter_image: expected PIL images or a tensor of pixel values, got "
                              f"{type(image).__name__}")
-    processor = CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
-    return processor([image.convert("RGB") for image in images], return_tensors="pt").pixel_values
+    return _processor(size)([image.convert("RGB") for image in images], return_tensors="pt").pixel_values
+
+
+@functools.lru_cache(maxsize=4)
+def _processor(size: int):
+    from transformers import CLIPImageProcessor
+
+    return CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
 
 
 class ImagePrompts:

@@ -1,6 +1,7 @@
 """The ControlNet extension's units in A1111 requests (`alwayson_scripts: {"controlnet": {"args": [unit, ...]}}`, what
 webuiapi's ControlNetUnit sends), read into sdaccel's ControlNet call (controlnets.ControlUnit), and the extension's
-model and preprocessor lists (/controlnet/model_list, /controlnet/module_list).
+model and preprocessor lists (/controlnet/model_list, /controlnet/module_list). A unit naming a served IP-Adapter
+is an image prompt instead (a1111_ip_adapter.py).
 
 A unit's keys, each honoured or refused (any other key is refused by name):
   enabled          default true; a disabled unit is skipped
@@ -69,10 +70,11 @@ def module_details() -> dict[str, dict]:
     return details
 
 
-def read_units(args: Any, size: tuple[int, int], decode: Callable[[str, str], Any],
-               fallback_image=None) -> list[ControlUnit]:
+def read_units(args: Any, size: tuple[int, int] | None, decode: Callable[[str, str], Any],
+               fallback_image=None, skip: frozenset[int] = frozenset()) -> list[ControlUnit]:
     """The enabled units of `args` (the script's args list) as ControlUnits, their images preprocessed and resized to
-    `size` (width, height). `decode(b64, field)` decodes a base64 image; `fallback_image`: img2img's init image."""
+    `size` (width, height). `decode(b64, field)` decodes a base64 image; `fallback_image`: img2img's init image.
+    The units at the positions in `skip` (IP-Adapter units: a1111_ip_adapter.py) are checked for their keys only."""
     if not isinstance(args, list):
         raise UsageError("alwayson_scripts.controlnet.args must be a list of units")
     units = []
@@ -83,8 +85,11 @@ def read_units(args: Any, size: tuple[int, int], decode: Callable[[str, str], An
         unknown = sorted(set(unit) - set(UNIT_KEYS))
         if unknown:
             raise UsageError(f"{where}: unknown key(s) {', '.join(unknown)}; a unit takes {', '.join(UNIT_KEYS)}")
-        if not _flag(unit.get("enabled", True), f"{where}.enabled"):
+        if not _flag(unit.get("enabled", True), f"{where}.enabled") or k in skip:
             continue
+        if size is None:
+            raise UsageError("alwayson_scripts.controlnet: give width and height (the model's default size is not "
+                             "known before it loads)")
         units.append(_unit(unit, where, size, decode, fallback_image))
     return units
 

@@ -2,37 +2,43 @@
 image of the request. Titles are matched ignoring case, as A1111 matches them (webuiapi sends "ControlNet").
 
 SCRIPTS maps each title sdaccel runs to its reader, which turns the script's args into Pipeline.generate keywords;
-a title without a reader is refused by name. ControlNet is the one read today (a1111_controlnet.py).
+a title without a reader is refused by name. ControlNet is the one read today: its ControlNet units
+(a1111_controlnet.py) and its IP-Adapter units (a1111_ip_adapter.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import UsageError
 from .a1111_controlnet import read_units
+from .a1111_ip_adapter import ip_unit_positions, read_ip_units
 from .controlnets import control_settings
+from .ip_adapters import image_prompt_settings
 
 
 @dataclass
 class ScriptContext:
     """What a script's reader needs of its request: the model, its served ControlNets, the output's (width, height),
-    how to decode a base64 image, and img2img's init image (None for txt2img)."""
+    how to decode a base64 image, img2img's init image (None for txt2img), and the model's served IP-Adapters."""
 
     model: str
     controlnets: list[str]
     size: tuple[int, int] | None
     decode: Callable[[str, str], Any]
     init_image: Any = None
+    ip_adapters: list[str] = field(default_factory=list)
 
 
 def _controlnet(args: Any, context: ScriptContext) -> dict[str, Any]:
-    if context.size is None and args:
-        raise UsageError("alwayson_scripts.controlnet: give width and height (the model's default size is not known "
-                         "before it loads)")
-    units = read_units(args, context.size, context.decode, context.init_image) if args else []
-    return control_settings(units, context.controlnets, context.model)
+    if not args:
+        return {}
+    image_prompts = ip_unit_positions(args, context.ip_adapters)
+    units = read_units(args, context.size, context.decode, context.init_image, skip=image_prompts)
+    ip_units = read_ip_units(args, image_prompts, context.decode, context.init_image)
+    return {**control_settings(units, context.controlnets, context.model),
+            **image_prompt_settings(ip_units, context.ip_adapters, context.model)}
 
 
 SCRIPTS: dict[str, Callable[[Any, ScriptContext], dict[str, Any]]] = {"controlnet": _controlnet}
@@ -52,7 +58,8 @@ def request_scripts(served, body, model: str, init_image=None) -> dict[str, Any]
         height = body.height or (default[0] if default else None)
         size = (width, height) if width and height else None
     context = ScriptContext(model=model, controlnets=served.worker.model_controlnets.get(model, []), size=size,
-                            decode=lambda data, what: decode_image(data, what, served.limits), init_image=init_image)
+                            decode=lambda data, what: decode_image(data, what, served.limits), init_image=init_image,
+                            ip_adapters=served.worker.model_ip_adapters.get(model, []))
     return script_settings(body.alwayson_scripts, context)
 
 

@@ -6,7 +6,9 @@ prompt, negative prompt, seed and image count: its images take seeds seed, seed 
 drawing each image's initial noise from its own seed exactly as a call of its own would draw it, so a batched job
 gets the images it would get alone. Schedulers that draw fresh noise at every step
 (euler_a, LCM, TCD...) draw it from one generator per call; their jobs run alone, as do jobs with an init image,
-mask or control image.
+mask or control image. Image prompts (IP-Adapter) are one per adapter for the whole call: a job's ip_adapter_image
+is keyed by a digest of its pixels (ip_adapters.PromptImages), so only jobs with the same image prompts and scales
+share a call.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ SETTINGS = ("steps", "guidance", "height", "width", "scheduler", "timestep_spaci
             # hires fix (pipeline/hires.py): in the batch key like every setting, so only jobs with the same hires
             # settings share a call
             "hires_scale", "hires_size", "hires_upscaler", "hires_steps", "hires_strength", "hires_prompt",
-            "hires_negative_prompt", "hires_scheduler")
+            "hires_negative_prompt", "hires_scheduler",
+            # image prompts (ip_adapters.py): one per loaded IP-Adapter, the same for every image of the call
+            "ip_adapter_image", "ip_adapter_scale")
 # Settings that never let a job share a call with others (they are per-request inputs).
 ALONE = ("image", "mask", "control_image")
 

@@ -43,6 +43,8 @@ class ReplicaSettings:
     loras: str | None = None  # the folder of LoRA files requests may name
     controlnets: dict[str, str] = field(default_factory=dict)  # {name: reference}, beside each model they fit
     preview_every: int = 5  # steps between the live previews of /sdapi/v1/progress (0: none)
+    ip_adapters: dict[str, str] = field(default_factory=dict)  # {name: reference}, beside each model they fit
+    ip_image_encoder: str | None = None  # the IP-Adapters' CLIP vision encoder (default: the one beside each file)
 
 
 class Replica:
@@ -59,7 +61,8 @@ class Replica:
         self.worker = Worker(s.models, engine=s.engine, engine_options=s.engine_options, device=s.device,
                              dtype=s.dtype, max_batch=s.max_batch, batch_window_ms=s.batch_window_ms,
                              max_queue=s.max_queue, warm=tuple(map(tuple, s.warm)), events=metrics,
-                             embeddings=s.embeddings, controlnets=s.controlnets, preview_every=s.preview_every)
+                             embeddings=s.embeddings, controlnets=s.controlnets, preview_every=s.preview_every,
+                             ip_adapters=s.ip_adapters, ip_image_encoder=s.ip_image_encoder)
         self.worker.start()
         self.worker.wait_ready()  # a replica is healthy once its models are loaded and warm
         self.app = create_app(self.worker, api_key=s.api_key, request_timeout_s=s.request_timeout_s,

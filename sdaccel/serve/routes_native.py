@@ -1,6 +1,7 @@
 """sdaccel's own API: POST /v1/generate, Pipeline.generate's settings as JSON (schemas.GenerateRequest), with the
-served LoRAs by name (`loras`, `<lora:name:w>` tags) and ControlNet units (`controlnet`: controlnets.py), answered
-with the images as base64 (PNG, JPEG or WebP) and each image's parameters, or with one PNG itself."""
+served LoRAs by name (`loras`, `<lora:name:w>` tags), ControlNet units (`controlnet`: controlnets.py) and image
+prompts (`ip_adapter`: ip_adapters.py), answered with the images as base64 (PNG, JPEG or WebP) and each image's
+parameters, or with one PNG itself."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from .a1111_hires import check_hires_limits
 from .context import check_limits, request_seed, served
 from .encoding import b64, decode_image, encoded, json_answer, jsonable
 from .controlnets import ControlUnit, control_settings
+from .ip_adapters import ImagePromptUnit, image_prompt_settings
 from .jobs import Job
 from .loras import keep_request_prompt, request_loras
 from .middleware import ApiError
@@ -53,6 +55,8 @@ async def generate(body: GenerateRequest, request: Request):
         settings.update(hires)
     if body.controlnet:
         settings.update(await asyncio.to_thread(_control, body, s, model))
+    if body.ip_adapter:
+        settings.update(await asyncio.to_thread(_image_prompts, body, s, model))
     job = Job(model=model, prompt=prompt, negative_prompt=body.negative_prompt, n=body.n,
               seed=request_seed(body.seed), settings=settings, loras=loras,
               subseed=request_seed(body.subseed) if body.subseed_strength else None)
@@ -72,6 +76,13 @@ def _control(body: GenerateRequest, s, model: str) -> dict:
     units = [ControlUnit(unit.model, decode_image(unit.image, f"controlnet[{k}].image", s.limits), unit.scale,
                          unit.start, unit.end) for k, unit in enumerate(body.controlnet)]
     return control_settings(units, s.worker.model_controlnets.get(model, []), model)
+
+
+def _image_prompts(body: GenerateRequest, s, model: str) -> dict:
+    """The IP-Adapter keywords of the request's image prompts, their images decoded (on a thread)."""
+    units = [ImagePromptUnit(unit.name, decode_image(unit.image, f"ip_adapter[{k}].image", s.limits), unit.scale,
+                             where=f"ip_adapter[{k}]") for k, unit in enumerate(body.ip_adapter)]
+    return image_prompt_settings(units, s.worker.model_ip_adapters.get(model, []), model)
 
 
 def _inputs(body: GenerateRequest, limits: Limits) -> tuple:

@@ -78,6 +78,19 @@ class ControlNetUnitRequest(BaseModel):
     end: float = 1.0
 
 
+class IPAdapterUnitRequest(BaseModel):
+    """One image prompt of a /v1/generate request: a served IP-Adapter's name (--ip-adapter), its image (base64 PNG
+    or JPEG, any size: CLIP's processor resizes and centre-crops it) and its scale (Pipeline.generate's
+    ip_adapter_scale for that adapter, -10 to 10). The model's served adapters that no unit names run at scale 0 on
+    the first unit's image, which adds exactly nothing: the image is the one the named adapters give alone."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)  # strict: false is not 0, "64" is not 64
+
+    name: str
+    image: str
+    scale: float = 1.0
+
+
 class GenerateRequest(BaseModel):
     """POST /v1/generate: Pipeline.generate's settings; image and mask as base64 PNG (or any format PIL reads)."""
 
@@ -115,6 +128,10 @@ class GenerateRequest(BaseModel):
     prompt_syntax: Literal["a1111", "none"] = "a1111"  # A1111's emphasis, BREAK and <lora:...>, or all text
     loras: dict[str, float] = Field(default_factory=dict)  # {served LoRA name: weight}, beside the prompt's tags
     controlnet: list[ControlNetUnitRequest] = Field(default_factory=list)  # one per ControlNet used
+    ip_adapter: list[IPAdapterUnitRequest] = Field(
+        default_factory=list, description="Image prompts, one per served IP-Adapter used (each named once); the "
+        "model's other IP-Adapters run at scale 0 on the first unit's image, adding exactly nothing. Requests with "
+        "image prompts share a batched call only with requests with the same images and scales.")
     response_format: Literal["b64_json", "png"] = "b64_json"  # png: the image itself (n = 1, output_format png)
     output_format: Literal["png", "jpeg", "webp"] = "png"  # as OpenAI's images API
     output_compression: int = Field(100, ge=0, le=100)  # jpeg/webp quality, as OpenAI's: 100 keeps the most

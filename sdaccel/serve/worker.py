@@ -33,6 +33,7 @@ from ..models.schedulers import STOCHASTIC_SCHEDULERS, canonical
 from ..pipeline.presets import get_preset
 from .controlnets import controlnet_plan
 from .estimate import ModelShape, calibrate, job_work
+from .ip_adapters import ip_adapter_plan
 from .jobs import CancelledJobError, DeadlineExceededError, Job, JobResult, batch_key
 from .loras import use_loras
 from .previews import PREVIEW_EVERY, check_preview_every
@@ -54,7 +55,8 @@ class Worker(WorkerBase):
     their kernels and graphs are ready before the first request (ready() turns true after). `events`: where the
     calls are reported (a Metrics; default: nowhere). `embeddings`: a folder of textual-inversion embeddings every
     model loads (sdaccel.load's embeddings=), each taking the files made for it. `controlnets`: {name: reference},
-    each loaded beside every model it fits (controlnets.controlnet_plan). `preview_every`: steps between the live
+    each loaded beside every model it fits (controlnets.controlnet_plan); `ip_adapters` likewise (ip_adapters.py),
+    with `ip_image_encoder` their CLIP vision encoder (sdaccel.load's). `preview_every`: steps between the live
     previews /sdapi/v1/progress shows (previews.py; 0: none). interrupt() ends the running call early (progress.py).
     `max_job_seconds`: a job estimated to run longer is refused at submit (0: no limit; worker_api.WorkerBase)."""
 
@@ -64,12 +66,15 @@ class Worker(WorkerBase):
                  warm: tuple[tuple[int, int, int], ...] = (),
                  events: WorkerEvents | None = None, loader: Callable[..., Any] | None = None,
                  embeddings: str | None = None, controlnets: Mapping[str, str] | None = None,
-                 preview_every: int = PREVIEW_EVERY, max_job_seconds: float = 0):
+                 preview_every: int = PREVIEW_EVERY, max_job_seconds: float = 0,
+                 ip_adapters: Mapping[str, str] | None = None, ip_image_encoder: str | None = None):
         super().__init__(models, max_batch=max_batch, batch_window_ms=batch_window_ms, max_queue=max_queue,
                          events=events)
         self.max_job_seconds = max_job_seconds
         self.controlnets = dict(controlnets or {})
         self.model_controlnets = controlnet_plan(self.models, self.controlnets)
+        self.ip_adapters, self.ip_image_encoder = dict(ip_adapters or {}), ip_image_encoder
+        self.model_ip_adapters = ip_adapter_plan(self.models, self.ip_adapters)
         self.preview_every = check_preview_every(preview_every)
         self.engine, self.engine_options = engine, dict(engine_options or {})
         self.device, self.dtype = device, dtype
@@ -177,6 +182,10 @@ class Worker(WorkerBase):
             extra = {} if self.embeddings_source is None else {"embeddings": self.embeddings_source}
             if self.model_controlnets[name]:
                 extra["controlnet"] = [self.controlnets[net] for net in self.model_controlnets[name]]
+            if self.model_ip_adapters[name]:  # in order: a request's image prompts are placed by it
+                extra["ip_adapter"] = [self.ip_adapters[a] for a in self.model_ip_adapters[name]]
+                if self.ip_image_encoder is not None:
+                    extra["ip_image_encoder"] = self.ip_image_encoder
             self.pipes[name] = load(ref, engine=self.engine, device=self.device, dtype=self.dtype,
                                     **extra, **self.engine_options)
             self.loaded_embeddings[name] = embeddings_listing(self.pipes[name])

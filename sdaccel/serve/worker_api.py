@@ -115,7 +115,8 @@ class WorkerBase(ABC):
     the silent WorkerEvents), fixed at construction. `progress.snapshot()`: the call running now ({} when idle);
     `progress.preview()`: its newest live preview (previews.Preview), or None.
     `loaded_embeddings`: {name: embeddings_listing of its pipeline}, filled as the models load. `controlnets` and
-    `model_controlnets`: the served ControlNets and those loaded beside each model, in order (controlnets.py).
+    `model_controlnets`: the served ControlNets and those loaded beside each model, in order (controlnets.py);
+    `ip_adapters` and `model_ip_adapters` the same of the IP-Adapters (ip_adapters.py).
     `max_job_seconds`: submit refuses a job estimated (`rates`, estimate.py) to run longer (0: no limit; a model
     not timed yet is not estimated)."""
 
@@ -135,6 +136,8 @@ class WorkerBase(ABC):
         self.loaded_embeddings: dict[str, dict[str, dict[str, Any]]] = {}
         self.controlnets: dict[str, str] = {}  # {name: reference} served (--controlnet)
         self.model_controlnets: dict[str, list[str]] = {name: [] for name in self.models}  # loaded beside each model
+        self.ip_adapters: dict[str, str] = {}  # {name: reference} served (--ip-adapter)
+        self.model_ip_adapters: dict[str, list[str]] = {name: [] for name in self.models}
 
     # ------------------------------------------------------------------------------------------- lifecycle
 

@@ -51,6 +51,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import UsageError
 from .controlnets import controlnet_plan
+from .ip_adapters import ip_adapter_plan
 from .jobs import CancelledJobError, Job, NoWorkerError
 from .previews import PREVIEW_EVERY, check_preview_every
 from .worker_api import WorkerBase, WorkerEvents
@@ -131,11 +132,14 @@ class ProcessWorkers(WorkerBase):
                  dtype: str | None = None, max_batch: int = 8, batch_window_ms: float = 5.0, max_queue: int = 64,
                  warm: tuple[tuple[int, int, int], ...] = (), events: WorkerEvents | None = None,
                  embeddings: str | None = None, controlnets: Mapping[str, str] | None = None,
-                 preview_every: int = PREVIEW_EVERY):
+                 preview_every: int = PREVIEW_EVERY, ip_adapters: Mapping[str, str] | None = None,
+                 ip_image_encoder: str | None = None):
         super().__init__(models, max_batch=max_batch, batch_window_ms=batch_window_ms, max_queue=max_queue,
                          events=events)
         self.controlnets = dict(controlnets or {})
         self.model_controlnets = controlnet_plan(self.models, self.controlnets)  # what every child loads
+        self.ip_adapters = dict(ip_adapters or {})
+        self.model_ip_adapters = ip_adapter_plan(self.models, self.ip_adapters)
         self.preview_every = check_preview_every(preview_every)
         if not devices:
             raise UsageError("no device to run workers on")
@@ -145,7 +149,8 @@ class ProcessWorkers(WorkerBase):
         self._config = dict(models=self.models, engine=engine, engine_options=dict(engine_options or {}), dtype=dtype,
                             max_batch=max_batch, batch_window_ms=batch_window_ms, max_queue=max_queue,
                             warm=tuple(warm), embeddings=embeddings, controlnets=self.controlnets,
-                            preview_every=preview_every)
+                            preview_every=preview_every, ip_adapters=self.ip_adapters,
+                            ip_image_encoder=ip_image_encoder)
         self._children: list[_Child] = []
         self.progress = _PoolProgress(self._children)
         self._lock = threading.Lock()

@@ -92,12 +92,13 @@ def test_the_text_bomb_really_inflates_to_512_mib():
 
 
 @pytest.mark.parametrize("bomb", list(REASONS))
-@pytest.mark.parametrize("flag", ["--image", "--mask", "--control-image"])
+@pytest.mark.parametrize("flag", ["--image", "--mask", "--control-image", "--ip-image"])
 def test_a_decompression_bomb_is_one_line_and_exit_2(bomb, flag, bombs, capsys, tmp_path):
     path = bombs[bomb]
     extra = {"--image": ["--image", str(path)],
              "--mask": ["--image", str(bombs["good"]), "--mask", str(path)],
-             "--control-image": ["--controlnet", "synthetic:controlnet-sd15", "--control-image", str(path)]}[flag]
+             "--control-image": ["--controlnet", "synthetic:controlnet-sd15", "--control-image", str(path)],
+             "--ip-image": ["--ip-adapter", "synthetic:ip-adapter-sd15-tiny", "--ip-image", str(path)]}[flag]
     code = cli.main(["generate", "a cat", "--model", "synthetic:sd15-tiny", *extra, "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.splitlines()
     assert code == 2, err
