@@ -40,16 +40,22 @@ class ControlUnit:
 def parse_controlnets(items: list[str]) -> dict[str, str]:
     """--controlnet values as {name: reference}: NAME=REF names one; a bare REF is named after its file or folder
     stem (a repo id after its last part, synthetic:<arch> after the arch)."""
-    nets: dict[str, str] = {}
+    return parse_named(items, "--controlnet", "ControlNet")
+
+
+def parse_named(items: list[str], flag: str, what: str) -> dict[str, str]:
+    """`flag`'s values as {name: reference} (NAME=REF, or a bare REF named by default_name); an empty reference or
+    a name given twice is a UsageError."""
+    named: dict[str, str] = {}
     for item in items:
         name, sep, ref = item.partition("=")
         if not sep or not _NAME.fullmatch(name):
             name, ref = default_name(item), item
-        if not ref.strip() or not name or name in nets:
-            raise UsageError(f"--controlnet {item!r}: " + ("no ControlNet given" if not ref.strip() else
-                                                         f"the name {name!r} is taken (give NAME=REF)"))
-        nets[name] = ref.strip()
-    return nets
+        if not ref.strip() or not name or name in named:
+            raise UsageError(f"{flag} {item!r}: " + (f"no {what} given" if not ref.strip() else
+                                                   f"the name {name!r} is taken (give NAME=REF)"))
+        named[name] = ref.strip()
+    return named
 
 
 def default_name(ref: str) -> str:

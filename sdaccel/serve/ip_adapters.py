@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import UsageError
-from .controlnets import _NAME, _model_spec, default_name, served_name
+from .controlnets import _model_spec, parse_named, served_name
 
 
 @dataclass
@@ -56,16 +56,7 @@ class PromptImages(list):
 def parse_ip_adapters(items: list[str]) -> dict[str, str]:
     """--ip-adapter values as {name: reference}: NAME=REF names one; a bare REF is named after its file stem
     (synthetic:<arch> after the arch)."""
-    adapters: dict[str, str] = {}
-    for item in items:
-        name, sep, ref = item.partition("=")
-        if not sep or not _NAME.fullmatch(name):
-            name, ref = default_name(item), item
-        if not ref.strip() or not name or name in adapters:
-            raise UsageError(f"--ip-adapter {item!r}: " + ("no IP-Adapter given" if not ref.strip() else
-                                                         f"the name {name!r} is taken (give NAME=REF)"))
-        adapters[name] = ref.strip()
-    return adapters
+    return parse_named(items, "--ip-adapter", "IP-Adapter")
 
 
 def ip_adapter_plan(models: Mapping[str, str], adapters: Mapping[str, str]) -> dict[str, list[str]]:
