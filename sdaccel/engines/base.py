@@ -55,13 +55,24 @@ class Stages:
     # pipeline computes once per image and control_unet then takes in place of the images. None: control_unet
     # takes the images and embeds them at every step, as diffusers' pipelines do.
     embed_controls: Callable[..., tuple[torch.Tensor, ...]] | None = None
+    # Optional: step caching (step_cache.CachedSteps): the loop's UNet calls on a schedule of full and shallow
+    # steps. None: every step is exact.
+    step_cache: Any = None
 
     def unet_steps(self, timesteps: torch.Tensor, context: torch.Tensor, text_embeds: torch.Tensor | None = None,
                    time_ids: torch.Tensor | None = None) -> UNetStep:
         """The UNet calls of one image's denoising loop over `timesteps` (on the device), with one conditioning."""
+        if self.step_cache is not None:
+            return self.step_cache.steps(timesteps, context, text_embeds, time_ids)
         if self.plan_loop is not None:
             return self.plan_loop(timesteps, context, text_embeds, time_ids)
         return lambda i, sample: self.unet(sample, timesteps[i], context, text_embeds, time_ids)
+
+    def controlled_step(self, i: int, *args) -> torch.Tensor:
+        """Step i of the loop unet_steps began, steered by the ControlNets (control_unet's arguments)."""
+        if self.step_cache is not None:
+            return self.step_cache.control(i, *args)
+        return self.control_unet(*args)
 
 
 def weight_storages(components: Components) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:

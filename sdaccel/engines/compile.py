@@ -14,14 +14,15 @@ import torch
 
 from ..models.components import Components
 from .base import Engine, Stages, restore_weight_storages, weight_storages
-from .options import EngineConfig, option
+from .options import option
 from .stages import cast_stages, place_modules
+from .step_cache import StepCacheOptions, plain_cached_steps
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass(frozen=True)
-class CompileConfig(EngineConfig):
+class CompileConfig(StepCacheOptions):
     mode: str | None = option(None, "Inductor's mode; None: reduce-overhead (CUDA graphs) on a GPU, default on the "
                                     "CPU", choices=MODES)
     fullgraph: bool = option(True, "compile each stage as one graph (an unsupported op is an error, not a break)")
@@ -93,5 +94,21 @@ class CompileEngine(Engine):
                     torch.compiler.cudagraph_mark_step_begin()
                 return controlled(*args)
 
-        return Stages(text_encoders=eager.text_encoders, unet=unet_call, decode=vae_call(decode),
-                      encode=vae_call(encode), control_unet=control_unet, info=dict(eager.info, mode=mode))
+        def compiled_step(fn):  # a full or shallow step (step_cache.py), compiled once each
+            compiled = torch.compile(fn, mode=mode, fullgraph=self.config.fullgraph, dynamic=False)
+
+            def call(*args):
+                if graphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                return compiled(*args)
+
+            return call
+
+        stages = Stages(text_encoders=eager.text_encoders, unet=unet_call, decode=vae_call(decode),
+                        encode=vae_call(encode), control_unet=control_unet, info=dict(eager.info, mode=mode))
+        # The cached steps compile the eager stages: a compiled function inside a compiled one would be two graphs.
+        stages.step_cache = plain_cached_steps(eager, self.config, components.unet, wrap=compiled_step,
+                                               keep_copy=graphs)
+        if stages.step_cache is not None:
+            stages.info["step_cache"] = stages.step_cache.describe()
+        return stages

@@ -12,12 +12,13 @@ import torch
 
 from ..models.components import Components
 from .base import Engine, Stages
-from .options import EngineConfig, option
+from .options import option
 from .stages import cast_stages, place_modules
+from .step_cache import StepCacheOptions, plain_cached_steps
 
 
 @dataclass(frozen=True)
-class EagerConfig(EngineConfig):
+class EagerConfig(StepCacheOptions):
     channels_last: bool = option(True, "UNet and VAE in NHWC memory (cuDNN's fast convolution layout)")
 
 
@@ -29,4 +30,8 @@ class EagerEngine(Engine):
     def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
         self.bind(components)
         place_modules(components, dtype, device, self.config.channels_last)
-        return cast_stages(components, dtype)
+        stages = cast_stages(components, dtype)
+        stages.step_cache = plain_cached_steps(stages, self.config, components.unet)
+        if stages.step_cache is not None:
+            stages.info["step_cache"] = stages.step_cache.describe()
+        return stages

@@ -397,8 +397,8 @@ class Pipeline:
             if extra is not None:
                 model_in = torch.cat([model_in, extra[with_control]], dim=1)
             if with_control:
-                pred = self.stages.control_unet(model_in, timesteps_dev[i], cond.context, cond.text_embeds,
-                                                cond.time_ids, steered.scales[i], *steered.images)
+                pred = self.stages.controlled_step(i, model_in, timesteps_dev[i], cond.context, cond.text_embeds,
+                                                   cond.time_ids, steered.scales[i], *steered.images)
             else:
                 pred = unet(i, model_in)
             if cfg:

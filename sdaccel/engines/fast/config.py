@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..options import EngineConfig, option
+from ..options import option
+from ..step_cache import StepCacheOptions
 from .convolution import MODES as CONV_MODES
 from .feed_forward import MODES as GEMM_GEGLU_MODES
 
@@ -17,7 +18,7 @@ VAE_DTYPES = ("auto", "fp32", "fp16", "bf16")
 
 
 @dataclass(frozen=True)
-class FastConfig(EngineConfig):
+class FastConfig(StepCacheOptions):
     fused: bool = option(True, "swap ResNet and transformer blocks for fused-kernel versions (NHWC GroupNorm+SiLU, "
                                "SkipLayerNorm, BiasSplitGelu, BiasAdd, packed QKV/KV)")
     cuda_graphs: bool = option(True, "capture each stage per input shape and replay it in one launch; costs a "

@@ -25,6 +25,7 @@ from ...kernels.recording import supported as recording_supported
 from ...models.components import Components, control_embedding_fn, pass_embedded_conditioning
 from ..base import Engine, Stages, restore_weight_storages, weight_storages
 from ..stages import cast_stages, place_modules
+from ..step_cache import CachedSteps, StepCache, describe as describe_cache
 from ..fp32_encoder import Fp32Encoder, fp32_encode_stage
 from .cfg_prefix import PREFIX_NEVER_SHARED, cfg_prefix_refusal
 from .compile_workers import default_workers
@@ -256,14 +257,30 @@ class FastEngine(Engine):
                         unet_takes_cfg_once=cfg_once, control_takes_cfg_once=control_once,
                         embed_controls=embed_controls)
 
+        cache = None if c.cache == "off" else StepCache(components.unet, c.cache_branch)
+
         def plan_with(wrap):
             if no_plan is not None:
                 return None
-            return LoopPlanner(components.unet, raw_unet, dtype, lambda fn: wrap(builds.first_calls("unet_loop", fn)))
+            return LoopPlanner(components.unet, raw_unet, dtype, lambda fn: wrap(builds.first_calls("unet_loop", fn)),
+                               step_cache=cache)
 
+        def cached_steps(planner, wrap):
+            """Step caching's full and shallow calls (step_cache.py), each through `wrap` (a CUDA graph per shape)."""
+            if cache is None:
+                return None
+            control = stages.control_unet
+            return CachedSteps(cache, c, wrap(cache.full(stages.unet)), wrap(cache.shallow(stages.unet)),
+                               None if control is None else wrap(cache.full(control)),
+                               None if control is None else wrap(cache.shallow(control)),
+                               plan=None if planner is None else planner.cached)
+
+        if cache is not None:
+            stages.info["step_cache"] = describe_cache(c)
         self.graphs = []
         if not graphed:
-            return dataclasses.replace(stages, plan_loop=plan_with(lambda fn: fn))
+            planner = plan_with(lambda fn: fn)
+            return dataclasses.replace(stages, plan_loop=planner, step_cache=cached_steps(planner, lambda fn: fn))
         pool = torch.cuda.graph_pool_handle()
 
         def restore_replaced():
@@ -290,9 +307,10 @@ class FastEngine(Engine):
             # Text embeddings are read at every step, after other graphs have replayed: hand out copies.
             # clip_skip is part of the graph's key: a new value is one more (small) capture, once.
             encoders.append(lambda ids, *skip, g=graphed_encode: tuple(t.clone() for t in g(ids, *skip)))
+        step_cache = cached_steps(planner, graph)
         shown = {"unet": unet, "decode": decode, "encode": encode,
                  **({"unet_loop": planner.call} if planner else {}),
                  **({"control_unet": control_unet} if control_unet else {})}
         return dataclasses.replace(stages, text_encoders=encoders, unet=unet, decode=decode, encode=encode,
-                                   plan_loop=planner, control_unet=control_unet,
+                                   plan_loop=planner, control_unet=control_unet, step_cache=step_cache,
                                    info=dict(stages.info, graphs=shown))

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from ..base import UNetStage, UNetStep
 from ...models.ip_attention import split_context
+from ..step_cache import StepCache
 from .cudagraph import on_side_stream
 from .projections import ContextProjections, TimeEmbeddingProjections
 
@@ -107,7 +108,8 @@ class LoopPlanner:
     """
 
     def __init__(self, unet: nn.Module, stage: UNetStage, dtype: torch.dtype,
-                 wrap: Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]] | None = None):
+                 wrap: Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]] | None = None,
+                 step_cache: StepCache | None = None):
         refusal = plan_refusal(unet)
         if refusal is not None:
             raise ValueError(f"no loop plan: {refusal}")
@@ -119,9 +121,25 @@ class LoopPlanner:
         self.buffers: dict[tuple, _Buffers] = {}
         # E: the time embedding's width, which the projections take.
         self.time_width = self.time_projections.packed_weight.shape[1] if self.time_projections is not None else 0
-        self.call = wrap(self.planned_call) if wrap is not None else self.planned_call
+        wrap = wrap or (lambda fn: fn)
+        self.call = wrap(self.planned_call)
+        # Step caching (step_cache.py): a full step's call also hands back the deep feature, a shallow step's takes
+        # it; each is its own wrapped call (its own CUDA graph per shape).
+        self.step_cache = step_cache
+        if step_cache is not None:
+            self._full_stage, self._shallow_stage = step_cache.full(stage), step_cache.shallow(stage)
+            self.call_full, self.call_shallow = wrap(self.planned_full), wrap(self.planned_shallow)
 
     def planned_call(self, sample: torch.Tensor, key: tuple) -> torch.Tensor:
+        return self._run(self.stage, sample, key)
+
+    def planned_full(self, sample: torch.Tensor, key: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._run(self._full_stage, sample, key)
+
+    def planned_shallow(self, sample: torch.Tensor, deep: torch.Tensor, key: tuple) -> torch.Tensor:
+        return self._run(lambda *args: self._shallow_stage(deep, *args), sample, key)
+
+    def _run(self, stage: Callable[..., Any], sample: torch.Tensor, key: tuple):
         buffers = self.buffers[key]
         projections = None if buffers.step is None else buffers.step[:, self.time_width:]
         inputs = buffers.inputs
@@ -130,7 +148,7 @@ class LoopPlanner:
             inputs = (inputs[0], (inputs[1], list(inputs[split:])), *inputs[2:split])
         with _pinned(self.context_projections, buffers.kv), _pinned(self.time_projections, projections), \
                 _returning(buffers.returns):
-            return self.stage(sample, *inputs)
+            return stage(sample, *inputs)
 
     def step_rows(self, timesteps: torch.Tensor, text_embeds, time_ids) -> torch.Tensor:
         """Every step's time embedding and time projections side by side, (steps, rows, E + C): what the UNet's
@@ -163,6 +181,31 @@ class LoopPlanner:
 
     def __call__(self, timesteps: torch.Tensor, context: torch.Tensor, text_embeds: torch.Tensor | None = None,
                  time_ids: torch.Tensor | None = None) -> UNetStep:
+        advance, key = self._prepare(timesteps, context, text_embeds, time_ids)
+
+        def step(i: int, sample: torch.Tensor) -> torch.Tensor:
+            advance(i)
+            return self.call(sample, key)
+
+        return step
+
+    def cached(self, timesteps: torch.Tensor, context: torch.Tensor, text_embeds: torch.Tensor | None = None,
+               time_ids: torch.Tensor | None = None):
+        """step_cache.CachedSteps' plan: (full_step(i, sample) -> (output, deep), shallow_step(i, sample, deep))."""
+        advance, key = self._prepare(timesteps, context, text_embeds, time_ids)
+
+        def full(i: int, sample: torch.Tensor):
+            advance(i)
+            return self.call_full(sample, key)
+
+        def shallow(i: int, sample: torch.Tensor, deep: torch.Tensor) -> torch.Tensor:
+            advance(i)
+            return self.call_shallow(sample, deep, key)
+
+        return full, shallow
+
+    def _prepare(self, timesteps: torch.Tensor, context, text_embeds, time_ids) -> tuple[Callable[[int], None], tuple]:
+        """The image's shared work done and its buffers written: (advance(i), which writes step i's row, key)."""
         # On a GPU the plan's GEMMs run on the engine's side stream: cuBLAS keeps a 32 MB workspace for each stream
         # that ever ran a GEMM, and the caller's stream (whose work is all graph replays) has none.
         with on_side_stream() if timesteps.is_cuda else contextlib.nullcontext() as current:
@@ -187,11 +230,10 @@ class LoopPlanner:
                 if buffer is not None:
                     buffer.copy_(value)  # once per image
 
-        def step(i: int, sample: torch.Tensor) -> torch.Tensor:
+        def advance(i: int) -> None:
             if rows is not None:
                 buffers.step.copy_(rows[i])
             else:
                 buffers.inputs[0].copy_(timesteps[i])
-            return self.call(sample, key)
 
-        return step
+        return advance, key
