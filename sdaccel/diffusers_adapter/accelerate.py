@@ -91,6 +91,11 @@ def accelerate(pipe, engine="eager", dtype=None, **engine_options: Any):
     device = pipe.unet.device
     dt = resolve_dtype(dtype or pipe.unet.dtype, device)
     eng = get_engine(engine, device, **engine_options)
+    if getattr(eng.config, "cache", "off") != "off":
+        # diffusers' loop calls the UNet without saying which step of how many it is: a fixed schedule of full
+        # and shallow steps needs sdaccel's own loop.
+        raise UsageError("step caching (cache=deepcache) runs in sdaccel's own pipeline (sdaccel.load), not under "
+                         "accelerate(): diffusers' loop does not tell the engine which step it is on")
     if getattr(eng.config, "vae_dtype", None) == "auto" and components.spec.vae_force_upcast:
         # diffusers' SDXL pipelines run a force_upcast VAE in fp32 (encode and decode): "auto" here means what
         # those pipelines want, fp32, rather than the fast engine's scaled fp16 decode (engines/fast/vae_scaling.py).

@@ -40,6 +40,11 @@ def _csv(rows: list[dict], columns: tuple[str, ...]) -> str:
     return buffer.getvalue()
 
 
+def write_rows_csv(rows: list[dict], columns: tuple[str, ...], path: Path) -> Path:
+    """`rows` as CSV with `columns` (None as empty), written atomically."""
+    return write_text(path, _csv(rows, columns))
+
+
 def write_summary_csv(rows: list[dict], path: Path) -> Path:
     """One line per candidate (skipped and failed ones too, with empty figures and a note)."""
     return write_text(path, _csv(rows, SUMMARY_COLUMNS))

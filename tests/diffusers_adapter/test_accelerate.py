@@ -45,6 +45,13 @@ def test_accelerate_twice_is_refused(tokenizer_dir):
         sdaccel.accelerate(pipe, engine="compile")
 
 
+def test_step_caching_is_refused_under_accelerate(tokenizer_dir):
+    pipe = diffusers_pipeline("sd15-tiny", tokenizer_dir)
+    with pytest.raises(UsageError, match="step caching"):
+        sdaccel.accelerate(pipe, cache="deepcache")
+    assert getattr(pipe, "_sdaccel_engine", None) is None
+
+
 def test_refresh_weights_on_an_accelerated_diffusers_pipeline(tokenizer_dir):
     pipe = diffusers_pipeline("sd15-tiny", tokenizer_dir)
     with pytest.raises(UsageError, match="not accelerated"):
