@@ -73,7 +73,8 @@ def test_options_reach_the_engine_and_are_recorded(tmp_path, isolate):
                       **dict(TINY, runs=1, warmup=0))
     (row,) = run_bench(cfg, isolate=isolate, log=lambda line: None)
     assert row["status"] == "ok", row["error"]
-    assert json.loads(row["engine_options"]) == {"channels_last": False}  # the engine in the worker got it
+    recorded = json.loads(row["engine_options"])  # every option of the engine that ran, as it ran
+    assert recorded["channels_last"] is False and recorded["cache"] == "off"  # the engine in the worker got it
     (path,) = tmp_path.glob("bench-*.json")
     payload = json.loads(path.read_text())
     assert payload["settings"]["engine_opts"] == {"eager": {"channels_last": False}}

@@ -53,7 +53,9 @@ def test_row_types(eager_run):
         for name in FLOAT_COLUMNS:
             assert row[name] is None or isinstance(row[name], (int, float)), name
         assert isinstance(row["warmup_s"], list) and all(isinstance(t, float) for t in row["warmup_s"])
-        assert json.loads(row["engine_options"]) == {"channels_last": True}
+        assert json.loads(row["engine_options"]) == {"cache": "off", "cache_interval": 3, "cache_branch": 0,
+                                                     "cache_schedule": "uniform", "cache_center": 15,
+                                                     "channels_last": True}
         assert row["arch"] == "sd15-tiny" and row["dtype"] == "fp32" and row["device"] == "cpu"
         assert (row["height"], row["width"], row["steps"], row["runs"]) == (64, 64, 2, 2)
         assert row["run_id"] and row["timestamp"] and row["torch_version"] and row["sdaccel_version"]

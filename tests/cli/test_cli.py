@@ -49,7 +49,8 @@ def test_info_lists_engines():
     (["--model", "/no/such/model"], "/no/such/model: no such file or folder"),
     (["--steps", "many"], "invalid int value"),
     (["--engine-opt", "channels_last=maybe"], "engine 'eager', option channels_last: expected a boolean"),
-    (["--engine-opt", "warp=9"], "engine 'eager' has no option 'warp'; its options: channels_last"),
+    (["--engine-opt", "warp=9"], "engine 'eager' has no option 'warp'; its options: cache, cache_interval, "
+                                 "cache_branch, cache_schedule, cache_center, channels_last"),
     (["--engine-opt", "fast.fp8=1"], "names another engine than --engine eager"),
     (["--engine-opt", "noequals"], "expected ENGINE.KEY=VALUE"),
     (["--clip-skip", "2"], "clip_skip must be an integer from 0 to 1 for sd15-tiny"),

@@ -159,6 +159,25 @@ def test_compile_engine_compiles_each_kind_of_step_once():
     torch.testing.assert_close(a, tiny(cached(cache_interval=2))("a cat", **CALL).latents, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.gpu
+def test_fast_engine_graphs_one_full_and_one_shallow_step_per_shape(monkeypatch):
+    """On a GPU: the fast engine's CUDA graphs replay the cached schedule as eager computes it, from two graphs of
+    the loop (full, shallow) captured once for every later call."""
+    from sdaccel.pipeline.load import load
+
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # full fp32 on both sides (fast/conftest.py)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    call = dict(steps=8, seed=1, output="latent", height=256, width=256, guidance=7.0)
+    fast = load("synthetic:sd15-tiny", engine="fast", dtype="fp32", device="cuda", cache="deepcache")
+    eager = load("synthetic:sd15-tiny", engine="eager", dtype="fp32", device="cuda", cache="deepcache")
+    a = fast("a cat", **call).latents
+    graphs = sum(len(g.graphs) for g in fast.engine.graphs)
+    assert torch.equal(fast("a cat", **call).latents, a)
+    assert sum(len(g.graphs) for g in fast.engine.graphs) == graphs  # nothing captured for the second call
+    assert len(fast.stages.plan_loop.call_full.graphs) == len(fast.stages.plan_loop.call_shallow.graphs) == 1
+    torch.testing.assert_close(a, eager("a cat", **call).latents, rtol=2e-3, atol=2e-3)
+
+
 @pytest.mark.parametrize("branch, message", [(6, "past this UNet's 2 levels"), (2, "names layer 2 of level 0")])
 def test_branches_the_unet_does_not_have_are_refused(branch, message):
     with pytest.raises(UsageError, match=message):

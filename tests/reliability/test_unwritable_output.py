@@ -20,6 +20,8 @@ COMMANDS = {
     "bench": ["bench", "--engines", "eager", "--steps", "1", "--runs", "1", "--warmup", "0", "--device", "cpu"],
     "compare": ["compare", "--model", "synthetic:sd15-tiny", "--engines", "eager", "--dtypes", "fp32", "--steps", "1",
                 "--device", "cpu"],
+    "quality": ["quality", "--model", "synthetic:sd15-tiny", "--engine-opt", "cache=deepcache", "--count", "1",
+                "--steps", "1", "--device", "cpu"],
     "optimize": ["optimize", "--model", "synthetic:sd15-tiny", "--provider", "cpu"],
 }
 

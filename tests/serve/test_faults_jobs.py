@@ -58,8 +58,9 @@ def test_deadlines_hold_while_waiting_and_running_and_long_jobs_are_refused(tmp_
         for thread in running:
             thread.start()
         # Taken by the worker (encoding or stepping): on a loaded machine its first step may come only near its own
-        # deadline, and once it is stopped the step count is back to 0, so waiting for a step would race that.
-        wait_for(lambda: not _idle(url), "a long job to be taken", timeout=30)
+        # deadline, and once it is stopped the step count is back to 0, so waiting for a step would race that; on a
+        # loaded machine the job may even be taken and stopped between two polls, so its answer counts too.
+        wait_for(lambda: bool(answers) or not _idle(url), "a long job to be taken", timeout=30)
         time.sleep(0.5)  # the other worker process's too
         queued = [threading.Thread(target=post, args=(f"queued-{i}", 10 + i)) for i in range(2)]
         for thread in queued:
