@@ -142,7 +142,7 @@ def main() -> None:
     latents = torch.randn(1, 4, args.size // 8, args.size // 8, generator=g).cuda()
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, model=args.model, size=args.size,
                   steps=args.steps, interval=args.interval, branch=args.branch, rows=[])
-    images = {}
+    images, rows = {}, {}
     for label in args.rows.split(","):
         engine, _, cache = label.partition("+")
         if engine in ("peer", "peerc"):
@@ -151,17 +151,16 @@ def main() -> None:
             run = (lambda cached, a, x, e=engine: ours(e, cached, a, x))
         row, images[label] = run(cache == "deepcache", args, latents)
         row["label"] = label
-        exact = images.get(engine)
+        exact = rows.get(engine)
         if cache and exact is not None:
-            row["psnr_vs_own_exact_db"] = round(psnr(images[label], exact), 2)
-            row["speedup_vs_own_exact"] = round(result["rows"][[r["label"] for r in result["rows"]].index(engine)]
-                                                ["median_s"] / row["median_s"], 3)
+            row["psnr_vs_own_exact_db"] = round(psnr(images[label], images[engine]), 2)
+            row["speedup_vs_own_exact"] = round(exact["median_s"] / row["median_s"], 3)
+        rows[label] = row
         result["rows"].append(row)
         out.write_text(json.dumps(result, indent=2))  # after each row: a call cut short keeps what it measured
         print(json.dumps(row), flush=True)
         gc.collect()
         torch.cuda.empty_cache()
-    rows = {row["label"]: row for row in result["rows"]}
     for other in ("peer+deepcache", "peerc+deepcache", "compile+deepcache"):
         if "fast+deepcache" in rows and other in rows:
             result[f"fast+deepcache_vs_{other}"] = round(rows[other]["median_s"] / rows["fast+deepcache"]["median_s"],

@@ -16,7 +16,7 @@ from ..models.components import Components
 from .base import Engine, Stages, restore_weight_storages, weight_storages
 from .options import option
 from .stages import cast_stages, place_modules
-from .step_cache import StepCacheOptions, plain_cached_steps
+from .step_cache import StepCacheOptions, attach_step_cache
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -107,8 +107,5 @@ class CompileEngine(Engine):
         stages = Stages(text_encoders=eager.text_encoders, unet=unet_call, decode=vae_call(decode),
                         encode=vae_call(encode), control_unet=control_unet, info=dict(eager.info, mode=mode))
         # The cached steps compile the eager stages: a compiled function inside a compiled one would be two graphs.
-        stages.step_cache = plain_cached_steps(eager, self.config, components.unet, wrap=compiled_step,
-                                               keep_copy=graphs)
-        if stages.step_cache is not None:
-            stages.info["step_cache"] = stages.step_cache.describe()
-        return stages
+        return attach_step_cache(stages, self.config, components.unet, compile=compiled_step, keep_copy=graphs,
+                                 steps_of=eager)

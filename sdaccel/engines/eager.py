@@ -14,7 +14,7 @@ from ..models.components import Components
 from .base import Engine, Stages
 from .options import option
 from .stages import cast_stages, place_modules
-from .step_cache import StepCacheOptions, plain_cached_steps
+from .step_cache import StepCacheOptions, attach_step_cache
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,4 @@ class EagerEngine(Engine):
     def prepare(self, components: Components, dtype: torch.dtype, device: torch.device) -> Stages:
         self.bind(components)
         place_modules(components, dtype, device, self.config.channels_last)
-        stages = cast_stages(components, dtype)
-        stages.step_cache = plain_cached_steps(stages, self.config, components.unet)
-        if stages.step_cache is not None:
-            stages.info["step_cache"] = stages.step_cache.describe()
-        return stages
+        return attach_step_cache(cast_stages(components, dtype), self.config, components.unet)

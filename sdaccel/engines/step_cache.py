@@ -161,7 +161,6 @@ class StepCache:
         if layer > len(downs[level].resnets):
             raise UsageError(f"cache_branch {branch} names layer {layer} of level {level}, which has "
                              f"{len(downs[level].resnets)} ResNet blocks (branches count 3 per level, as DeepCache's)")
-        self.unet, self.branch = unet, branch
         self.holder = _Holder()
         self._views: list[tuple[nn.Module, str, Any]] = []  # (module, attribute, its shallow value)
         down = downs[level]
@@ -182,7 +181,7 @@ class StepCache:
         self._views += [(unet, "down_blocks", nn.ModuleList(down_list)), (unet, "mid_block", _MidStub()),
                         (unet, "up_blocks", nn.ModuleList([_FromDeep(up_outer, self.holder),
                                                            *ups[len(ups) - level:]]))]
-        self._hook = producer.register_forward_hook(self._keep)
+        producer.register_forward_hook(self._keep)
 
     def _cut(self, block: nn.Module, part: slice) -> None:
         for name in ("resnets", "attentions"):
@@ -193,10 +192,6 @@ class StepCache:
     def _keep(self, module, args, output) -> None:
         if self.holder.capture:
             self.holder.captured = _output(output)
-
-    def remove(self) -> None:
-        """Take the hook off the UNet (the cache is not used again)."""
-        self._hook.remove()
 
     @contextlib.contextmanager
     def truncated(self):
@@ -222,16 +217,23 @@ class StepCache:
 
         return full_step
 
-    def shallow(self, stage: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-        """shallow(deep, *args): run it inside `truncated()` (the fast engine captures it there; torch.compile
-        compiles it there)."""
+    def shallow(self, stage: Callable[..., torch.Tensor], compile: Callable | None = None) -> Callable[..., torch.Tensor]:
+        """shallow(deep, *args), which runs `stage` on the truncated UNet. The truncation is Python around the
+        computation: a CUDA graph captured from this function replays without it; `compile` (torch.compile) wraps
+        only the computation, so that Dynamo sees the truncated UNet and never the swaps."""
         holder = self.holder
 
-        def shallow_step(deep, *args):
+        def compute(deep, *args):
             holder.deep = deep
             output = stage(*args)
             holder.deep = None
             return output
+
+        compute = compile(compute) if compile is not None else compute
+
+        def shallow_step(deep, *args):
+            with self.truncated():
+                return compute(deep, *args)
 
         return shallow_step
 
@@ -244,20 +246,18 @@ class CachedSteps:
     output are StepCache.full/shallow of the engine's UNet stage (compiled or graphed as the engine does); control_*
     the same for its ControlNet stage. `plan(timesteps, context, text_embeds, time_ids)` -> (full_step(i, sample),
     shallow_step(i, sample, deep)), where an engine computes what every step shares once (the fast engine's loop
-    plan); without it each step calls the stages. keep_copy: clone each kept feature (torch.compile's CUDA graphs
+    plan); without it each step calls the stages. A shallow step truncates the UNet itself (StepCache.shallow).
+    keep_copy: clone each kept feature (torch.compile's CUDA graphs
     reuse their outputs' memory at the next step)."""
 
-    def __init__(self, cache: StepCache, options: StepCacheOptions, unet_full, unet_shallow, control_full=None,
+    def __init__(self, options: StepCacheOptions, unet_full, unet_shallow, control_full=None,
                  control_shallow=None, plan=None, keep_copy: bool = False):
-        self.cache, self.options = cache, options
+        self.options = options
         self.unet_full, self.unet_shallow = unet_full, unet_shallow
         self.control_full, self.control_shallow = control_full, control_shallow
         self.plan, self.keep_copy = plan, keep_copy
         self.schedule: tuple[bool, ...] = ()
         self.deep: torch.Tensor | None = None
-
-    def describe(self) -> str:
-        return describe(self.options)
 
     def _kept(self, output_and_deep):
         output, deep = output_and_deep
@@ -281,8 +281,7 @@ class CachedSteps:
         def step(i: int, sample: torch.Tensor) -> torch.Tensor:
             if self._full_at(i):
                 return self._kept(full(i, sample))
-            with self.cache.truncated():
-                return shallow(i, sample, self.deep)
+            return shallow(i, sample, self.deep)
 
         return step
 
@@ -290,21 +289,32 @@ class CachedSteps:
         """Step i steered by the ControlNets: control_unet's arguments, on the loop's schedule."""
         if self._full_at(i):
             return self._kept(self.control_full(*args))
-        with self.cache.truncated():
-            return self.control_shallow(self.deep, *args)
+        return self.control_shallow(self.deep, *args)
 
     def _full_at(self, i: int) -> bool:
         return self.deep is None or i >= len(self.schedule) or self.schedule[i]
 
 
-def plain_cached_steps(stages, options: StepCacheOptions, unet: nn.Module, wrap=None, keep_copy: bool = False):
-    """A CachedSteps over the stages' UNet and ControlNet stages, each function passed through `wrap` (e.g.
-    torch.compile) once; None when caching is off."""
+def cached_steps(stages, options: StepCacheOptions, cache: StepCache, wrap=None, compile=None, plan=None,
+                 keep_copy: bool = False) -> CachedSteps:
+    """A CachedSteps over the stages' UNet and ControlNet stages: each full and shallow step made once, `wrap`
+    around the whole step (the fast engine's CUDA graphs), `compile` around its computation (torch.compile)."""
+    wrap, compile_ = wrap or (lambda fn: fn), compile or (lambda fn: fn)
+
+    def pair(stage):
+        return wrap(compile_(cache.full(stage))), wrap(cache.shallow(stage, compile))
+
+    control = (None, None) if stages.control_unet is None else pair(stages.control_unet)
+    return CachedSteps(options, *pair(stages.unet), *control, plan=plan, keep_copy=keep_copy)
+
+
+def attach_step_cache(stages, options: StepCacheOptions, unet: nn.Module, compile=None, keep_copy: bool = False,
+                      steps_of=None):
+    """The eager and compile engines' step caching: `stages` given their CachedSteps (over the UNet and ControlNet
+    stages of `steps_of`, default `stages` itself) and its description; as they are when caching is off."""
     if options.cache == "off":
-        return None
-    cache = StepCache(unet, options.cache_branch)
-    wrap = wrap or (lambda fn: fn)
-    control = stages.control_unet
-    return CachedSteps(cache, options, wrap(cache.full(stages.unet)), wrap(cache.shallow(stages.unet)),
-                       None if control is None else wrap(cache.full(control)),
-                       None if control is None else wrap(cache.shallow(control)), keep_copy=keep_copy)
+        return stages
+    stages.step_cache = cached_steps(steps_of or stages, options, StepCache(unet, options.cache_branch),
+                                     compile=compile, keep_copy=keep_copy)
+    stages.info["step_cache"] = describe(options)
+    return stages

@@ -169,10 +169,10 @@ def run_quality(config: QualityConfig, echo: Echo | None = None) -> dict:
                                                                   ("steps", "height", "width", "guidance",
                                                                    "scheduler")},
                     summary=summary, mlperf_sdxl_bounds=MLPERF_SDXL, notes=notes, rows=rows)
-    write_rows_csv(rows, CSV_COLUMNS, out / "quality.csv")
-    write_json(json_safe(document), out / "quality.json")
     if config.grid:
         write_grid(base_images[:config.grid], cand_images[:config.grid], out / "grid.png")
         document["grid"] = f"grid.png: baseline | candidate | difference x{DIFF_GAIN}"
+    write_rows_csv(rows, CSV_COLUMNS, out / "quality.csv")
+    write_json(json_safe(document), out / "quality.json")
     return document
 

@@ -25,7 +25,7 @@ from ...kernels.recording import supported as recording_supported
 from ...models.components import Components, control_embedding_fn, pass_embedded_conditioning
 from ..base import Engine, Stages, restore_weight_storages, weight_storages
 from ..stages import cast_stages, place_modules
-from ..step_cache import CachedSteps, StepCache, describe as describe_cache
+from ..step_cache import StepCache, cached_steps as cache_steps, describe as describe_cache
 from ..fp32_encoder import Fp32Encoder, fp32_encode_stage
 from .cfg_prefix import PREFIX_NEVER_SHARED, cfg_prefix_refusal
 from .compile_workers import default_workers
@@ -269,11 +269,7 @@ class FastEngine(Engine):
             """Step caching's full and shallow calls (step_cache.py), each through `wrap` (a CUDA graph per shape)."""
             if cache is None:
                 return None
-            control = stages.control_unet
-            return CachedSteps(cache, c, wrap(cache.full(stages.unet)), wrap(cache.shallow(stages.unet)),
-                               None if control is None else wrap(cache.full(control)),
-                               None if control is None else wrap(cache.shallow(control)),
-                               plan=None if planner is None else planner.cached)
+            return cache_steps(stages, c, cache, wrap=wrap, plan=None if planner is None else planner.cached)
 
         if cache is not None:
             stages.info["step_cache"] = describe_cache(c)

@@ -125,7 +125,6 @@ class LoopPlanner:
         self.call = wrap(self.planned_call)
         # Step caching (step_cache.py): a full step's call also hands back the deep feature, a shallow step's takes
         # it; each is its own wrapped call (its own CUDA graph per shape).
-        self.step_cache = step_cache
         if step_cache is not None:
             self._full_stage, self._shallow_stage = step_cache.full(stage), step_cache.shallow(stage)
             self.call_full, self.call_shallow = wrap(self.planned_full), wrap(self.planned_shallow)
